@@ -1,0 +1,24 @@
+"""TIR schedules that realise stitch plans: one module per scheme and target."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from tvm_stitch.plan import StitchPlan
+
+from .cpu import row_resident as cpu_row_resident
+from .cuda import row_resident as cuda_row_resident
+
+_RULES = {
+    ("cuda", "row-resident"): cuda_row_resident.apply,
+    ("cpu", "row-resident"): cpu_row_resident.apply,
+}
+
+
+def schedule_for(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
+    """Apply the rule that realises `plan` on `target`."""
+    rule = _RULES.get((plan.target, plan.scheme))
+    if rule is None:
+        raise ValueError(f"no schedule for scheme {plan.scheme!r} on {plan.target}")
+    return rule(func, plan, target)

@@ -1,0 +1,60 @@
+"""Schedule steps shared by the row-resident rules of every target."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+
+from tvm_stitch.plan import REGISTER, StitchPlan
+
+
+def blocks_by_name(sch: s_tir.Schedule) -> dict:
+    return {sch.get(b).name_hint: b for b in sch.get_child_blocks(get_root_block(sch))}
+
+
+def inline_cheap_blocks(sch: s_tir.Schedule, plan: StitchPlan) -> None:
+    """Inline the blocks the plan keeps at register level, last first."""
+    for name in reversed([i.name for i in plan.intermediates if i.level == REGISTER]):
+        sch.compute_inline(sch.get_sblock(name))
+
+
+def merge_row_loops(sch: s_tir.Schedule, plan: StitchPlan):
+    """Fuse each block's row loops and merge them into one loop over rows.
+
+    Returns the merged row loop; every block of the kernel is below it, in
+    program order. A kernel with no row axis gets a unit row loop.
+    """
+    row_loops = []
+    for block in blocks_by_name(sch).values():
+        loops = sch.get_loops(block)
+        if plan.rank == 0:
+            row_loops.append(sch.add_unit_loop(loops[0] if loops else block))
+        elif plan.rank == 1:
+            row_loops.append(loops[0])
+        else:
+            row_loops.append(sch.fuse(*loops[: plan.rank]))
+    if len(row_loops) == 1:
+        return row_loops[0]
+    return sch.merge(*row_loops)
+
+
+def within_row_loops(sch: s_tir.Schedule, block, row_loop) -> tuple:
+    """(spatial, reduction) loops of a block below the row loop."""
+    loops = sch.get_loops(block)
+    position = [i for i, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(row_loop))]
+    inner = loops[position[0] + 1 :] if position else loops
+    node = sch.get(block)
+    kinds = {iv.var: iv.iter_type for iv in node.iter_vars}
+    realize = sch.get(inner[-1]).body if inner else None
+    spatial, reduce = [], []
+    if realize is None:
+        return spatial, reduce
+    loop_kind = {}
+    for iv, value in zip(node.iter_vars, realize.iter_values):
+        if isinstance(value, tirx.Var):
+            loop_kind[value] = kinds[iv.var]
+    for loop in inner:
+        var = sch.get(loop).loop_var
+        kind = next((k for v, k in loop_kind.items() if v.same_as(var)), tirx.IterVar.DataPar)
+        (reduce if kind == tirx.IterVar.CommReduce else spatial).append(loop)
+    return spatial, reduce

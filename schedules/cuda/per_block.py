@@ -1,0 +1,51 @@
+"""A schedule that is valid for any PrimFunc of loop nests: one kernel per block.
+
+The last resort for functions that TVM's dlight rules cannot (or crash on)
+schedule: each top-level block becomes its own kernel, its spatial loops
+fused and spread over blocks of `THREADS` threads, its reduction loops run
+serially inside each thread. Slow for long reductions, never wrong.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+
+THREADS = 256
+
+
+def _loop_kinds(sch: s_tir.Schedule, block) -> list:
+    loops = sch.get_loops(block)
+    node = sch.get(block)
+    realize = sch.get(loops[-1]).body if loops else None
+    kind_of = {}
+    if isinstance(realize, s_tir.SBlockRealize):
+        for iv, value in zip(node.iter_vars, realize.iter_values):
+            if isinstance(value, tirx.Var):
+                kind_of[value] = iv.iter_type
+    out = []
+    for loop in loops:
+        var = sch.get(loop).loop_var
+        kind = next((k for v, k in kind_of.items() if v.same_as(var)), None)
+        if kind is None:
+            raise ValueError(f"block {node.name_hint}: loop {var} is not bound one-to-one")
+        out.append((loop, kind == tirx.IterVar.CommReduce))
+    return out
+
+
+def apply(func: tirx.PrimFunc) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        kinds = _loop_kinds(sch, block)
+        spatial = [loop for loop, reduce in kinds if not reduce]
+        reduce = [loop for loop, reduce in kinds if reduce]
+        if spatial and reduce:
+            sch.reorder(*spatial, *reduce)
+        if spatial:
+            fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        else:
+            fused = sch.add_unit_loop(kinds[0][0] if kinds else block)
+        outer, inner = sch.split(fused, [None, THREADS])
+        sch.bind(outer, "blockIdx.x")
+        sch.bind(inner, "threadIdx.x")
+    return sch

@@ -1,0 +1,80 @@
+"""Counting CUDA kernel launches of a built Relax module.
+
+Launches per forward = for every call of a PrimFunc in the lowered Relax
+functions, the number of CUDA kernels TVM generated for that PrimFunc
+(`<name>_kernel`, `<name>_kernel_1`, ...), read from the CUDA source.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import tvm
+from tvm import relax, tirx
+
+_KERNEL = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\(\d+\))? (\w+)\(')
+
+
+def cuda_module(executable):
+    """The CUDA module inside a built executable, or None."""
+    stack = [executable.mod if hasattr(executable, "mod") else executable]
+    while stack:
+        module = stack.pop()
+        if module.kind == "cuda":
+            return module
+        stack.extend(module.imports)
+    return None
+
+
+def cuda_source(executable) -> str:
+    module = cuda_module(executable)
+    return module.inspect_source("") if module is not None else ""
+
+
+def kernels_per_primfunc(source: str, names) -> dict:
+    """Kernel count per PrimFunc name, from the generated CUDA source."""
+    kernels = set(_KERNEL.findall(source))
+    counts = {}
+    for name in names:
+        pattern = re.compile(rf"^{re.escape(name)}_kernel(_\d+)?$")
+        counts[name] = sum(1 for k in kernels if pattern.match(k))
+    return counts
+
+
+def primfunc_calls(lowered: tvm.IRModule) -> Counter:
+    """How often each PrimFunc is called by the lowered Relax functions."""
+    prim_names = {gv.name_hint for gv, f in lowered.functions_items() if isinstance(f, tirx.PrimFunc)}
+    calls: Counter = Counter()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call):
+            if isinstance(expr.op, tvm.ir.GlobalVar) and expr.op.name_hint in prim_names:
+                calls[expr.op.name_hint] += 1
+            for arg in expr.args:
+                visit(arg)
+        elif isinstance(expr, relax.SeqExpr):
+            for block in expr.blocks:
+                for binding in block.bindings:
+                    visit(binding.value)
+            visit(expr.body)
+        elif isinstance(expr, relax.If):
+            visit(expr.true_branch)
+            visit(expr.false_branch)
+        elif isinstance(expr, relax.Tuple):
+            for field in expr.fields:
+                visit(field)
+        elif isinstance(expr, tvm.ir.GlobalVar) and expr.name_hint in prim_names:
+            calls[expr.name_hint] += 1
+
+    for _, func in lowered.functions_items():
+        if isinstance(func, relax.Function):
+            visit(func.body)
+    return calls
+
+
+def count_launches(lowered: tvm.IRModule, executable) -> int:
+    """CUDA kernel launches of one call of every Relax function (one forward)."""
+    calls = primfunc_calls(lowered)
+    per_func = kernels_per_primfunc(cuda_source(executable), calls)
+    return sum(calls[name] * per_func[name] for name in calls)

@@ -1,0 +1,163 @@
+"""Outline a group of bindings as a Primitive function and fuse it to one PrimFunc.
+
+The group's bindings (call_tir calls and calls of FuseOps' Primitive
+functions, whose bodies are inlined) are re-emitted in a private Relax
+function with attribute `Primitive`; TVM's `FuseTIR`, run on a small module
+holding just that function and the PrimFuncs it calls, merges it into a
+single PrimFunc. The caller gets that PrimFunc, the Relax arguments to pass
+to it, and which original variables its outputs define.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax, tirx
+
+from .graph import Graph
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def substitute(expr, vmap: dict):
+    """`expr` with variables replaced through `vmap` (binding-value forms only)."""
+    if isinstance(expr, relax.Var):
+        return vmap.get(expr, expr)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([substitute(f, vmap) for f in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(substitute(expr.tuple_value, vmap), expr.index)
+    if isinstance(expr, relax.Call):
+        return relax.Call(expr.op, [substitute(a, vmap) for a in expr.args], expr.attrs, expr.ty_args)
+    return expr
+
+
+@dataclass
+class Outlined:
+    func: tirx.PrimFunc  # the fused PrimFunc, unscheduled
+    args: list  # Relax expressions of the original function, one per PrimFunc input
+    outputs: list  # original relax vars, one per PrimFunc output, in order
+    out_types: list  # TensorType per output
+
+
+def _called_globals(mod: tvm.IRModule, expr, found: dict) -> dict:
+    """Every global function `expr` calls, transitively, by GlobalVar."""
+    if isinstance(expr, relax.Call):
+        if isinstance(expr.op, tvm.ir.GlobalVar) and expr.op not in found:
+            found[expr.op] = mod[expr.op]
+            if isinstance(found[expr.op], relax.Function):
+                _called_globals(mod, found[expr.op].body, found)
+        for arg in expr.args:
+            _called_globals(mod, arg, found)
+    elif isinstance(expr, relax.Tuple):
+        for field in expr.fields:
+            _called_globals(mod, field, found)
+    elif isinstance(expr, relax.SeqExpr):
+        for block in expr.blocks:
+            for binding in block.bindings:
+                _called_globals(mod, binding.value, found)
+    elif isinstance(expr, tvm.ir.GlobalVar) and expr not in found:
+        found[expr] = mod[expr]
+    return found
+
+
+def group_outputs(graph: Graph, members: list) -> list:
+    """Member variables (tensor-typed) that are used outside the group."""
+    member_set = set(members)
+    defined = []
+    for index in members:
+        node = graph.nodes[index]
+        defined.append(node.var)
+        defined.extend(a.var for a in node.aliases)
+    used = set(graph.used_outside)
+    for node in graph.nodes:
+        if node.index in member_set:
+            continue
+        exprs = [node.binding.value] + [a.value for a in node.aliases]
+        for e in exprs:
+            used.update(relax.analysis.free_vars(e))
+    return [v for v in defined if v in used]
+
+
+def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> Outlined:
+    """Fuse the member bindings into one PrimFunc (no scheduling)."""
+    member_vars = set()
+    for index in members:
+        member_vars.add(graph.nodes[index].var)
+        member_vars.update(a.var for a in graph.nodes[index].aliases)
+    externals = []
+    for index in members:
+        node = graph.nodes[index]
+        for e in [node.binding.value] + [a.value for a in node.aliases]:
+            for v in relax.analysis.free_vars(e):
+                if v not in member_vars and v not in externals:
+                    externals.append(v)
+    outputs = group_outputs(graph, members)
+    flat_outputs = []
+    for v in outputs:
+        if not isinstance(v.ty, relax.TensorType):
+            raise ValueError(f"group output {v.name} is not a tensor")
+        flat_outputs.append(v)
+    if not flat_outputs:
+        raise ValueError("group has no outputs")
+
+    called: dict = {}
+    for index in members:
+        _called_globals(mod, graph.nodes[index].binding.value, called)
+    mini_mod = tvm.IRModule({gv: f for gv, f in called.items() if isinstance(f, tirx.PrimFunc)})
+
+    bb = relax.BlockBuilder(mini_mod)
+    params = [relax.Var(v.name, v.ty) for v in externals]
+    vmap = dict(zip(externals, params))
+    with bb.function(name, params, attrs={"Primitive": True}, private=True):
+        with bb.dataflow():
+            for index in members:
+                node = graph.nodes[index]
+                vmap[node.var] = _emit_value(bb, mod, node.binding.value, vmap)
+                for alias in node.aliases:
+                    vmap[alias.var] = bb.emit(substitute(alias.value, vmap))
+            results = [vmap[v] for v in flat_outputs]
+            ret = bb.emit_output(relax.Tuple(results) if len(results) > 1 else results[0])
+        group_gv = bb.emit_func_output(ret)
+
+    main_params = [relax.Var(v.name, v.ty) for v in externals]
+    with bb.function("main", main_params):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Call(group_gv, main_params))
+        bb.emit_func_output(out)
+    fused_mod = relax.transform.FuseTIR()(bb.get())
+    call = _single_call_tir(fused_mod["main"])
+    fused_gv = call.args[0]
+    arg_exprs = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+    by_param = dict(zip(main_params, externals))
+    args = [by_param[a] for a in arg_exprs]
+    return Outlined(fused_mod[fused_gv], args, flat_outputs, [v.ty for v in flat_outputs])
+
+
+def _emit_value(bb: relax.BlockBuilder, mod: tvm.IRModule, value, vmap: dict):
+    """Emit a binding value; Primitive function calls are inlined binding by binding."""
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+        func = mod[value.op]
+        if isinstance(func, relax.Function):
+            local = dict(vmap)
+            for p, a in zip(func.params, value.args):
+                local[p] = substitute(a, vmap)
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    local[binding.var] = bb.emit(substitute(binding.value, local))
+            body = substitute(func.body.body, local)
+            return body if isinstance(body, relax.Var) else bb.emit(body)
+    return bb.emit(substitute(value, vmap))
+
+
+def _single_call_tir(main: relax.Function) -> relax.Call:
+    calls = [
+        b.value
+        for block in main.body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and b.value.op.same_as(_CALL_TIR)
+    ]
+    if len(calls) != 1:
+        raise ValueError(f"FuseTIR produced {len(calls)} calls instead of one")
+    return calls[0]

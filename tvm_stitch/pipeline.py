@@ -1,0 +1,96 @@
+"""The Relax pipeline per target: TVM's default passes with the stitch pass inside.
+
+    library dispatch (TVM)
+    LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps (TVM)
+    StitchFusion: memory-bound groups -> stitched, scheduled kernels
+    FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
+        their epilogues, fallbacks) become PrimFuncs as usual
+    CUDA only: TVM's dlight rules for those, each guarded, then a per-block
+        schedule that is always valid (dlight 0.27 crashes on some graphs)
+    dataflow lowering and finalisation (TVM)
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+from tvm.target import Target
+
+from schedules.cuda import per_block
+
+from .report import StitchReport
+from .stitch_pass import StitchFusion
+from .target import as_target, backend_passes
+
+
+def _is_scheduled(func: tirx.PrimFunc) -> bool:
+    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
+
+
+@tvm.transform.module_pass(opt_level=0, name="GuardedDefaultSchedule")
+class GuardedDefaultSchedule:
+    """dlight's default GPU rules, one at a time, with a per-block schedule as the last resort."""
+
+    def __init__(self, report: StitchReport | None = None):
+        self.report = report
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        from tvm.s_tir import dlight as dl
+
+        target = Target.current(allow_none=False)
+        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                 dl.gpu.Fallback()]
+        updates = {}
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+                continue
+            sch = None
+            for rule in rules:
+                try:
+                    sch = rule.apply(func, target, False)
+                except (tvm.error.TVMError, AssertionError, ValueError, IndexError):
+                    sch = None
+                if isinstance(sch, list):
+                    sch = sch[0] if sch else None
+                if sch is not None:
+                    break
+            if sch is None:
+                sch = per_block.apply(func)
+            updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+
+def pipeline(target, *, strict: bool = False, report: StitchReport | None = None) -> tvm.transform.Pass:
+    """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
+
+    `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
+    target. `strict=True` raises instead of falling back. `report` (a
+    `StitchReport`) receives every group's plan or fallback reason.
+    """
+    target = as_target(target)
+    stitch = StitchFusion(target, strict=strict, report=report)
+    passes = (
+        backend_passes(target).library_dispatch_passes(target)
+        + [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            stitch,
+            relax.transform.FuseTIR(),
+        ]
+        + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [])
+        + backend_passes(target).dataflow_lower_passes(target)
+        + backend_passes(target).finalize_passes(target)
+    )
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_stitch.pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if not isinstance(mod, tvm.IRModule):
+            raise TypeError(f"tvm_stitch.pipeline expects an IRModule, got {type(mod).__name__}")
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline

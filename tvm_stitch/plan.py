@@ -1,0 +1,72 @@
+"""The stitch plan: plain data, no TVM objects, so it prints, compares and serialises."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+REGISTER = "register"  # recomputed or kept in the same thread (inlined)
+SHARED = "shared"  # one copy per row task, visible to the task's threads
+GLOBAL = "global"  # written to device memory
+
+
+@dataclass(frozen=True)
+class Intermediate:
+    """One value produced inside the kernel and consumed inside it."""
+
+    name: str  # the producing block
+    level: str  # REGISTER | SHARED | GLOBAL
+    bytes_per_row: int
+    why: str
+
+
+@dataclass(frozen=True)
+class ThreadMapping:
+    """How row tasks map to the machine.
+
+    CUDA: one thread block per `rows_per_task` rows, `threads` threads each.
+    CPU: row tasks spread over `threads` cores, `vector` lanes per loop.
+    """
+
+    rows: int  # row tasks in total (product of the row extents)
+    rows_per_task: int
+    threads: int
+    vector: int
+    grid: int  # CUDA blocks, or CPU parallel iterations
+
+
+@dataclass(frozen=True)
+class StitchPlan:
+    kernel: str
+    target: str  # "cuda" or "cpu"
+    scheme: str  # e.g. "row-resident"
+    ops: tuple  # names of the fused blocks, in program order
+    dominant: tuple  # blocks whose mapping the others follow
+    rank: int  # leading axes that form the rows
+    row_shape: tuple
+    mapping: ThreadMapping
+    intermediates: tuple = ()
+    outputs: tuple = ()  # blocks that write the kernel's outputs
+    shared_bytes: int = 0
+    notes: tuple = field(default=())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "StitchPlan":
+        data = json.loads(text)
+        data["mapping"] = ThreadMapping(**data["mapping"])
+        data["intermediates"] = tuple(Intermediate(**i) for i in data["intermediates"])
+        for key in ("ops", "dominant", "row_shape", "outputs", "notes"):
+            data[key] = tuple(data[key])
+        return StitchPlan(**data)
+
+    def inlined(self) -> list:
+        return [i.name for i in self.intermediates if i.level == REGISTER]
+
+    def level_of(self, name: str) -> str:
+        for inter in self.intermediates:
+            if inter.name == name:
+                return inter.level
+        return GLOBAL

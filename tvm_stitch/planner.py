@@ -1,0 +1,155 @@
+"""Rules that turn a fused PrimFunc into a StitchPlan for a target.
+
+The row-resident scheme: the leading aligned axes are rows; one row task
+(a CUDA thread block, a CPU loop iteration) computes every block for its
+row. Per block the planner chooses where its result lives:
+- inlined into consumers (register level) when it is cheap element-wise or
+  injective work and not a kernel output;
+- on chip (shared memory on CUDA, a per-row buffer on CPU) when it is a
+  reduction result, holds an expensive op (computed once, never
+  recomputed), or is a kernel output that other blocks also read;
+- kernel outputs are written to global memory.
+Anything the scheme cannot express raises PlanError with the reason; the
+caller then leaves the group to TVM's default path.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+
+from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
+from .row_alignment import analyze_rows
+from .tir_view import block_views
+
+CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
+CUDA_MAX_THREADS = 256
+
+
+class PlanError(Exception):
+    """The group cannot be stitched by the available schemes; the message says why."""
+
+
+def target_family(target: tvm.target.Target) -> str:
+    kind = target.kind.name
+    if kind == "cuda":
+        return "cuda"
+    if kind == "llvm":
+        return "cpu"
+    raise PlanError(f"no stitching schedules for target kind {kind!r}")
+
+
+def _int(expr) -> int | None:
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+def _product(exprs) -> int | None:
+    total = 1
+    for e in exprs:
+        value = _int(e)
+        if value is None:
+            return None
+        total *= value
+    return total
+
+
+def _next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def cpu_threads() -> int:
+    import os
+
+    env = os.environ.get("TVM_NUM_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    return os.cpu_count() or 1
+
+
+def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
+    family = target_family(target)
+    views = block_views(s_tir.Schedule(func))
+    if not views:
+        raise PlanError("no blocks")
+    for view in views:
+        if not view.trivial_binding:
+            raise PlanError(f"block {view.name}: loop nest is not one loop per iterator")
+        if not all(a.point for a in view.reads + view.writes):
+            raise PlanError(f"block {view.name}: non-point buffer access")
+    info = analyze_rows(func, views)
+    rank = info.depth
+    row_extents = views[0].extents[:rank]
+    rows = _product(row_extents)
+
+    params = list(func.params)
+    outputs = {view.name for view in views if any(w.buffer.same_as(p) for w in view.writes for p in params)}
+    consumers = {view.name: set() for view in views}
+    for view in views:
+        for read in view.reads:
+            for producer in views:
+                if producer.name != view.name and any(w.buffer.same_as(read.buffer) for w in producer.writes):
+                    consumers[producer.name].add(view.name)
+
+    intermediates = []
+    shared = 0
+    within_max = 1
+    for view in views:
+        within = _product(view.extents[rank:])
+        if within is None:
+            raise PlanError(f"block {view.name}: symbolic extent inside a row")
+        within_max = max(within_max, within)
+        if not consumers[view.name]:
+            continue
+        per_row = _product(view.extents[rank:][i] for i, r in enumerate(view.is_reduce[rank:]) if not r)
+        nbytes = per_row * max(1, view.writes[0].buffer.dtype.bits // 8)
+        if view.name in outputs:
+            level, why = (SHARED, "kernel output also read inside the kernel") if family == "cuda" \
+                else (GLOBAL, "kernel output, read back by the same thread")
+        elif view.has_reduction:
+            level, why = SHARED, "reduction result broadcast over its row"
+        elif view.expensive:
+            level, why = SHARED, f"computed once: {', '.join(view.expensive)}"
+        elif len(view.writes) != 1:
+            level, why = SHARED, "block writes several buffers"
+        else:
+            level, why = REGISTER, "cheap: recomputed in each consumer"
+        if level == SHARED:
+            shared += nbytes
+        intermediates.append(Intermediate(view.name, level, nbytes, why))
+
+    if family == "cuda" and shared > CUDA_SHARED_LIMIT:
+        raise PlanError(f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory")
+
+    if family == "cuda":
+        threads = max(32, min(CUDA_MAX_THREADS, _next_pow2(within_max)))
+        vector = 1
+        grid = rows if rows is not None else -1
+    else:
+        threads = cpu_threads()
+        lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(8, views[-1].writes[0].buffer.dtype.bits)
+        vector = max(1, lanes)
+        grid = rows if rows is not None else -1
+
+    dominant = tuple(v.name for v in views if v.has_reduction) or tuple(
+        v.name for v in views if v.expensive
+    ) or (views[-1].name,)
+    notes = []
+    if rank == 0:
+        notes.append("no shared row axis: the whole kernel is one row task")
+    return StitchPlan(
+        kernel=name,
+        target=family,
+        scheme="row-resident",
+        ops=tuple(v.name for v in views),
+        dominant=dominant,
+        rank=rank,
+        row_shape=tuple(str(_int(e) if _int(e) is not None else e) for e in row_extents),
+        mapping=ThreadMapping(rows if rows is not None else -1, 1, threads, vector, grid),
+        intermediates=tuple(intermediates),
+        outputs=tuple(v.name for v in views if v.name in outputs),
+        shared_bytes=shared if family == "cuda" else 0,
+        notes=tuple(notes),
+    )

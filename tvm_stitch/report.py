@@ -1,0 +1,83 @@
+"""What the stitch pass decided, per group: the plan, or why it fell back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .plan import StitchPlan
+
+
+@dataclass
+class GroupRecord:
+    function: str  # the Relax function holding the group
+    bindings: tuple  # names of the Relax variables the group computes
+    ops: tuple  # names of the legalized operators in the group
+    kernel: str = ""  # name of the stitched PrimFunc ("" when it fell back)
+    plan: StitchPlan | None = None
+    fallback: str = ""  # why the group took TVM's default path
+
+    @property
+    def stitched(self) -> bool:
+        return self.plan is not None
+
+
+@dataclass
+class StitchReport:
+    target: str = ""
+    groups: list = field(default_factory=list)
+    opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
+
+    @property
+    def plans(self) -> list:
+        return [g.plan for g in self.groups if g.plan is not None]
+
+    @property
+    def fallbacks(self) -> list:
+        return [g for g in self.groups if g.fallback]
+
+    def table(self) -> str:
+        rows = [("kernel", "ops", "scheme", "dominant", "mapping", "reuse (register/shared/global)")]
+        for group in self.groups:
+            plan = group.plan
+            ops = _short(",".join(group.ops), 44)
+            if plan is None:
+                rows.append(("-", ops, "fallback", "-", "-", _short(group.fallback, 60)))
+                continue
+            m = plan.mapping
+            if plan.target == "cuda":
+                mapping = f"{m.grid} blocks x {m.threads} thr, {m.rows_per_task} row/blk"
+            else:
+                mapping = f"{m.rows} rows / {m.threads} cores, vec {m.vector}"
+            levels = {"register": [], "shared": [], "global": []}
+            for inter in plan.intermediates:
+                levels[inter.level].append(inter.name)
+            reuse = "/".join(str(len(levels[k])) for k in ("register", "shared", "global"))
+            rows.append((plan.kernel, ops, plan.scheme, _short(",".join(plan.dominant), 30), mapping, reuse))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        stitched = sum(1 for g in self.groups if g.stitched)
+        lines.append(f"{stitched} stitched kernels, {len(self.fallbacks)} fallbacks, "
+                     f"{len(self.opaque)} bindings left to TVM (compute-intensive or other)")
+        for group in self.fallbacks:
+            lines.append(f"fallback [{','.join(group.ops)}]: {group.fallback}")
+        return "\n".join(lines)
+
+    def details(self) -> str:
+        """Every plan in full: mapping and the level of each intermediate."""
+        out = []
+        for plan in self.plans:
+            out.append(f"{plan.kernel}: {plan.scheme}, rows {plan.row_shape}, dominant {list(plan.dominant)}")
+            out.append(f"  mapping: {plan.mapping}")
+            for inter in plan.intermediates:
+                out.append(f"  {inter.name:28s} {inter.level:8s} {inter.bytes_per_row:7d} B/row  {inter.why}")
+            for note in plan.notes:
+                out.append(f"  note: {note}")
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -1,0 +1,133 @@
+"""Row alignment: which leading axes a set of blocks can share as "rows".
+
+A group of blocks can be stitched row-resident at rank r when every block's
+first r iterators are spatial with the same extents (the rows), every write
+puts row i at tensor index [i, ...], and every read of a tensor produced
+inside the group takes row i from index [i, ...] too. Then one row of every
+intermediate is produced and consumed by the same row task (a CUDA thread
+block, a CPU loop iteration), and intermediates never cross rows.
+
+Reads of tensors from outside the group may cross rows freely (a broadcast
+gamma, a transposed weight): they are read from global memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from .tir_view import Access, BlockView, block_views, vars_in
+
+ALIGNED = "aligned"
+INVARIANT = "invariant"
+CROSSING = "crossing"
+
+
+def access_kind(access: Access, row_vars: tuple) -> str:
+    """How one access relates to the row iterators of its block."""
+    if not row_vars:
+        return ALIGNED
+    used = [vars_in(i) for i in access.indices]
+    rows = set(row_vars)
+    if not any(u & rows for u in used):
+        return INVARIANT
+    if len(access.indices) >= len(row_vars) and all(
+        isinstance(access.indices[d], tirx.Var) and access.indices[d].same_as(row_vars[d])
+        for d in range(len(row_vars))
+    ) and not any(u & rows for u in used[len(row_vars):]):
+        return ALIGNED
+    return CROSSING
+
+
+def _worst(kinds) -> str:
+    kinds = set(kinds)
+    if CROSSING in kinds:
+        return CROSSING
+    if ALIGNED in kinds and INVARIANT in kinds:
+        return CROSSING
+    return kinds.pop() if kinds else INVARIANT
+
+
+def _leading_spatial(view: BlockView) -> list:
+    lead = []
+    for extent, reduce in zip(view.extents, view.is_reduce):
+        if reduce:
+            break
+        lead.append(extent)
+    return lead
+
+
+def common_row_extents(views: list) -> tuple:
+    """The longest prefix of spatial extents shared by all blocks."""
+    if not views:
+        return ()
+    leads = [_leading_spatial(v) for v in views]
+    prefix = []
+    for d in range(min(len(lead) for lead in leads)):
+        first = leads[0][d]
+        if all(tvm_ffi.structural_equal(lead[d], first) for lead in leads[1:]):
+            prefix.append(first)
+        else:
+            break
+    return tuple(prefix)
+
+
+@dataclass(frozen=True)
+class RowInfo:
+    """Row alignment of one PrimFunc.
+
+    `extents[:r]` are the rows at rank r, for every r <= depth.
+    `param_access[p][r]` says how parameter p is accessed at rank r.
+    """
+
+    extents: tuple  # str of each leading extent, up to depth
+    depth: int
+    param_access: tuple  # per param: tuple of kinds for r = 0..depth
+
+    def rows(self, rank: int, shape_value) -> int:
+        total = 1
+        for extent in self.extents[:rank]:
+            total *= shape_value(extent)
+        return total
+
+
+def _internally_aligned(views: list, param_buffers: list, rank: int) -> bool:
+    for view in views:
+        row_vars = view.iter_vars[:rank]
+        for write in view.writes:
+            if access_kind(write, row_vars) != ALIGNED:
+                return False
+        for read in view.reads:
+            if any(read.buffer.same_as(b) for b in param_buffers):
+                continue
+            if access_kind(read, row_vars) != ALIGNED:
+                return False
+    return True
+
+
+def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
+    """Row alignment of a PrimFunc's blocks, for every usable rank."""
+    if views is None:
+        views = block_views(s_tir.Schedule(func))
+    param_buffers = list(func.params)
+    extents = common_row_extents(views)
+    depth = 0
+    for rank in range(1, len(extents) + 1):
+        if not _internally_aligned(views, param_buffers, rank):
+            break
+        depth = rank
+    access = []
+    for buf in param_buffers:
+        per_rank = []
+        for rank in range(depth + 1):
+            kinds = [
+                access_kind(a, v.iter_vars[:rank])
+                for v in views
+                for a in v.reads + v.writes
+                if a.buffer.same_as(buf)
+            ]
+            per_rank.append(_worst(kinds) if kinds else INVARIANT)
+        access.append(tuple(per_rank))
+    return RowInfo(tuple(str(e) for e in extents[:depth]), depth, tuple(access))

@@ -1,0 +1,227 @@
+"""StitchFusion: the Relax pass that stitches memory-bound groups into scheduled kernels.
+
+Runs after FuseOps. Per dataflow block: build the graph, partition it into
+convex memory-bound groups, and for each group outline -> FuseTIR -> plan ->
+schedule. A group that succeeds becomes one `call_tir` of a scheduled
+PrimFunc (attribute `tirx.is_scheduled`, so dlight leaves it alone, and
+`tvm_stitch.plan` holding its plan). A group that fails at any step keeps
+its original bindings — TVM's default path — and the reason is recorded.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import tvm
+from tvm import relax
+from tvm.target import Target
+
+from .graph import Graph, analyses_for, build_graph
+from .outline import outline_group
+from .partition import PartitionLimits, partition
+from .planner import PlanError, plan_row_resident, target_family
+from schedules import schedule_for
+from .report import GroupRecord, StitchReport
+from .target import as_target
+
+
+class StitchError(RuntimeError):
+    """Raised in strict mode when a group cannot be stitched."""
+
+
+def _limits(family: str) -> PartitionLimits:
+    if family == "cuda":
+        return PartitionLimits()
+    # On the CPU a row's intermediates live in L1/L2, not a 48 KB scratchpad.
+    return PartitionLimits(parallel_rows=16, row_bytes_limit=1 << 20)
+
+
+def _used_after(func: relax.Function, block_index: int) -> set:
+    """Variables of block `block_index` used by later blocks or the result."""
+    used = set(relax.analysis.free_vars(func.body.body))
+    for block in func.body.blocks[block_index + 1 :]:
+        for binding in block.bindings:
+            used.update(relax.analysis.free_vars(binding.value))
+    return used
+
+
+def _topological_units(graph: Graph, groups: list) -> list:
+    """Emission order: each unit is a stitched group or a single node."""
+    unit_of = {}
+    units = []
+    for members in groups:
+        for m in members:
+            unit_of[m] = len(units)
+        units.append(members)
+    for node in graph.nodes:
+        if node.index not in unit_of:
+            unit_of[node.index] = len(units)
+            units.append([node.index])
+    deps = [set() for _ in units]
+    for node in graph.nodes:
+        for prod in graph.producers[node.index]:
+            if unit_of[prod] != unit_of[node.index]:
+                deps[unit_of[node.index]].add(unit_of[prod])
+    order, done = [], set()
+    ready = sorted((min(units[u]), u) for u in range(len(units)) if not deps[u])
+    waiting = {u: set(d) for u, d in enumerate(deps) if d}
+    users = [set() for _ in units]
+    for u, d in enumerate(deps):
+        for p in d:
+            users[p].add(u)
+    heapq.heapify(ready)
+    while ready:
+        _, u = heapq.heappop(ready)
+        order.append(units[u])
+        done.add(u)
+        for v in users[u]:
+            waiting[v].discard(u)
+            if not waiting[v]:
+                del waiting[v]
+                heapq.heappush(ready, (min(units[v]), v))
+    if len(order) != len(units):
+        raise StitchError("internal error: grouping created a cycle")
+    return order
+
+
+class _Stitcher:
+    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, report: StitchReport):
+        self.mod = mod
+        self.target = target
+        self.family = target_family(target)
+        self.strict = strict
+        self.report = report
+        self.analyses = analyses_for(mod)
+        self.new_funcs: dict = {}  # name -> scheduled PrimFunc
+        self.count = 0
+
+    def stitch_group(self, func_name: str, graph: Graph, members: list):
+        """(PrimFunc name, outlined) for a stitched group, or None after recording why."""
+        nodes = [graph.nodes[m] for m in members]
+        record = GroupRecord(
+            function=func_name,
+            bindings=tuple(n.var.name for n in nodes),
+            ops=tuple(graph.ops[i].name for n in nodes for i in n.ops),
+        )
+        self.report.groups.append(record)
+        name = f"stitch_{self.count}_{'_'.join(record.ops[:3])}"[:60]
+        try:
+            outlined = outline_group(self.mod, graph, members, name)
+            plan = plan_row_resident(outlined.func, self.target, name)
+            sch = schedule_for(outlined.func, plan, self.target)
+        except (PlanError, ValueError, tvm.error.TVMError) as err:
+            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
+            if self.strict:
+                raise StitchError(f"cannot stitch {list(record.ops)}: {reason}") from err
+            record.fallback = reason
+            return None
+        self.count += 1
+        record.kernel, record.plan = name, plan
+        scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        scheduled = scheduled.with_attr("tvm_stitch.plan", plan.to_json())
+        self.new_funcs[name] = scheduled
+        return name, outlined
+
+    def rewrite_block(self, func_name: str, block: relax.DataflowBlock, used_after: set,
+                      calls: dict) -> relax.DataflowBlock:
+        graph = build_graph(self.mod, block, used_after, self.analyses)
+        for node in graph.nodes:
+            if not node.stitchable:
+                self.report.opaque.append((node.var.name, node.reason))
+        stitched = []
+        for members in partition(graph, _limits(self.family)):
+            result = self.stitch_group(func_name, graph, members)
+            if result is not None:
+                stitched.append((members, result))
+        if not stitched:
+            return block
+        by_first = {members[0]: (members, result) for members, result in stitched}
+        bindings = []
+        for unit in _topological_units(graph, [m for m, _ in stitched]):
+            if unit[0] in by_first and by_first[unit[0]][0] == unit:
+                name, outlined = by_first[unit[0]][1]
+                bindings.extend(self._call_bindings(name, outlined, calls))
+                continue
+            node = graph.nodes[unit[0]]
+            bindings.append(node.binding)
+            bindings.extend(node.aliases)
+        return relax.DataflowBlock(bindings)
+
+    def _call_bindings(self, name: str, outlined, calls: dict) -> list:
+        out_ty = outlined.out_types if len(outlined.out_types) > 1 else outlined.out_types[0]
+        call = relax.call_tir(calls[name], relax.Tuple(list(outlined.args)), out_ty)
+        if len(outlined.outputs) == 1:
+            return [relax.VarBinding(outlined.outputs[0], call)]
+        tmp = relax.DataflowVar(f"{name}_out", relax.TupleType(list(outlined.out_types)))
+        bindings = [relax.VarBinding(tmp, call)]
+        for k, var in enumerate(outlined.outputs):
+            bindings.append(relax.VarBinding(var, relax.TupleGetItem(tmp, k)))
+        return bindings
+
+
+def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
+                  report: StitchReport | None = None) -> tvm.IRModule:
+    report = report if report is not None else StitchReport()
+    report.target = str(target.kind.name)
+    stitcher = _Stitcher(mod, target, strict, report)
+    bb = relax.BlockBuilder(mod)
+    calls = _LazyGlobals(bb, stitcher.new_funcs)
+    for gv, func in list(mod.functions_items()):
+        if not isinstance(func, relax.Function):
+            continue
+        if func.attrs is not None and func.attrs.get("Primitive"):
+            continue
+        if not isinstance(func.body, relax.SeqExpr):
+            continue
+        blocks = []
+        changed = False
+        for i, block in enumerate(func.body.blocks):
+            if isinstance(block, relax.DataflowBlock):
+                new_block = stitcher.rewrite_block(gv.name_hint, block, _used_after(func, i), calls)
+                changed |= new_block is not block
+                blocks.append(new_block)
+            else:
+                blocks.append(block)
+        if changed:
+            new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
+                                      func.ret_ty, func.is_pure, func.attrs, func.span)
+            bb.update_func(gv, new_func)
+    out = bb.get()
+    out = relax.transform.Normalize()(out)
+    return relax.transform.DeadCodeElimination()(out)
+
+
+class _LazyGlobals(dict):
+    """GlobalVars of stitched PrimFuncs, added to the module on first use."""
+
+    def __init__(self, bb: relax.BlockBuilder, funcs: dict):
+        super().__init__()
+        self.bb = bb
+        self.funcs = funcs
+
+    def __missing__(self, name: str):
+        gv = self.bb.add_func(self.funcs[name], name)
+        self[name] = gv
+        return gv
+
+
+def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = False,
+                 report: StitchReport | None = None) -> tvm.transform.Pass:
+    """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
+
+    `target` defaults to the current target scope. With `strict=True` a group
+    that cannot be stitched raises StitchError instead of falling back. A
+    `StitchReport` passed as `report` receives the plan or the fallback
+    reason of every group.
+    """
+    fixed = as_target(target) if target is not None else None
+
+    @tvm.transform.module_pass(opt_level=0, name="StitchFusion")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        tgt = fixed if fixed is not None else Target.current(allow_none=True)
+        if tgt is None:
+            raise ValueError("StitchFusion needs a target: pass one or run it inside `with target:`")
+        return stitch_module(mod, as_target(tgt), strict, report)
+
+    return _pass
+

@@ -1,0 +1,41 @@
+"""Targets tvm-stitch accepts, checked before any work is done."""
+
+from __future__ import annotations
+
+import tvm
+from tvm.target import Target
+
+SUPPORTED_KINDS = ("cuda", "llvm")
+
+
+def as_target(target) -> Target:
+    """A Target from a Target, a dict or a string; a clear error for anything else."""
+    if isinstance(target, Target):
+        result = target
+    elif isinstance(target, (dict, str)):
+        try:
+            result = Target(target)
+        except (tvm.error.TVMError, ValueError, TypeError) as err:
+            raise ValueError(f"invalid target {target!r}: {str(err).strip().splitlines()[-1]}") from err
+    else:
+        raise TypeError(f"target must be a tvm.target.Target, a dict or a string, not {type(target).__name__}")
+    if result.kind.name not in SUPPORTED_KINDS:
+        raise ValueError(
+            f"tvm-stitch supports target kinds {', '.join(SUPPORTED_KINDS)}; got {result.kind.name!r}"
+        )
+    return result
+
+
+def backend_passes(target: Target):
+    """TVM's per-backend pipeline module (its dispatch, lowering and finalisation passes).
+
+    `relax.pipeline.*_passes` cannot be used: in TVM 0.27 the llvm branch
+    refers to names the `cpu_generic` package does not export.
+    """
+    if target.kind.name == "cuda":
+        from tvm.relax.backend.cuda import pipeline as cuda_pipeline
+
+        return cuda_pipeline
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
+
+    return cpu_pipeline

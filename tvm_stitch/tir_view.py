@@ -1,0 +1,128 @@
+"""A read-only view of the blocks of a PrimFunc: iterators, accesses, expensive ops.
+
+Every analysis in tvm-stitch (classification, row alignment, traffic) reads
+PrimFuncs through this one view, so the walking of TIR lives in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, sym, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+
+# Intrinsics whose cost per element is far above a load: evaluated once per
+# element by a stitched kernel, never recomputed.
+EXPENSIVE_INTRINSICS = frozenset(
+    {
+        "exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p",
+        "erf", "tanh", "sigmoid", "sqrt", "rsqrt", "pow", "sin", "cos", "tan",
+        "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Access:
+    """One buffer access of a block: the buffer and its per-dimension index."""
+
+    buffer: tirx.Buffer
+    indices: tuple  # PrimExpr per dimension (the region's minimum)
+    point: bool  # every dimension is a single element
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """A block with the facts the planner needs."""
+
+    name: str
+    iter_vars: tuple  # tirx.Var per block iterator
+    extents: tuple  # PrimExpr per block iterator
+    is_reduce: tuple  # bool per block iterator
+    reads: tuple  # Access
+    writes: tuple  # Access
+    expensive: tuple  # names of expensive intrinsics in the body
+    trivial_binding: bool  # block iterators are bound one-to-one to its loops
+
+    @property
+    def has_reduction(self) -> bool:
+        return any(self.is_reduce)
+
+
+def _access(region, analyzer) -> Access:
+    point = all(_is_one(r.extent) for r in region.region)
+    return Access(region.source, tuple(analyzer.simplify(r.min) for r in region.region), point)
+
+
+def _is_one(expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and expr.value == 1
+
+
+def vars_in(expr) -> set:
+    """The tirx.Var objects an expression uses (including inside loads)."""
+    found = set()
+    tvm_ffi.structural_walk(expr, (tirx.Var, found.add), order="post")
+    return found
+
+
+def expensive_ops(stmt) -> tuple:
+    """Names of expensive intrinsics and float divisions in a statement."""
+    names = []
+
+    def on_call(call):
+        op = getattr(call, "op", None)
+        if isinstance(op, tvm.ir.Op):
+            short = op.name.split(".")[-1]
+            if short in EXPENSIVE_INTRINSICS:
+                names.append(short)
+
+    def on_div(div):
+        if "float" in str(div.ty) or "bfloat" in str(div.ty):
+            names.append("divide")
+
+    tvm_ffi.structural_walk(stmt, ((tvm.ir.Call, on_call), (tirx.Div, on_div)), order="post")
+    return tuple(sorted(names))
+
+
+def _trivial_binding(sch: s_tir.Schedule, block_rv, block) -> bool:
+    """Each block iterator is bound to its own loop, in order, from zero."""
+    loops = [sch.get(loop) for loop in sch.get_loops(block_rv)]
+    if len(loops) != len(block.iter_vars):
+        return False
+    realize = loops[-1].body if loops else None
+    if not isinstance(realize, s_tir.SBlockRealize):
+        return not loops
+    return all(
+        isinstance(value, tirx.Var)
+        and value.same_as(loop.loop_var)
+        and isinstance(loop.min, tirx.IntImm)
+        and loop.min.value == 0
+        and tvm_ffi.structural_equal(loop.extent, iv.dom.extent)
+        for value, loop, iv in zip(realize.iter_values, loops, block.iter_vars)
+    )
+
+
+def block_views(sch: s_tir.Schedule) -> list:
+    """Views of the top-level blocks of the schedule's function, in order."""
+    views = []
+    for block_rv in sch.get_child_blocks(get_root_block(sch)):
+        block = sch.get(block_rv)
+        iter_vars = tuple(iv.var for iv in block.iter_vars)
+        analyzer = sym.Analyzer()
+        for iv in block.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
+        views.append(
+            BlockView(
+                name=block.name_hint,
+                iter_vars=iter_vars,
+                extents=tuple(iv.dom.extent for iv in block.iter_vars),
+                is_reduce=tuple(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars),
+                reads=tuple(_access(r, analyzer) for r in block.reads),
+                writes=tuple(_access(w, analyzer) for w in block.writes),
+                expensive=expensive_ops(block.body),
+                trivial_binding=_trivial_binding(sch, block_rv, block),
+            )
+        )
+    return views
