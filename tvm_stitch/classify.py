@@ -147,6 +147,6 @@ def classify_primfunc(func: tirx.PrimFunc) -> OpClass:
         return OpClass(OpKind.UNSUPPORTED, reason="tuple pattern")
     try:
         views = block_views(s_tir.Schedule(func))
-    except tvm.error.TVMError as err:  # the TIR is outside what schedules can describe
+    except (RuntimeError, ValueError) as err:  # TIR outside what schedules can describe
         return OpClass(OpKind.UNSUPPORTED, reason=f"unreadable TIR: {type(err).__name__}")
     return classify_views(views)

@@ -69,6 +69,28 @@ def cpu_threads() -> int:
     return os.cpu_count() or 1
 
 
+def _level(view, consumers: list, levels: dict, is_output: bool, family: str) -> tuple:
+    """Where a block's result lives, given the levels already chosen for its consumers."""
+    if is_output:
+        if family == "cuda":
+            return SHARED, "kernel output also read inside the kernel"
+        return GLOBAL, "kernel output, read back by the same thread"
+    if view.has_reduction:
+        return SHARED, "reduction result broadcast over its row"
+    if len(view.writes) != 1:
+        return SHARED, "block writes several buffers"
+    if not view.expensive:
+        return REGISTER, "cheap: recomputed in each consumer"
+    buffer = view.writes[0].buffer
+    if (
+        len(consumers) == 1
+        and levels.get(consumers[0].name, (SHARED,))[0] != REGISTER
+        and consumers[0].loads_of(buffer) == 1
+    ):
+        return REGISTER, f"{', '.join(view.expensive)} evaluated once, in its only consumer"
+    return SHARED, f"computed once: {', '.join(view.expensive)}"
+
+
 def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
     family = target_family(target)
     views = block_views(s_tir.Schedule(func))
@@ -93,6 +115,13 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
                 if producer.name != view.name and any(w.buffer.same_as(read.buffer) for w in producer.writes):
                     consumers[producer.name].add(view.name)
 
+    by_name = {view.name: view for view in views}
+    levels = {}
+    for view in reversed(views):
+        if not consumers[view.name]:
+            continue
+        levels[view.name] = _level(view, [by_name[c] for c in consumers[view.name]], levels,
+                                   view.name in outputs, family)
     intermediates = []
     shared = 0
     within_max = 1
@@ -101,21 +130,11 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         if within is None:
             raise PlanError(f"block {view.name}: symbolic extent inside a row")
         within_max = max(within_max, within)
-        if not consumers[view.name]:
+        if view.name not in levels:
             continue
-        per_row = _product(view.extents[rank:][i] for i, r in enumerate(view.is_reduce[rank:]) if not r)
+        level, why = levels[view.name]
+        per_row = _product(e for e, r in zip(view.extents[rank:], view.is_reduce[rank:]) if not r)
         nbytes = per_row * max(1, view.writes[0].buffer.dtype.bits // 8)
-        if view.name in outputs:
-            level, why = (SHARED, "kernel output also read inside the kernel") if family == "cuda" \
-                else (GLOBAL, "kernel output, read back by the same thread")
-        elif view.has_reduction:
-            level, why = SHARED, "reduction result broadcast over its row"
-        elif view.expensive:
-            level, why = SHARED, f"computed once: {', '.join(view.expensive)}"
-        elif len(view.writes) != 1:
-            level, why = SHARED, "block writes several buffers"
-        else:
-            level, why = REGISTER, "cheap: recomputed in each consumer"
         if level == SHARED:
             shared += nbytes
         intermediates.append(Intermediate(view.name, level, nbytes, why))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.target import Target
 
@@ -23,6 +24,7 @@ from .planner import PlanError, plan_row_resident, target_family
 from schedules import schedule_for
 from .report import GroupRecord, StitchReport
 from .target import as_target
+from .verify import check_builds
 
 
 class StitchError(RuntimeError):
@@ -93,6 +95,7 @@ class _Stitcher:
         self.report = report
         self.analyses = analyses_for(mod)
         self.new_funcs: dict = {}  # name -> scheduled PrimFunc
+        self.done: dict = {}  # structural hash of the fused PrimFunc -> (fused, name, plan) or reason
         self.count = 0
 
     def stitch_group(self, func_name: str, graph: Graph, members: list):
@@ -104,23 +107,33 @@ class _Stitcher:
             ops=tuple(graph.ops[i].name for n in nodes for i in n.ops),
         )
         self.report.groups.append(record)
-        name = f"stitch_{self.count}_{'_'.join(record.ops[:3])}"[:60]
         try:
-            outlined = outline_group(self.mod, graph, members, name)
-            plan = plan_row_resident(outlined.func, self.target, name)
-            sch = schedule_for(outlined.func, plan, self.target)
-        except (PlanError, ValueError, tvm.error.TVMError) as err:
+            outlined = outline_group(self.mod, graph, members, f"stitch_{self.count}")
+            name, plan = self._kernel_for(outlined.func, record.ops)
+        except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
             if self.strict:
                 raise StitchError(f"cannot stitch {list(record.ops)}: {reason}") from err
             record.fallback = reason
             return None
-        self.count += 1
         record.kernel, record.plan = name, plan
-        scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-        scheduled = scheduled.with_attr("tvm_stitch.plan", plan.to_json())
-        self.new_funcs[name] = scheduled
         return name, outlined
+
+    def _kernel_for(self, fused, ops: tuple) -> tuple:
+        """(name, plan) of the scheduled kernel for a fused PrimFunc; identical groups share one."""
+        key = tvm_ffi.structural_hash(fused)
+        for other, name, plan in self.done.get(key, []):
+            if tvm_ffi.structural_equal(other, fused):
+                return name, plan
+        name = f"stitch_{self.count}_{'_'.join(ops[:3])}"[:60]
+        plan = plan_row_resident(fused, self.target, name)
+        sch = schedule_for(fused, plan, self.target)
+        scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        check_builds(scheduled, self.target)
+        self.count += 1
+        self.new_funcs[name] = scheduled.with_attr("tvm_stitch.plan", plan.to_json())
+        self.done.setdefault(key, []).append((fused, name, plan))
+        return name, plan
 
     def rewrite_block(self, func_name: str, block: relax.DataflowBlock, used_after: set,
                       calls: dict) -> relax.DataflowBlock:

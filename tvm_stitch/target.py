@@ -15,7 +15,7 @@ def as_target(target) -> Target:
     elif isinstance(target, (dict, str)):
         try:
             result = Target(target)
-        except (tvm.error.TVMError, ValueError, TypeError) as err:
+        except (RuntimeError, ValueError, TypeError, KeyError) as err:
             raise ValueError(f"invalid target {target!r}: {str(err).strip().splitlines()[-1]}") from err
     else:
         raise TypeError(f"target must be a tvm.target.Target, a dict or a string, not {type(target).__name__}")
@@ -39,3 +39,8 @@ def backend_passes(target: Target):
     from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
 
     return cpu_pipeline
+
+
+def default_pipeline(target: Target) -> tvm.transform.Pass:
+    """TVM's own default Relax pipeline for the target (the baseline we compare with)."""
+    return backend_passes(target).get_default_pipeline(target)

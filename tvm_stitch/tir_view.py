@@ -45,6 +45,10 @@ class BlockView:
     writes: tuple  # Access
     expensive: tuple  # names of expensive intrinsics in the body
     trivial_binding: bool  # block iterators are bound one-to-one to its loops
+    loads: tuple  # (buffer, number of loads of it in the body)
+
+    def loads_of(self, buffer) -> int:
+        return sum(n for b, n in self.loads if b.same_as(buffer))
 
     @property
     def has_reduction(self) -> bool:
@@ -87,21 +91,44 @@ def expensive_ops(stmt) -> tuple:
 
 
 def _trivial_binding(sch: s_tir.Schedule, block_rv, block) -> bool:
-    """Each block iterator is bound to its own loop, in order, from zero."""
+    """Each block iterator has its own loop, in order, from zero.
+
+    Unit iterators bound to the constant 0 (scalar blocks) need no loop.
+    """
     loops = [sch.get(loop) for loop in sch.get_loops(block_rv)]
-    if len(loops) != len(block.iter_vars):
+    realize = loops[-1].body if loops else sch.get_sref(block_rv).parent
+    values = None
+    if loops and isinstance(realize, s_tir.SBlockRealize):
+        values = list(realize.iter_values)
+    elif not loops:
+        values = [iv.dom.extent for iv in block.iter_vars]  # only unit iterators qualify
+        return all(_is_one(v) for v in values)
+    if values is None:
         return False
-    realize = loops[-1].body if loops else None
-    if not isinstance(realize, s_tir.SBlockRealize):
-        return not loops
-    return all(
+    bound = [(v, iv) for v, iv in zip(values, block.iter_vars)
+             if not (isinstance(v, tirx.IntImm) and _is_one(iv.dom.extent))]
+    return len(bound) == len(loops) and all(
         isinstance(value, tirx.Var)
         and value.same_as(loop.loop_var)
         and isinstance(loop.min, tirx.IntImm)
         and loop.min.value == 0
         and tvm_ffi.structural_equal(loop.extent, iv.dom.extent)
-        for value, loop, iv in zip(realize.iter_values, loops, block.iter_vars)
+        for (value, iv), loop in zip(bound, loops)
     )
+
+
+def _load_counts(stmt) -> tuple:
+    counts = []
+
+    def on_load(load):
+        for i, (buf, n) in enumerate(counts):
+            if buf.same_as(load.source):
+                counts[i] = (buf, n + 1)
+                return
+        counts.append((load.source, 1))
+
+    tvm_ffi.structural_walk(stmt, (tvm.ir.TensorLoad, on_load), order="post")
+    return tuple(counts)
 
 
 def block_views(sch: s_tir.Schedule) -> list:
@@ -123,6 +150,7 @@ def block_views(sch: s_tir.Schedule) -> list:
                 writes=tuple(_access(w, analyzer) for w in block.writes),
                 expensive=expensive_ops(block.body),
                 trivial_binding=_trivial_binding(sch, block_rv, block),
+                loads=_load_counts(block.body),
             )
         )
     return views

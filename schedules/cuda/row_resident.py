@@ -52,13 +52,17 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for block in blocks_by_name(sch).values():
         spatial, reduce = within_row_loops(sch, block, row)
         spatial_extent = _extent(sch, spatial) if spatial else 1
-        if reduce and spatial_extent == 1:
+        if reduce and (spatial_extent is None or spatial_extent < threads):
+            # Few outputs per row: the threads share each output's reduction.
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
+            if spatial:
+                sch.reorder(*spatial, loop)
             outer, inner = _split_over_threads(sch, loop, threads)
             sch.reorder(inner, outer)
             sch.annotate(outer, "pragma_auto_unroll_max_step", UNROLL)
             sch.annotate(outer, "pragma_unroll_explicit", 1)
         elif spatial:
+            # One output per thread; its reduction, if any, runs serially in the thread.
             loop = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
             _split_over_threads(sch, loop, threads)
         else:

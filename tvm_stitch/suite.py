@@ -1,0 +1,303 @@
+"""The built-in suite of memory-intensive graphs, with inputs and numpy references.
+
+Every graph is written the way frontends emit it: decomposed into primitive
+Relax ops (mean, subtract, rsqrt, exp, ...), not as fused library ops.
+`SUITE` maps a name to a `SuiteGraph`; `build(dtype, size)` gives the Relax
+module at the benchmark size ("bench") or a small one ("test").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+
+SIZES = {
+    # rows x columns of the main input per size class
+    "bench": {"rows": 4096, "cols": 768, "batch": 8, "heads": 12, "seq": 128, "vocab": 8192},
+    "test": {"rows": 64, "cols": 96, "batch": 2, "heads": 3, "seq": 16, "vocab": 200},
+}
+
+
+@dataclass(frozen=True)
+class SuiteGraph:
+    name: str
+    description: str
+    build: Callable  # (dtype, dims) -> IRModule
+    inputs: Callable  # (rng, dtype, dims) -> list of numpy arrays
+    reference: Callable  # (inputs as float64) -> numpy array or tuple
+    dtypes: tuple = ("float32", "float16")
+
+
+def _fn(params: list, body: Callable) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = body(bb, *params)
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _t(name: str, shape, dtype: str) -> relax.Var:
+    return relax.Var(name, relax.TensorType(tuple(shape), dtype))
+
+
+def _c(value: float, dtype: str) -> relax.Constant:
+    return relax.const(value, dtype)
+
+
+# --- Relax building blocks, decomposed as a frontend writes them -----------------
+
+def _layernorm(bb, x, gamma, beta, dtype, eps=1e-5):
+    op = relax.op
+    mean = bb.emit(op.mean(x, axis=[-1], keepdims=True))
+    xc = bb.emit(op.subtract(x, mean))
+    var = bb.emit(op.mean(op.multiply(xc, xc), axis=[-1], keepdims=True))
+    rstd = bb.emit(op.rsqrt(op.add(var, _c(eps, dtype))))
+    y = bb.emit(op.multiply(xc, rstd))
+    return bb.emit(op.add(op.multiply(y, gamma), beta)), mean, rstd
+
+
+def _softmax(bb, x):
+    op = relax.op
+    mx = bb.emit(op.max(x, axis=[-1], keepdims=True))
+    e = bb.emit(op.exp(op.subtract(x, mx)))
+    s = bb.emit(op.sum(e, axis=[-1], keepdims=True))
+    return bb.emit(op.divide(e, s))
+
+
+# --- numpy references (float64) ---------------------------------------------------
+
+def _np_layernorm(x, g, b, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    return (x - mean) * rstd * g + b, mean, rstd
+
+
+def _np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _erf(x):
+    from math import erf
+
+    return np.vectorize(erf)(x)
+
+
+# --- the graphs ---------------------------------------------------------------------
+
+def _layernorm_graph(dtype, d):
+    x, g, b = _t("x", (d["rows"], d["cols"]), dtype), _t("gamma", (d["cols"],), dtype), _t("beta", (d["cols"],), dtype)
+    return _fn([x, g, b], lambda bb, x, g, b: _layernorm(bb, x, g, b, dtype)[0])
+
+
+def _layernorm_stats_graph(dtype, d):
+    x, g, b = _t("x", (d["rows"], d["cols"]), dtype), _t("gamma", (d["cols"],), dtype), _t("beta", (d["cols"],), dtype)
+
+    def body(bb, x, g, b):
+        y, mean, rstd = _layernorm(bb, x, g, b, dtype)
+        return relax.Tuple([y, mean, rstd])
+
+    return _fn([x, g, b], body)
+
+
+def _rmsnorm_graph(dtype, d):
+    x, w = _t("x", (d["rows"], d["cols"]), dtype), _t("weight", (d["cols"],), dtype)
+
+    def body(bb, x, w):
+        op = relax.op
+        ms = bb.emit(op.mean(op.multiply(x, x), axis=[-1], keepdims=True))
+        r = bb.emit(op.rsqrt(op.add(ms, _c(1e-6, dtype))))
+        return bb.emit(op.multiply(op.multiply(x, r), w))
+
+    return _fn([x, w], body)
+
+
+def _softmax_graph(dtype, d):
+    x = _t("x", (d["rows"], d["cols"]), dtype)
+    return _fn([x], lambda bb, x: _softmax(bb, x))
+
+
+def _attention_softmax_graph(dtype, d):
+    s = (d["batch"], d["heads"], d["seq"], d["seq"])
+    scores, mask = _t("scores", s, dtype), _t("mask", (d["batch"], 1, 1, d["seq"]), dtype)
+
+    def body(bb, scores, mask):
+        op = relax.op
+        scaled = bb.emit(op.add(op.multiply(scores, _c(0.125, dtype)), mask))
+        return _softmax(bb, scaled)
+
+    return _fn([scores, mask], body)
+
+
+def _bias_gelu_graph(dtype, d):
+    x, b = _t("x", (d["rows"], d["cols"]), dtype), _t("bias", (d["cols"],), dtype)
+
+    def body(bb, x, b):
+        op = relax.op
+        h = bb.emit(op.add(x, b))
+        inner = bb.emit(op.erf(op.multiply(h, _c(0.7071067811865476, dtype))))
+        return bb.emit(op.multiply(op.multiply(h, _c(0.5, dtype)), op.add(inner, _c(1.0, dtype))))
+
+    return _fn([x, b], body)
+
+
+def _residual_layernorm_graph(dtype, d):
+    shape = (d["rows"], d["cols"])
+    x, r = _t("x", shape, dtype), _t("residual", shape, dtype)
+    g, b = _t("gamma", (d["cols"],), dtype), _t("beta", (d["cols"],), dtype)
+
+    def body(bb, x, r, g, b):
+        h = bb.emit(relax.op.add(x, r))
+        y = _layernorm(bb, h, g, b, dtype)[0]
+        return relax.Tuple([h, y])
+
+    return _fn([x, r, g, b], body)
+
+
+def _layernorm_softmax_graph(dtype, d):
+    x, g, b = _t("x", (d["rows"], d["cols"]), dtype), _t("gamma", (d["cols"],), dtype), _t("beta", (d["cols"],), dtype)
+    return _fn([x, g, b], lambda bb, x, g, b: _softmax(bb, _layernorm(bb, x, g, b, dtype)[0]))
+
+
+def _cross_entropy_graph(dtype, d):
+    logits, labels = _t("logits", (d["rows"], d["vocab"]), dtype), _t("labels", (d["rows"],), "int64")
+
+    def body(bb, logits, labels):
+        op = relax.op
+        mx = bb.emit(op.max(logits, axis=[-1], keepdims=True))
+        shifted = bb.emit(op.subtract(logits, mx))
+        lse = bb.emit(op.log(op.sum(op.exp(shifted), axis=[-1], keepdims=True)))
+        logp = bb.emit(op.subtract(shifted, lse))
+        return bb.emit(op.nn.nll_loss(logp, labels, reduction="mean"))
+
+    return _fn([logits, labels], body)
+
+
+def _chained_reductions_graph(dtype, d):
+    x = _t("x", (d["rows"], d["cols"]), dtype)
+
+    def body(bb, x):
+        op = relax.op
+        s = bb.emit(op.sum(x, axis=[-1], keepdims=True))
+        centered = bb.emit(op.subtract(x, op.divide(s, _c(float(d["cols"]), dtype))))
+        mx = bb.emit(op.max(op.abs(centered), axis=[-1], keepdims=True))
+        scaled = bb.emit(op.divide(centered, op.add(mx, _c(1.0, dtype))))
+        mn = bb.emit(op.min(scaled, axis=[-1], keepdims=True))
+        return bb.emit(op.subtract(scaled, mn))
+
+    return _fn([x], body)
+
+
+def _np_chained(x):
+    cols = x.shape[-1]
+    centered = x - x.sum(-1, keepdims=True) / cols
+    scaled = centered / (np.abs(centered).max(-1, keepdims=True) + 1.0)
+    return scaled - scaled.min(-1, keepdims=True)
+
+
+def _np_cross_entropy(logits, labels):
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return np.array(-logp[np.arange(len(labels)), labels.astype(np.int64)].mean())
+
+
+def _normal(rng, shape, dtype, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def _rows_cols(d):
+    return (d["rows"], d["cols"])
+
+
+SUITE = {
+    g.name: g
+    for g in [
+        SuiteGraph(
+            "layernorm", "decomposed LayerNorm over the last axis",
+            _layernorm_graph,
+            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt), _normal(rng, (d["cols"],), dt)],
+            lambda x, g, b: _np_layernorm(x, g, b)[0],
+        ),
+        SuiteGraph(
+            "layernorm_stats", "LayerNorm returning y, mean and rstd (multiple outputs)",
+            _layernorm_stats_graph,
+            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt), _normal(rng, (d["cols"],), dt)],
+            lambda x, g, b: _np_layernorm(x, g, b),
+            dtypes=("float32",),
+        ),
+        SuiteGraph(
+            "rmsnorm", "RMSNorm (LLaMA)",
+            _rmsnorm_graph,
+            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt)],
+            lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
+        ),
+        SuiteGraph(
+            "softmax", "softmax over the last axis",
+            _softmax_graph,
+            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt, 4.0)],
+            _np_softmax,
+        ),
+        SuiteGraph(
+            "attention_softmax", "attention scores: scale, additive mask, softmax",
+            _attention_softmax_graph,
+            lambda rng, dt, d: [
+                _normal(rng, (d["batch"], d["heads"], d["seq"], d["seq"]), dt, 4.0),
+                np.where(rng.random((d["batch"], 1, 1, d["seq"])) < 0.2, -1e4, 0.0).astype(dt),
+            ],
+            lambda s, m: _np_softmax(s * 0.125 + m),
+        ),
+        SuiteGraph(
+            "bias_gelu", "bias add + GELU (erf form)",
+            _bias_gelu_graph,
+            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt)],
+            lambda x, b: 0.5 * (x + b) * (1.0 + _erf((x + b) / np.sqrt(2.0))),
+        ),
+        SuiteGraph(
+            "residual_layernorm", "residual add + LayerNorm, returning both",
+            _residual_layernorm_graph,
+            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, _rows_cols(d), dt),
+                                _normal(rng, (d["cols"],), dt), _normal(rng, (d["cols"],), dt)],
+            lambda x, r, g, b: (x + r, _np_layernorm(x + r, g, b)[0]),
+        ),
+        SuiteGraph(
+            "layernorm_softmax", "LayerNorm followed by softmax (4 chained row reductions)",
+            _layernorm_softmax_graph,
+            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt), _normal(rng, (d["cols"],), dt)],
+            lambda x, g, b: _np_softmax(_np_layernorm(x, g, b)[0]),
+        ),
+        SuiteGraph(
+            "cross_entropy", "log-softmax + NLL with a mean loss",
+            _cross_entropy_graph,
+            lambda rng, dt, d: [_normal(rng, (d["rows"], d["vocab"]), dt, 2.0),
+                                rng.integers(0, d["vocab"], d["rows"]).astype("int64")],
+            _np_cross_entropy,
+            dtypes=("float32",),
+        ),
+        SuiteGraph(
+            "chained_reductions", "sum, max, min chained over the same rows",
+            _chained_reductions_graph,
+            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt)],
+            _np_chained,
+        ),
+    ]
+}
+
+
+def dims(size: str) -> dict:
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, not {size!r}")
+    return SIZES[size]
+
+
+def reference(graph: SuiteGraph, inputs: list) -> list:
+    """numpy reference outputs in float64, as a list."""
+    as64 = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in inputs]
+    out = graph.reference(*as64)
+    return list(out) if isinstance(out, tuple) else [out]
