@@ -52,7 +52,7 @@ def run_cpu(executable, inputs: list) -> list:
     return _flatten(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
 
 
-def time_cpu(executable, inputs: list, min_ms: float = 200.0) -> float:
+def time_cpu(executable, inputs: list, min_ms: int = 200) -> float:
     """Median milliseconds per call of `main` on the CPU."""
     dev = tvm.cpu()
     vm = relax.VirtualMachine(executable, dev)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .precision import AccumulateInFloat32
 from .report import StitchReport
 from .stitch_pass import StitchFusion
 from .target import as_target, backend_passes
@@ -22,6 +23,7 @@ def explain(mod: tvm.IRModule, target, *, strict: bool = False) -> StitchReport:
     target = as_target(target)
     report = StitchReport()
     passes = backend_passes(target).library_dispatch_passes(target) + [
+        AccumulateInFloat32(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -18,6 +18,7 @@ from tvm.target import Target
 
 from schedules.cuda import per_block
 
+from .precision import AccumulateInFloat32
 from .report import StitchReport
 from .stitch_pass import StitchFusion
 from .target import as_target, backend_passes
@@ -74,6 +75,7 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     passes = (
         backend_passes(target).library_dispatch_passes(target)
         + [
+            AccumulateInFloat32(),
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),

@@ -24,6 +24,14 @@ from .tir_view import block_views
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
 CUDA_MAX_THREADS = 256
+CUDA_MIN_ROWS = 264  # two thread blocks per SM of an H100/H200 (132 SMs)
+CPU_MIN_ROWS = 64  # row tasks for an even spread over cores
+CPU_PARALLEL_MIN_WORK = 1 << 15  # elements below which a parallel launch costs more than it saves
+
+
+# Without native half-precision arithmetic, every float16/bfloat16 op on the CPU
+# converts through float32: recomputing it is not cheap.
+EMULATED_ON_CPU = ("float16", "bfloat16")
 
 
 class PlanError(Exception):
@@ -69,8 +77,14 @@ def cpu_threads() -> int:
     return os.cpu_count() or 1
 
 
-def _level(view, consumers: list, levels: dict, is_output: bool, family: str) -> tuple:
-    """Where a block's result lives, given the levels already chosen for its consumers."""
+def _level(view, consumers: list, levels: dict, evaluations: dict, is_output: bool,
+           family: str) -> tuple:
+    """Where a block's result lives, given the levels already chosen for its consumers.
+
+    `evaluations[c]` is how often consumer c is evaluated per element of its
+    own result when inlined; an expensive block is inlined only if that
+    makes it evaluated once per element.
+    """
     if is_output:
         if family == "cuda":
             return SHARED, "kernel output also read inside the kernel"
@@ -79,16 +93,36 @@ def _level(view, consumers: list, levels: dict, is_output: bool, family: str) ->
         return SHARED, "reduction result broadcast over its row"
     if len(view.writes) != 1:
         return SHARED, "block writes several buffers"
-    if not view.expensive:
+    emulated = family == "cpu" and str(view.writes[0].buffer.dtype) in EMULATED_ON_CPU
+    if not view.expensive and not emulated:
         return REGISTER, "cheap: recomputed in each consumer"
-    buffer = view.writes[0].buffer
-    if (
-        len(consumers) == 1
-        and levels.get(consumers[0].name, (SHARED,))[0] != REGISTER
-        and consumers[0].loads_of(buffer) == 1
-    ):
-        return REGISTER, f"{', '.join(view.expensive)} evaluated once, in its only consumer"
+    if _evaluations(view, consumers, levels, evaluations) == 1:
+        return REGISTER, f"{', '.join(view.expensive)} evaluated once, inlined into its consumer"
+    if emulated:
+        return SHARED, f"computed once: {view.writes[0].buffer.dtype} arithmetic is emulated on the CPU"
     return SHARED, f"computed once: {', '.join(view.expensive)}"
+
+
+def _evaluations(view, consumers: list, levels: dict, evaluations: dict) -> int:
+    buffer = view.writes[0].buffer
+    return sum(
+        c.loads_of(buffer) * (evaluations.get(c.name, 1) if levels.get(c.name, (GLOBAL,))[0] == REGISTER else 1)
+        for c in consumers
+    )
+
+
+def _choose_rank(views: list, depth: int, family: str) -> int:
+    """The fewest leading axes that still give enough row tasks (at most the aligned depth).
+
+    Fewer row axes keep whole rows inside a task: contiguous inner loops to
+    vectorise (CPU) or to spread over a block's threads (CUDA).
+    """
+    wanted = CUDA_MIN_ROWS if family == "cuda" else CPU_MIN_ROWS
+    for rank in range(1, depth + 1):
+        rows = _product(views[0].extents[:rank])
+        if rows is None or rows >= wanted:
+            return rank
+    return depth
 
 
 def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
@@ -101,8 +135,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
             raise PlanError(f"block {view.name}: loop nest is not one loop per iterator")
         if not all(a.point for a in view.reads + view.writes):
             raise PlanError(f"block {view.name}: non-point buffer access")
-    info = analyze_rows(func, views)
-    rank = info.depth
+    rank = _choose_rank(views, analyze_rows(func, views).depth, family)
     row_extents = views[0].extents[:rank]
     rows = _product(row_extents)
 
@@ -116,12 +149,14 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
                     consumers[producer.name].add(view.name)
 
     by_name = {view.name: view for view in views}
-    levels = {}
+    levels, evaluations = {}, {}
     for view in reversed(views):
         if not consumers[view.name]:
             continue
-        levels[view.name] = _level(view, [by_name[c] for c in consumers[view.name]], levels,
-                                   view.name in outputs, family)
+        users = [by_name[c] for c in consumers[view.name]]
+        levels[view.name] = _level(view, users, levels, evaluations, view.name in outputs, family)
+        if levels[view.name][0] == REGISTER:
+            evaluations[view.name] = max(1, _evaluations(view, users, levels, evaluations))
     intermediates = []
     shared = 0
     within_max = 1
@@ -147,9 +182,12 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         vector = 1
         grid = rows if rows is not None else -1
     else:
-        threads = cpu_threads()
-        lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(8, views[-1].writes[0].buffer.dtype.bits)
-        vector = max(1, lanes)
+        work = max(_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
+        threads = cpu_threads() if work >= CPU_PARALLEL_MIN_WORK else 1
+        out_dtype = views[-1].writes[0].buffer.dtype
+        lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(8, out_dtype.bits)
+        # Emulated half precision gains nothing from wide vectors: each lane converts alone.
+        vector = 1 if str(out_dtype) in EMULATED_ON_CPU else max(1, lanes)
         grid = rows if rows is not None else -1
 
     dominant = tuple(v.name for v in views if v.has_reduction) or tuple(

@@ -12,6 +12,7 @@ class GroupRecord:
     function: str  # the Relax function holding the group
     bindings: tuple  # names of the Relax variables the group computes
     ops: tuple  # names of the legalized operators in the group
+    op_kinds: tuple = ()  # their classification (elementwise, reduction, ...)
     kernel: str = ""  # name of the stitched PrimFunc ("" when it fell back)
     plan: StitchPlan | None = None
     fallback: str = ""  # why the group took TVM's default path

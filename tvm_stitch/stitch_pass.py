@@ -27,8 +27,13 @@ from .target import as_target
 from .verify import check_builds
 
 
+@tvm.error.register_error
 class StitchError(RuntimeError):
-    """Raised in strict mode when a group cannot be stitched."""
+    """Raised in strict mode when a group cannot be stitched.
+
+    Registered with TVM so that it keeps its type when it crosses the FFI
+    boundary of a pass.
+    """
 
 
 def _limits(family: str) -> PartitionLimits:
@@ -105,6 +110,7 @@ class _Stitcher:
             function=func_name,
             bindings=tuple(n.var.name for n in nodes),
             ops=tuple(graph.ops[i].name for n in nodes for i in n.ops),
+            op_kinds=tuple(graph.ops[i].cls.describe() for n in nodes for i in n.ops),
         )
         self.report.groups.append(record)
         try:

@@ -13,8 +13,14 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from tvm_stitch.plan import StitchPlan
+from tvm_stitch.tir_view import expensive_ops
 
 from ..common import blocks_by_name, inline_cheap_blocks, merge_row_loops, within_row_loops
+
+
+def _calls_expensive(sch: s_tir.Schedule, block) -> bool:
+    """LLVM scalarises libm calls inside vector loops, which is slower than a scalar loop."""
+    return bool(expensive_ops(sch.get(block).body))
 
 
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
@@ -22,7 +28,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
     row = merge_row_loops(sch, plan)
-    if plan.mapping.rows != 1:
+    if plan.mapping.threads > 1 and plan.mapping.rows != 1:
         sch.parallel(row)
     lanes = plan.mapping.vector
     for block in blocks_by_name(sch).values():

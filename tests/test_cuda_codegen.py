@@ -1,0 +1,32 @@
+"""The generated CUDA compiles with nvcc for sm_90 (and sm_80), without spills."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tvm_stitch.build import build
+from tvm_stitch.kernels import cuda_source
+from tvm_stitch.suite import SUITE, dims
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("name", ["layernorm_softmax", "cross_entropy", "residual_layernorm"])
+def test_stitched_cuda_compiles_without_spills(name, arch, tmp_path):
+    built = build(SUITE[name].build("float32", dims("bench")), {"kind": "cuda", "arch": arch}, stitched=True)
+    source = tmp_path / "kernels.cu"
+    source.write_text(cuda_source(built.executable))
+    result = subprocess.run(
+        [NVCC, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = result.stdout + result.stderr
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
+    assert spills and max(spills) == 0, report
+    shared = [int(n) for n in re.findall(r"(\d+) bytes smem", report)]
+    assert all(s <= 48 * 1024 for s in shared), report

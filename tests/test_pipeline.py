@@ -1,0 +1,128 @@
+"""End to end: the stitch pipeline's builds match numpy (llvm) and launch one kernel per group (CUDA)."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_stitch
+from tvm_stitch.bench import TOLERANCE
+from tvm_stitch.build import build, cuda_launches, run_cpu
+from tvm_stitch.suite import SUITE, dims, reference
+
+from conftest import CUDA, LLVM, make_module, static_shape, tensor
+
+CASES = [(name, dtype) for name, g in SUITE.items() for dtype in g.dtypes]
+
+
+@pytest.mark.parametrize("name, dtype", CASES)
+def test_suite_graph_matches_numpy_on_llvm(name, dtype, rng):
+    graph = SUITE[name]
+    d = dims("test")
+    inputs = graph.inputs(rng, dtype, d)
+    built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True)
+    assert built.report.plans, "nothing was stitched"
+    outs = run_cpu(built.executable, inputs)
+    refs = reference(graph, inputs)
+    rtol, atol = TOLERANCE[dtype]
+    assert len(outs) == len(refs)
+    for out, ref in zip(outs, refs):
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["layernorm", "softmax", "layernorm_softmax", "residual_layernorm", "chained_reductions",
+     "rmsnorm", "attention_softmax", "layernorm_stats"],
+)
+def test_row_reduction_chains_are_one_cuda_kernel(name):
+    mod = SUITE[name].build("float32", dims("bench"))
+    assert cuda_launches(mod, stitched=True) == 1
+    assert cuda_launches(mod, stitched=False) > 1
+
+
+def test_cross_entropy_takes_two_cuda_kernels():
+    mod = SUITE["cross_entropy"].build("float32", dims("bench"))
+    assert cuda_launches(mod, stitched=True) == 2
+
+
+def _transformer_block():
+    x, w1, b1, w2 = tensor("x", (64, 96)), tensor("w1", (96, 192)), tensor("b1", (192,)), tensor("w2", (192, 96))
+    g, b = tensor("g", (96,)), tensor("b", (96,))
+    op = relax.op
+
+    def layernorm(bb, h):
+        mean = bb.emit(op.mean(h, axis=[-1], keepdims=True))
+        c = bb.emit(op.subtract(h, mean))
+        var = bb.emit(op.mean(op.multiply(c, c), axis=[-1], keepdims=True))
+        return bb.emit(op.add(op.multiply(op.multiply(c, op.rsqrt(op.add(var, relax.const(1e-5)))), g), b))
+
+    def body(bb, x, w1, b1, w2, g, b):
+        h = layernorm(bb, x)
+        u = bb.emit(op.add(op.matmul(h, w1), b1))
+        act = bb.emit(op.multiply(op.multiply(u, relax.const(0.5)),
+                                  op.add(op.erf(op.multiply(u, relax.const(0.7071067811865476))), relax.const(1.0))))
+        y = bb.emit(op.add(op.matmul(act, w2), x))
+        return layernorm(bb, y)
+
+    def numpy_ref(x, w1, b1, w2, g, b):
+        from math import erf
+
+        def ln(h):
+            m = h.mean(-1, keepdims=True)
+            return (h - m) / np.sqrt(((h - m) ** 2).mean(-1, keepdims=True) + 1e-5) * g + b
+
+        u = ln(x) @ w1 + b1
+        act = 0.5 * u * (1 + np.vectorize(erf)(u / np.sqrt(2)))
+        return ln(act @ w2 + x)
+
+    return make_module([x, w1, b1, w2, g, b], body), numpy_ref
+
+
+def test_transformer_block_keeps_matmuls_out_of_stitched_kernels(rng):
+    mod, numpy_ref = _transformer_block()
+    report = tvm_stitch.explain(mod, CUDA)
+    assert report.plans
+    for group in report.groups:
+        assert all("compute-intensive" not in kind for kind in group.op_kinds), group
+    assert any("contracts two tensors" in reason for _, reason in report.opaque)
+    inputs = [rng.standard_normal(static_shape(v)).astype("float32") for v in mod["main"].params]
+    built = build(mod, LLVM, stitched=True, strict=True)
+    (out,) = run_cpu(built.executable, inputs)
+    np.testing.assert_allclose(out, numpy_ref(*[a.astype(np.float64) for a in inputs]), rtol=1e-3, atol=1e-3)
+    assert cuda_launches(mod, stitched=True) < cuda_launches(mod, stitched=False)
+
+
+def test_identical_groups_share_one_kernel():
+    x = tensor("x", (64, 96))
+    op = relax.op
+
+    def softmax(bb, h):
+        e = bb.emit(op.exp(op.subtract(h, op.max(h, axis=[-1], keepdims=True))))
+        return bb.emit(op.divide(e, op.sum(e, axis=[-1], keepdims=True)))
+
+    def body(bb, x):
+        a = softmax(bb, x)
+        t = bb.emit(op.permute_dims(op.matmul(a, op.permute_dims(a, [1, 0])), [1, 0]))
+        return softmax(bb, bb.emit(op.strided_slice(t, [1], [0], [96])))
+
+    mod = make_module([x], body)
+    built = build(mod, CUDA, stitched=True)
+    stitched = [gv for gv, f in built.lowered.functions_items()
+                if isinstance(f, tvm.tirx.PrimFunc) and "tvm_stitch.plan" in f.attrs]
+    assert len(built.report.plans) >= 2
+    assert len(stitched) < len(built.report.plans) + 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_sums_accumulate_in_float32(dtype):
+    # 4096 values of 1.0 then a tiny residue: an fp16 accumulator stalls at 2048.
+    x = tensor("x", (8, 4096), dtype)
+    mod = make_module([x], lambda bb, x: bb.emit(relax.op.sum(x, axis=[-1])))
+    built = build(mod, LLVM, stitched=True, strict=True)
+    import ml_dtypes  # the numpy dtype of bfloat16, a dependency of apache-tvm
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    data = np.ones((8, 4096), dtype=np_dtype)
+    (out,) = run_cpu(built.executable, [data])
+    np.testing.assert_allclose(out.astype(np.float64), np.full(8, 4096.0), rtol=1e-2)

@@ -1,0 +1,55 @@
+"""What the row-resident schedules guarantee: expensive ops once, on-chip reuse within limits."""
+
+import tvm
+import tvm_ffi
+
+from tvm_stitch.build import build
+from tvm_stitch.plan import StitchPlan
+from tvm_stitch.suite import SUITE, dims
+from tvm_stitch.tir_view import expensive_ops
+
+from conftest import CUDA, LLVM
+
+
+def _stitched_funcs(name, target):
+    built = build(SUITE[name].build("float32", dims("bench")), target, stitched=True, strict=True)
+    return [f for _, f in built.lowered.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and "tvm_stitch.plan" in f.attrs]
+
+
+def _source_counts(name):
+    from tvm import relax
+
+    mod = relax.transform.LegalizeOps()(SUITE[name].build("float32", dims("bench")))
+    counts = {}
+    for _, f in mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc):
+            for op in expensive_ops(f.body):
+                counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def test_expensive_ops_are_not_recomputed():
+    for name in ("layernorm_softmax", "softmax", "bias_gelu", "cross_entropy"):
+        source = _source_counts(name)
+        for target in (CUDA, LLVM):
+            counts = {}
+            for f in _stitched_funcs(name, target):
+                for op in expensive_ops(f.body):
+                    counts[op] = counts.get(op, 0) + 1
+            for op in ("exp", "erf", "rsqrt", "log"):
+                assert counts.get(op, 0) <= source.get(op, 0), (name, target.kind.name, op, counts, source)
+
+
+def test_cuda_plan_fits_shared_memory_and_binds_threads():
+    (func,) = _stitched_funcs("layernorm_softmax", CUDA)
+    plan = StitchPlan.from_json(str(func.attrs["tvm_stitch.plan"]))
+    assert 0 < plan.shared_bytes <= 48 * 1024
+    bound = set()
+
+    def on_for(loop):
+        if loop.thread_binding is not None:
+            bound.add(str(loop.thread_binding.thread_tag))
+
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, on_for), order="pre")
+    assert bound == {"blockIdx.x", "threadIdx.x"}
