@@ -126,3 +126,17 @@ def test_low_precision_sums_accumulate_in_float32(dtype):
     data = np.ones((8, 4096), dtype=np_dtype)
     (out,) = run_cpu(built.executable, [data])
     np.testing.assert_allclose(out.astype(np.float64), np.full(8, 4096.0), rtol=1e-2)
+
+
+@pytest.mark.parametrize("name, dtype", CASES)
+def test_cuda_schedule_matches_numpy_when_run_on_the_cpu(name, dtype, rng):
+    # The CUDA plan and schedule, built without thread bindings for llvm.
+    graph = SUITE[name]
+    d = dims("test")
+    inputs = graph.inputs(rng, dtype, d)
+    built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True, emulate="cuda")
+    assert all(plan.target == "cuda" for plan in built.report.plans)
+    outs = run_cpu(built.executable, inputs)
+    rtol, atol = TOLERANCE[dtype]
+    for out, ref in zip(outs, reference(graph, inputs)):
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)

@@ -53,3 +53,23 @@ def test_cuda_plan_fits_shared_memory_and_binds_threads():
 
     tvm_ffi.structural_walk(func.body, (tvm.tirx.For, on_for), order="pre")
     assert bound == {"blockIdx.x", "threadIdx.x"}
+
+
+def test_row_resident_kernels_move_the_ideal_bytes():
+    from tvm_stitch.traffic import modeled_traffic
+
+    for name in ("layernorm", "layernorm_stats", "rmsnorm", "softmax", "attention_softmax", "bias_gelu",
+                 "residual_layernorm", "layernorm_softmax", "chained_reductions"):
+        for func in _stitched_funcs(name, CUDA):
+            traffic = modeled_traffic(func)
+            assert traffic.total == traffic.ideal, (name, traffic)
+
+
+def test_traffic_model_counts_rereads():
+    from tvm_stitch.traffic import program_traffic
+
+    mod = SUITE["layernorm"].build("float32", dims("bench"))
+    default = build(mod, CUDA, stitched=False)
+    modeled, ideal = program_traffic(default.lowered)
+    # TVM's default: three kernels, x read in several passes, intermediates round-trip.
+    assert modeled > 3 * ideal

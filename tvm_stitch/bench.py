@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .build import build, cuda_launches, run_cpu, time_cpu
+from .build import build, run_cpu, time_cpu
+from .kernels import count_launches
+from .traffic import program_traffic
 from .suite import SUITE, dims, reference
 
 TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2)}
@@ -32,6 +34,9 @@ class BenchRow:
     shape: str
     launches_default: int
     launches_stitched: int
+    mb_default: float  # modeled global-memory traffic of the CUDA build, MB per forward
+    mb_stitched: float
+    mb_ideal: float  # graph inputs read once + outputs written once
     cpu_ms_default: float
     cpu_ms_stitched: float
     max_error: float  # stitched vs numpy (float64), max abs over outputs
@@ -98,6 +103,10 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
             continue
         print(f"[{i}/{len(graphs)}] {name} ({dtype})", file=progress, flush=True)
         mod = graph.build(dtype, d)
+        cuda = {}
+        for key in (False, True):
+            built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=key)
+            cuda[key] = (count_launches(built.lowered, built.executable), program_traffic(built.lowered))
         inputs = graph.inputs(np.random.default_rng(seed), dtype, d)
         refs = reference(graph, inputs)
         default = build(mod, {"kind": "llvm"}, stitched=False)
@@ -108,8 +117,11 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
             graph=name,
             dtype=dtype,
             shape="x".join(str(s) for s in inputs[0].shape),
-            launches_default=cuda_launches(mod, stitched=False),
-            launches_stitched=cuda_launches(mod, stitched=True),
+            launches_default=cuda[False][0],
+            launches_stitched=cuda[True][0],
+            mb_default=cuda[False][1][0] / 1e6,
+            mb_stitched=cuda[True][1][0] / 1e6,
+            mb_ideal=cuda[True][1][1] / 1e6,
             cpu_ms_default=time_cpu(default.executable, inputs),
             cpu_ms_stitched=time_cpu(stitched.executable, inputs),
             max_error=_max_error(outs, refs),
@@ -124,6 +136,7 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
 
 def format_table(rows: list) -> str:
     header = ("graph", "dtype", "shape", "CUDA launches (default -> stitched)",
+              "CUDA modeled MB (default -> stitched / ideal)",
               "CPU ms default", "CPU ms stitched", "speedup", "max abs err default", "max abs err stitched",
               "stitched correct")
     has_gpu = any(not math.isnan(r.gpu_ms_default) for r in rows)
@@ -132,6 +145,7 @@ def format_table(rows: list) -> str:
     lines = [header]
     for r in rows:
         line = (r.graph, r.dtype, r.shape, f"{r.launches_default} -> {r.launches_stitched}",
+                f"{r.mb_default:.1f} -> {r.mb_stitched:.1f} / {r.mb_ideal:.1f}",
                 f"{r.cpu_ms_default:.3f}", f"{r.cpu_ms_stitched:.3f}", f"{r.speedup:.2f}x",
                 f"{r.default_error:.1e}", f"{r.max_error:.1e}", "yes" if r.agree else "NO")
         if has_gpu:
@@ -144,9 +158,12 @@ def format_table(rows: list) -> str:
         geo = math.exp(sum(math.log(r.speedup) for r in rows) / len(rows))
         ld = sum(r.launches_default for r in rows)
         ls = sum(r.launches_stitched for r in rows)
+        md = sum(r.mb_default for r in rows)
+        ms = sum(r.mb_stitched for r in rows)
         out.append("")
         out.append(f"CPU geomean speedup {geo:.2f}x over TVM's default pipeline (llvm); "
-                   f"CUDA launches {ld} -> {ls} ({100.0 * (ld - ls) / ld:.0f}% fewer)")
+                   f"CUDA launches {ld} -> {ls} ({100.0 * (ld - ls) / ld:.0f}% fewer); "
+                   f"modeled CUDA traffic {md:.0f} -> {ms:.0f} MB ({100.0 * (md - ms) / md:.0f}% less)")
     return "\n".join(out)
 
 

@@ -23,11 +23,16 @@ class Built:
     compile_seconds: float
 
 
-def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False) -> Built:
-    """Compile `mod` with the stitch pipeline (stitched=True) or TVM's default one."""
+def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False,
+          emulate: str | None = None) -> Built:
+    """Compile `mod` with the stitch pipeline (stitched=True) or TVM's default one.
+
+    `emulate="cuda"` (llvm only): the CUDA schedules, without thread bindings.
+    """
     target = as_target(target)
     report = StitchReport() if stitched else None
-    pipe = pipeline(target, strict=strict, report=report) if stitched else default_pipeline(target)
+    pipe = (pipeline(target, strict=strict, report=report, emulate=emulate) if stitched
+            else default_pipeline(target))
     start = time.perf_counter()
     with target:
         lowered = pipe(tvm.IRModule(mod.functions, attrs=mod.attrs))

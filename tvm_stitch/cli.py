@@ -42,6 +42,38 @@ def _explain(args) -> int:
     return 0
 
 
+def _fuzz(args) -> int:
+    import json
+    import os
+
+    from .fuzz import fuzz
+
+    if args.n < 1:
+        print("--n must be at least 1", file=sys.stderr)
+        return 2
+
+    def progress(done, total, summary):
+        if done % 10 == 0 or done == total:
+            print(f"[{done}/{total}] {summary['stitched_kernels']} stitched kernels, "
+                  f"{summary['fallbacks']} fallbacks, {len(summary['failures'])} failures",
+                  file=sys.stderr, flush=True)
+
+    def save(failure):
+        print(f"FAILURE seed {failure['seed']}: {failure['message']}", file=sys.stderr, flush=True)
+        if args.save:
+            os.makedirs(args.save, exist_ok=True)
+            path = os.path.join(args.save, f"seed_{failure['seed']}.json")
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(failure["spec"])
+
+    summary = fuzz(args.n, args.seed, cuda=args.cuda, nvcc_every=args.nvcc_every,
+                   progress=progress, on_failure=save)
+    print(json.dumps({k: v for k, v in summary.items() if k != "failures"}))
+    print(f"seeds {args.seed}..{args.seed + args.n - 1}: {len(summary['failures'])} failures "
+          f"in {summary['seconds']:.0f} s")
+    return 1 if summary["failures"] else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -62,6 +94,14 @@ def main(argv=None) -> int:
     exp.add_argument("--dtype", default="float32")
     exp.add_argument("--size", choices=["bench", "test"], default="bench")
     exp.set_defaults(func=_explain)
+
+    fz = sub.add_parser("fuzz", help="check random memory-intensive graphs: stitched vs TVM's default")
+    fz.add_argument("--n", type=int, default=100, help="number of graphs")
+    fz.add_argument("--seed", type=int, default=0, help="first seed (graph i uses seed + i)")
+    fz.add_argument("--cuda", action="store_true", help="also build every graph for CUDA (sm_90)")
+    fz.add_argument("--nvcc-every", type=int, default=0, help="compile every k-th CUDA build with nvcc")
+    fz.add_argument("--save", default="", help="folder for the shrunk specs of failing graphs")
+    fz.set_defaults(func=_fuzz)
 
     args = parser.parse_args(argv)
     for dtype in getattr(args, "dtype", "float32").split(","):

@@ -63,15 +63,18 @@ class GuardedDefaultSchedule:
         return mod
 
 
-def pipeline(target, *, strict: bool = False, report: StitchReport | None = None) -> tvm.transform.Pass:
+def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
+             emulate: str | None = None) -> tvm.transform.Pass:
     """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
 
     `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
     target. `strict=True` raises instead of falling back. `report` (a
     `StitchReport`) receives every group's plan or fallback reason.
+    `emulate="cuda"` (llvm targets only) builds the CUDA schedules without
+    thread bindings, to run and check them on the CPU.
     """
     target = as_target(target)
-    stitch = StitchFusion(target, strict=strict, report=report)
+    stitch = StitchFusion(target, strict=strict, report=report, emulate=emulate)
     passes = (
         backend_passes(target).library_dispatch_passes(target)
         + [

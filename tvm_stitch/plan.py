@@ -47,7 +47,10 @@ class StitchPlan:
     mapping: ThreadMapping
     intermediates: tuple = ()
     outputs: tuple = ()  # blocks that write the kernel's outputs
+    cached_inputs: tuple = ()  # inputs whose row is loaded once into shared memory, then reused
     shared_bytes: int = 0
+    modeled_bytes: int = -1  # global-memory traffic of the scheduled kernel (see traffic.py)
+    ideal_bytes: int = -1  # its inputs read once and outputs written once
     notes: tuple = field(default=())
 
     def to_json(self) -> str:
@@ -58,7 +61,7 @@ class StitchPlan:
         data = json.loads(text)
         data["mapping"] = ThreadMapping(**data["mapping"])
         data["intermediates"] = tuple(Intermediate(**i) for i in data["intermediates"])
-        for key in ("ops", "dominant", "row_shape", "outputs", "notes"):
+        for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes"):
             data[key] = tuple(data[key])
         return StitchPlan(**data)
 

@@ -111,6 +111,57 @@ def _evaluations(view, consumers: list, levels: dict, evaluations: dict) -> int:
     )
 
 
+def _row_bytes(buffer, rank: int) -> int | None:
+    per_row = _product(buffer.shape[rank:])
+    return None if per_row is None else per_row * max(1, buffer.dtype.bits // 8)
+
+
+def _input_readers(views: list, params: list, levels: dict, rank: int) -> dict:
+    """Per input buffer read row-aligned: the kernel blocks that load it after inlining.
+
+    A block kept at register level is inlined into its consumers, so its
+    loads happen in them: they are attributed to every materialised block
+    that (transitively) consumes it.
+    """
+    from .row_alignment import ALIGNED, access_kind
+
+    inlined = {name for name, (level, _) in levels.items() if level == REGISTER}
+    by_name = {v.name: v for v in views}
+    params = [p for p in params if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
+    loads_of = {}
+    for view in views:
+        found = {}
+        for read in view.reads:
+            if any(read.buffer.same_as(p) for p in params):
+                if len(read.buffer.shape) <= rank or access_kind(read, view.iter_vars[:rank]) != ALIGNED:
+                    found[read.buffer.name] = None
+                else:
+                    found.setdefault(read.buffer.name, read.buffer)
+        loads_of[view.name] = found
+
+    def effective(name, seen=()):
+        found = dict(loads_of[name])
+        for read in by_name[name].reads:
+            producer = next((v.name for v in views if v.name in inlined and v.name not in seen
+                             and any(w.buffer.same_as(read.buffer) for w in v.writes)), None)
+            if producer is not None:
+                for key, buf in effective(producer, seen + (name,)).items():
+                    found[key] = None if buf is None or found.get(key, buf) is None else buf
+        return found
+
+    readers: dict = {}
+    unaligned = set()
+    for view in views:
+        if view.name in inlined:
+            continue
+        for key, buf in effective(view.name).items():
+            if buf is None:
+                unaligned.add(key)
+            else:
+                readers.setdefault(key, (buf, []))[1].append(view.name)
+    return {buf: names for key, (buf, names) in readers.items() if key not in unaligned}
+
+
 def _choose_rank(views: list, depth: int, family: str) -> int:
     """The fewest leading axes that still give enough row tasks (at most the aligned depth).
 
@@ -174,6 +225,14 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
             shared += nbytes
         intermediates.append(Intermediate(view.name, level, nbytes, why))
 
+    cached_inputs = []
+    if family == "cuda":
+        for buffer, readers in _input_readers(views, params, levels, rank).items():
+            row_bytes = _row_bytes(buffer, rank)
+            if len(readers) >= 2 and row_bytes is not None and shared + row_bytes <= CUDA_SHARED_LIMIT:
+                cached_inputs.append(buffer.name)
+                shared += row_bytes
+
     if family == "cuda" and shared > CUDA_SHARED_LIMIT:
         raise PlanError(f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory")
 
@@ -207,6 +266,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         mapping=ThreadMapping(rows if rows is not None else -1, 1, threads, vector, grid),
         intermediates=tuple(intermediates),
         outputs=tuple(v.name for v in views if v.name in outputs),
+        cached_inputs=tuple(cached_inputs),
         shared_bytes=shared if family == "cuda" else 0,
         notes=tuple(notes),
     )

@@ -37,12 +37,13 @@ class StitchReport:
         return [g for g in self.groups if g.fallback]
 
     def table(self) -> str:
-        rows = [("kernel", "ops", "scheme", "dominant", "mapping", "reuse (register/shared/global)")]
+        rows = [("kernel", "ops", "scheme", "dominant", "mapping", "reuse (register/shared/global)",
+                 "modeled / ideal MB")]
         for group in self.groups:
             plan = group.plan
             ops = _short(",".join(group.ops), 44)
             if plan is None:
-                rows.append(("-", ops, "fallback", "-", "-", _short(group.fallback, 60)))
+                rows.append(("-", ops, "fallback", "-", "-", _short(group.fallback, 60), "-"))
                 continue
             m = plan.mapping
             if plan.target == "cuda":
@@ -53,7 +54,10 @@ class StitchReport:
             for inter in plan.intermediates:
                 levels[inter.level].append(inter.name)
             reuse = "/".join(str(len(levels[k])) for k in ("register", "shared", "global"))
-            rows.append((plan.kernel, ops, plan.scheme, _short(",".join(plan.dominant), 30), mapping, reuse))
+            traffic = (f"{plan.modeled_bytes / 1e6:.1f} / {plan.ideal_bytes / 1e6:.1f}"
+                       if plan.modeled_bytes >= 0 else "symbolic")
+            rows.append((plan.kernel, ops, plan.scheme, _short(",".join(plan.dominant), 30), mapping, reuse,
+                         traffic))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -70,6 +74,10 @@ class StitchReport:
         for plan in self.plans:
             out.append(f"{plan.kernel}: {plan.scheme}, rows {plan.row_shape}, dominant {list(plan.dominant)}")
             out.append(f"  mapping: {plan.mapping}")
+            if plan.cached_inputs:
+                out.append(f"  inputs loaded once into shared memory: {', '.join(plan.cached_inputs)}")
+            if plan.modeled_bytes >= 0:
+                out.append(f"  modeled global traffic {plan.modeled_bytes} B, ideal {plan.ideal_bytes} B")
             for inter in plan.intermediates:
                 out.append(f"  {inter.name:28s} {inter.level:8s} {inter.bytes_per_row:7d} B/row  {inter.why}")
             for note in plan.notes:

@@ -10,6 +10,7 @@ its original bindings — TVM's default path — and the reason is recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
 import tvm
@@ -24,6 +25,7 @@ from .planner import PlanError, plan_row_resident, target_family
 from schedules import schedule_for
 from .report import GroupRecord, StitchReport
 from .target import as_target
+from .traffic import modeled_traffic
 from .verify import check_builds
 
 
@@ -92,10 +94,12 @@ def _topological_units(graph: Graph, groups: list) -> list:
 
 
 class _Stitcher:
-    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, report: StitchReport):
+    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, report: StitchReport,
+                 plan_target: Target):
         self.mod = mod
         self.target = target
-        self.family = target_family(target)
+        self.plan_target = plan_target
+        self.family = target_family(plan_target)
         self.strict = strict
         self.report = report
         self.analyses = analyses_for(mod)
@@ -132,10 +136,13 @@ class _Stitcher:
             if tvm_ffi.structural_equal(other, fused):
                 return name, plan
         name = f"stitch_{self.count}_{'_'.join(ops[:3])}"[:60]
-        plan = plan_row_resident(fused, self.target, name)
+        plan = plan_row_resident(fused, self.plan_target, name)
         sch = schedule_for(fused, plan, self.target)
         scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
         check_builds(scheduled, self.target)
+        traffic = modeled_traffic(scheduled)
+        if traffic is not None:
+            plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
         self.count += 1
         self.new_funcs[name] = scheduled.with_attr("tvm_stitch.plan", plan.to_json())
         self.done.setdefault(key, []).append((fused, name, plan))
@@ -179,10 +186,12 @@ class _Stitcher:
 
 
 def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
-                  report: StitchReport | None = None) -> tvm.IRModule:
+                  report: StitchReport | None = None, plan_target: Target | None = None) -> tvm.IRModule:
+    """Stitch `mod` for `target`; plans are made for `plan_target` (default: `target`)."""
     report = report if report is not None else StitchReport()
-    report.target = str(target.kind.name)
-    stitcher = _Stitcher(mod, target, strict, report)
+    plan_target = plan_target if plan_target is not None else target
+    report.target = str(plan_target.kind.name)
+    stitcher = _Stitcher(mod, target, strict, report, plan_target)
     bb = relax.BlockBuilder(mod)
     calls = _LazyGlobals(bb, stitcher.new_funcs)
     for gv, func in list(mod.functions_items()):
@@ -225,22 +234,36 @@ class _LazyGlobals(dict):
 
 
 def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = False,
-                 report: StitchReport | None = None) -> tvm.transform.Pass:
+                 report: StitchReport | None = None, emulate: str | None = None) -> tvm.transform.Pass:
     """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
 
     `target` defaults to the current target scope. With `strict=True` a group
     that cannot be stitched raises StitchError instead of falling back. A
     `StitchReport` passed as `report` receives the plan or the fallback
-    reason of every group.
+    reason of every group. `emulate="cuda"` with an llvm target plans and
+    schedules every kernel as for CUDA, without thread bindings, so the CUDA
+    schedules run (and can be checked) on the CPU.
     """
     fixed = as_target(target) if target is not None else None
+    plan_target = _emulated(emulate)
 
     @tvm.transform.module_pass(opt_level=0, name="StitchFusion")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = fixed if fixed is not None else Target.current(allow_none=True)
         if tgt is None:
             raise ValueError("StitchFusion needs a target: pass one or run it inside `with target:`")
-        return stitch_module(mod, as_target(tgt), strict, report)
+        tgt = as_target(tgt)
+        if plan_target is not None and tgt.kind.name != "llvm":
+            raise ValueError(f"emulate={emulate!r} needs an llvm target, not {tgt.kind.name!r}")
+        return stitch_module(mod, tgt, strict, report, plan_target)
 
     return _pass
+
+
+def _emulated(emulate: str | None):
+    if emulate is None:
+        return None
+    if emulate != "cuda":
+        raise ValueError(f"emulate must be None or 'cuda', not {emulate!r}")
+    return Target({"kind": "cuda", "arch": "sm_90"})
 

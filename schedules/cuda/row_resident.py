@@ -7,6 +7,11 @@ Every block of the kernel runs under the merged row loop, bound to
 loops as a cross-thread all-reduce (warp shuffles plus one shared staging
 step, from TVM's LowerCrossThreadReduction). Intermediates the plan keeps on
 chip live in shared memory; cheap ones are inlined into their consumers.
+
+Applied for a non-CUDA target (llvm), the same schedule is built without
+thread bindings and with intermediates in ordinary memory: the loop
+structure, index arithmetic and reuse of the CUDA kernel then run, and are
+checked, on the CPU.
 """
 
 from __future__ import annotations
@@ -31,23 +36,39 @@ def _extent(sch, loops) -> int | None:
     return total
 
 
-def _split_over_threads(sch: s_tir.Schedule, loop, threads: int):
+def _split_over_threads(sch: s_tir.Schedule, loop, threads: int, bind: bool):
     outer, inner = sch.split(loop, [None, threads])
-    sch.bind(inner, "threadIdx.x")
+    if bind:
+        sch.bind(inner, "threadIdx.x")
     return outer, inner
 
 
+def _cache_input_row(sch: s_tir.Schedule, buffer_name: str, scope: str) -> None:
+    """Load the input once into `scope`; every block that reads it reads the copy."""
+    readers = []
+    for block in blocks_by_name(sch).values():
+        reads = [r.source.name for r in sch.get(block).reads]
+        if buffer_name in reads:
+            readers.append((block, reads.index(buffer_name)))
+    first, index = readers[0]
+    sch.cache_read(first, index, scope, consumer_blocks=[b for b, _ in readers])
+
+
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
-    del target  # the plan already carries the thread mapping for it
+    bind = target.kind.name == "cuda"
+    on_chip = "shared" if bind else "global"
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
     on_chip_outputs = [i.name for i in plan.intermediates if i.level == SHARED and i.name in plan.outputs]
     for name in on_chip_outputs:
         block = sch.get_sblock(name)
         consumers = sch.get_consumers(block)
-        sch.cache_write(block, 0, "shared", consumer_blocks=consumers)
+        sch.cache_write(block, 0, on_chip, consumer_blocks=consumers)
+    for name in plan.cached_inputs:
+        _cache_input_row(sch, name, on_chip)
     row = merge_row_loops(sch, plan)
-    sch.bind(row, "blockIdx.x")
+    if bind:
+        sch.bind(row, "blockIdx.x")
     threads = plan.mapping.threads
     for block in blocks_by_name(sch).values():
         spatial, reduce = within_row_loops(sch, block, row)
@@ -57,17 +78,17 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
             if spatial:
                 sch.reorder(*spatial, loop)
-            outer, inner = _split_over_threads(sch, loop, threads)
+            outer, inner = _split_over_threads(sch, loop, threads, bind)
             sch.reorder(inner, outer)
             sch.annotate(outer, "pragma_auto_unroll_max_step", UNROLL)
             sch.annotate(outer, "pragma_unroll_explicit", 1)
         elif spatial:
             # One output per thread; its reduction, if any, runs serially in the thread.
             loop = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-            _split_over_threads(sch, loop, threads)
+            _split_over_threads(sch, loop, threads, bind)
         else:
-            _split_over_threads(sch, sch.add_unit_loop(block), threads)
+            _split_over_threads(sch, sch.add_unit_loop(block), threads, bind)
     for inter in plan.intermediates:
-        if inter.level == SHARED and inter.name not in plan.outputs:
+        if bind and inter.level == SHARED and inter.name not in plan.outputs:
             sch.set_scope(sch.get_sblock(inter.name), 0, "shared")
     return sch
