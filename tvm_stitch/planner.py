@@ -20,10 +20,11 @@ from tvm import s_tir, tirx
 
 from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
 from .row_alignment import analyze_rows
-from .tir_view import block_views
+from .tir_view import block_views, vars_in
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
 CUDA_MAX_THREADS = 256
+CUDA_MIN_THREADS = 8  # below a quarter warp, packing more rows beats more threads per row
 CUDA_MIN_ROWS = 264  # two thread blocks per SM of an H100/H200 (132 SMs)
 CPU_MIN_ROWS = 64  # row tasks for an even spread over cores
 CPU_PARALLEL_MIN_WORK = 1 << 15  # elements below which a parallel launch costs more than it saves
@@ -116,50 +117,67 @@ def _row_bytes(buffer, rank: int) -> int | None:
     return None if per_row is None else per_row * max(1, buffer.dtype.bits // 8)
 
 
-def _input_readers(views: list, params: list, levels: dict, rank: int) -> dict:
-    """Per input buffer read row-aligned: the kernel blocks that load it after inlining.
-
-    A block kept at register level is inlined into its consumers, so its
-    loads happen in them: they are attributed to every materialised block
-    that (transitively) consumes it.
-    """
+def _cacheable_inputs(views: list, params: list, rank: int) -> list:
+    """Inputs (read-only parameters) that several blocks load, each row-aligned: (buffer, readers)."""
     from .row_alignment import ALIGNED, access_kind
 
-    inlined = {name for name, (level, _) in levels.items() if level == REGISTER}
-    by_name = {v.name: v for v in views}
-    params = [p for p in params if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
-    loads_of = {}
-    for view in views:
-        found = {}
-        for read in view.reads:
-            if any(read.buffer.same_as(p) for p in params):
-                if len(read.buffer.shape) <= rank or access_kind(read, view.iter_vars[:rank]) != ALIGNED:
-                    found[read.buffer.name] = None
-                else:
-                    found.setdefault(read.buffer.name, read.buffer)
-        loads_of[view.name] = found
+    inputs = [p for p in params if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
+    out = []
+    for buffer in inputs:
+        readers, aligned = [], True
+        for view in views:
+            accesses = [r for r in view.reads if r.buffer.same_as(buffer)]
+            if not accesses:
+                continue
+            readers.append(view.name)
+            aligned &= len(buffer.shape) > rank and all(
+                access_kind(r, view.iter_vars[:rank]) == ALIGNED for r in accesses)
+        if aligned and len(readers) >= 2:
+            out.append((buffer, readers))
+    return out
 
-    def effective(name, seen=()):
-        found = dict(loads_of[name])
-        for read in by_name[name].reads:
-            producer = next((v.name for v in views if v.name in inlined and v.name not in seen
-                             and any(w.buffer.same_as(read.buffer) for w in v.writes)), None)
-            if producer is not None:
-                for key, buf in effective(producer, seen + (name,)).items():
-                    found[key] = None if buf is None or found.get(key, buf) is None else buf
-        return found
 
-    readers: dict = {}
-    unaligned = set()
+def _rows_per_block(rows: int | None, threads: int, shared_per_row: int) -> int:
+    """Rows packed into one thread block: up to CUDA_MAX_THREADS threads, dividing the rows
+    evenly (no thread predicate around a barrier), within shared memory, leaving enough blocks."""
+    if rows is None:
+        return 1
+    per = 1
+    if threads == 1:
+        # One thread per row: a warp of consecutive rows makes each load one 128-byte line.
+        while per < 32 and rows % (per * 2) == 0 and shared_per_row * per * 2 <= CUDA_SHARED_LIMIT:
+            per *= 2
+        return per
+    while (
+        threads * per * 2 <= CUDA_MAX_THREADS
+        and rows % (per * 2) == 0
+        and rows // (per * 2) >= CUDA_MIN_ROWS // 2
+        and shared_per_row * per * 2 <= CUDA_SHARED_LIMIT
+    ):
+        per *= 2
+    return per
+
+
+def _walks_columns(views: list, params: list, rank: int) -> bool:
+    """Some block steps through an input along a non-contiguous axis while rows are contiguous."""
+    from .row_alignment import ALIGNED, access_kind
+
+    if rank == 0:
+        return False
     for view in views:
-        if view.name in inlined:
+        row_vars = set(view.iter_vars[:rank])
+        within = set(view.iter_vars[rank:])
+        if not within:
             continue
-        for key, buf in effective(view.name).items():
-            if buf is None:
-                unaligned.add(key)
-            else:
-                readers.setdefault(key, (buf, []))[1].append(view.name)
-    return {buf: names for key, (buf, names) in readers.items() if key not in unaligned}
+        for read in view.reads:
+            if not any(read.buffer.same_as(p) for p in params) or not read.indices:
+                continue
+            if access_kind(read, view.iter_vars[:rank]) == ALIGNED:
+                continue
+            last = vars_in(read.indices[-1])
+            if last & row_vars and not last & within and any(vars_in(i) & within for i in read.indices[:-1]):
+                return True
+    return False
 
 
 def _choose_rank(views: list, depth: int, family: str) -> int:
@@ -176,29 +194,19 @@ def _choose_rank(views: list, depth: int, family: str) -> int:
     return depth
 
 
-def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
-    family = target_family(target)
-    views = block_views(s_tir.Schedule(func))
-    if not views:
-        raise PlanError("no blocks")
-    for view in views:
-        if not view.trivial_binding:
-            raise PlanError(f"block {view.name}: loop nest is not one loop per iterator")
-        if not all(a.point for a in view.reads + view.writes):
-            raise PlanError(f"block {view.name}: non-point buffer access")
-    rank = _choose_rank(views, analyze_rows(func, views).depth, family)
-    row_extents = views[0].extents[:rank]
-    rows = _product(row_extents)
-
-    params = list(func.params)
-    outputs = {view.name for view in views if any(w.buffer.same_as(p) for w in view.writes for p in params)}
-    consumers = {view.name: set() for view in views}
+def _consumers(views: list) -> dict:
+    out = {view.name: set() for view in views}
     for view in views:
         for read in view.reads:
             for producer in views:
                 if producer.name != view.name and any(w.buffer.same_as(read.buffer) for w in producer.writes):
-                    consumers[producer.name].add(view.name)
+                    out[producer.name].add(view.name)
+    return out
 
+
+def _levels(views: list, outputs: set, family: str) -> dict:
+    """Level and reason for every block whose result is read inside the kernel, last block first."""
+    consumers = _consumers(views)
     by_name = {view.name: view for view in views}
     levels, evaluations = {}, {}
     for view in reversed(views):
@@ -208,38 +216,86 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         levels[view.name] = _level(view, users, levels, evaluations, view.name in outputs, family)
         if levels[view.name][0] == REGISTER:
             evaluations[view.name] = max(1, _evaluations(view, users, levels, evaluations))
-    intermediates = []
-    shared = 0
-    within_max = 1
+    return levels
+
+
+def _check_describable(views: list) -> None:
+    if not views:
+        raise PlanError("no blocks")
     for view in views:
+        if not view.trivial_binding:
+            raise PlanError(f"block {view.name}: loop nest is not one loop per iterator")
+        if not all(a.point for a in view.reads + view.writes):
+            raise PlanError(f"block {view.name}: non-point buffer access")
+
+
+def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
+    """The row-resident plan of a fused PrimFunc: levels first, then rows of what remains."""
+    family = target_family(target)
+    views = block_views(s_tir.Schedule(func))
+    _check_describable(views)
+    params = list(func.params)
+    outputs = {v.name for v in views if any(w.buffer.same_as(p) for w in v.writes for p in params)}
+    levels = _levels(views, outputs, family)
+
+    # The blocks that remain once the register-level ones are inlined decide the rows.
+    trial = s_tir.Schedule(func)
+    for block_name in reversed([v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == REGISTER]):
+        try:
+            trial.compute_inline(trial.get_sblock(block_name))
+        except Exception as err:  # noqa: BLE001 - s_tir refuses the inlining: say which block
+            raise PlanError(f"block {block_name} cannot be inlined: {str(err).strip().splitlines()[-1][:120]}")
+    kept = block_views(trial)
+    _check_describable(kept)
+    rank = _choose_rank(kept, analyze_rows(trial.mod["main"], kept).depth, family)
+    row_extents = kept[0].extents[:rank]
+    rows = _product(row_extents)
+
+    intermediates, shared, within_max = [], 0, 1
+    for view in kept:
         within = _product(view.extents[rank:])
         if within is None:
             raise PlanError(f"block {view.name}: symbolic extent inside a row")
         within_max = max(within_max, within)
+    kept_names = {v.name for v in kept}
+    for view in views:
         if view.name not in levels:
             continue
         level, why = levels[view.name]
-        per_row = _product(e for e, r in zip(view.extents[rank:], view.is_reduce[rank:]) if not r)
-        nbytes = per_row * max(1, view.writes[0].buffer.dtype.bits // 8)
+        per_row = 1
+        if view.name in kept_names:
+            kept_view = next(k for k in kept if k.name == view.name)
+            per_row = _product(e for e, r in zip(kept_view.extents[rank:], kept_view.is_reduce[rank:]) if not r)
+        nbytes = (per_row or 1) * max(1, view.writes[0].buffer.dtype.bits // 8)
         if level == SHARED:
             shared += nbytes
         intermediates.append(Intermediate(view.name, level, nbytes, why))
 
     cached_inputs = []
     if family == "cuda":
-        for buffer, readers in _input_readers(views, params, levels, rank).items():
+        for buffer, _readers in _cacheable_inputs(kept, params, rank):
             row_bytes = _row_bytes(buffer, rank)
-            if len(readers) >= 2 and row_bytes is not None and shared + row_bytes <= CUDA_SHARED_LIMIT:
+            if row_bytes is not None and shared + row_bytes <= CUDA_SHARED_LIMIT:
                 cached_inputs.append(buffer.name)
                 shared += row_bytes
-
     if family == "cuda" and shared > CUDA_SHARED_LIMIT:
         raise PlanError(f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory")
 
+    notes = []
+    rows_per_task = 1
     if family == "cuda":
-        threads = max(32, min(CUDA_MAX_THREADS, _next_pow2(within_max)))
+        if _walks_columns(kept, params, rank):
+            # Consecutive rows are consecutive in memory: a thread per row keeps loads coalesced.
+            threads = 1
+            notes.append("strided rows (column access): one thread per row, rows across threads")
+        else:
+            threads = max(CUDA_MIN_THREADS, min(CUDA_MAX_THREADS, _next_pow2(within_max)))
+        rows_per_task = _rows_per_block(rows, threads, shared)
+        if rows_per_task > 1 and threads > 1:
+            notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
+        shared *= rows_per_task
         vector = 1
-        grid = rows if rows is not None else -1
+        grid = rows // rows_per_task if rows is not None else -1
     else:
         work = max(_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
         threads = cpu_threads() if work >= CPU_PARALLEL_MIN_WORK else 1
@@ -252,7 +308,6 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
     dominant = tuple(v.name for v in views if v.has_reduction) or tuple(
         v.name for v in views if v.expensive
     ) or (views[-1].name,)
-    notes = []
     if rank == 0:
         notes.append("no shared row axis: the whole kernel is one row task")
     return StitchPlan(
@@ -263,7 +318,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         dominant=dominant,
         rank=rank,
         row_shape=tuple(str(_int(e) if _int(e) is not None else e) for e in row_extents),
-        mapping=ThreadMapping(rows if rows is not None else -1, 1, threads, vector, grid),
+        mapping=ThreadMapping(rows if rows is not None else -1, rows_per_task, threads, vector, grid),
         intermediates=tuple(intermediates),
         outputs=tuple(v.name for v in views if v.name in outputs),
         cached_inputs=tuple(cached_inputs),

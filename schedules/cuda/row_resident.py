@@ -67,11 +67,19 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for name in plan.cached_inputs:
         _cache_input_row(sch, name, on_chip)
     row = merge_row_loops(sch, plan)
-    if bind:
-        sch.bind(row, "blockIdx.x")
     threads = plan.mapping.threads
+    packed = plan.mapping.rows_per_task
+    if packed > 1:
+        block_loop, row = sch.split(row, [None, packed])
+        if bind:
+            sch.bind(block_loop, "blockIdx.x")
+            sch.bind(row, "threadIdx.x" if threads == 1 else "threadIdx.y")
+    elif bind:
+        sch.bind(row, "blockIdx.x")
     for block in blocks_by_name(sch).values():
         spatial, reduce = within_row_loops(sch, block, row)
+        if threads == 1:
+            continue  # one thread per row: the row's loops run in that thread
         spatial_extent = _extent(sch, spatial) if spatial else 1
         if reduce and (spatial_extent is None or spatial_extent < threads):
             # Few outputs per row: the threads share each output's reduction.
