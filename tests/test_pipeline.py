@@ -140,3 +140,9 @@ def test_cuda_schedule_matches_numpy_when_run_on_the_cpu(name, dtype, rng):
     rtol, atol = TOLERANCE[dtype]
     for out, ref in zip(outs, reference(graph, inputs)):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("name, most", [("layernorm_backward", 2), ("batchnorm_stats", 2), ("cross_entropy", 2)])
+def test_column_and_mixed_reductions_take_at_most_two_kernels(name, most):
+    mod = SUITE[name].build("float32", dims("bench"))
+    assert cuda_launches(mod, stitched=True) <= most < cuda_launches(mod, stitched=False) + 1

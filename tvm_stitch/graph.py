@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from .classify import OpClass, OpKind, classify_primfunc
+from .classify import OpKind, classify_primfunc
 from .row_alignment import RowInfo, analyze_rows
 
 
@@ -67,6 +67,7 @@ class Graph:
     producers: list  # per node: set of producer node indices
     value_of: dict  # relax var -> ValueRef or tuple of ValueRef
     used_outside: set  # relax vars used by the block's output or later blocks
+    escapes: set = field(default_factory=set)  # ops whose results are read by non-op bindings or later code
 
     def descendants(self) -> list:
         """Per node, a bitmask of the nodes reachable from it."""
@@ -233,22 +234,46 @@ def build_graph(mod: tvm.IRModule, block: relax.DataflowBlock, used_outside: set
         nodes.append(node)
         owner[binding.var] = index
     producers = []
+    escaping_vars = set(used_outside)
     for node in nodes:
         exprs = [node.binding.value] + [a.value for a in node.aliases]
         prods = {owner[v] for e in exprs for v in _free_vars(e) if v in owner}
         prods.discard(node.index)
         producers.append(prods)
-    return Graph(nodes, builder.ops, builder.externals, producers, builder.value_of, used_outside)
+        if not node.stitchable:
+            escaping_vars.update(v for e in exprs for v in _free_vars(e))
+    escapes = set()
+    for var in escaping_vars:
+        refs = builder.value_of.get(var)
+        for ref in refs if isinstance(refs, tuple) else [refs]:
+            if isinstance(ref, ValueRef) and ref.op >= 0:
+                escapes.add(ref.op)
+    return Graph(nodes, builder.ops, builder.externals, producers, builder.value_of, used_outside, escapes)
 
 
 def analyses_for(mod: tvm.IRModule) -> _Analyses:
     return _Analyses(mod)
 
 
-def producer_ops(graph: Graph, op: Op) -> list:
-    """(input position, producing op index, output index) for inputs made by ops."""
-    return [(i, ref.op, ref.output) for i, ref in enumerate(op.inputs) if ref.op >= 0]
-
-
-def is_memory_bound(cls: OpClass) -> bool:
-    return cls.kind not in (OpKind.COMPUTE, OpKind.UNSUPPORTED)
+def inlined_in_group(graph: Graph, op_ids: set) -> set:
+    """Ops a kernel of `op_ids` would inline, so that they do not constrain the group's rows:
+    cheap spatial ops whose result stays in the group and whose inputs come from outside
+    the group or from other such ops (chains like (x - mean) ** 2)."""
+    out = set()
+    for i in op_ids:
+        op = graph.ops[i]
+        if op.cls.kind == OpKind.REDUCTION or op.cls.expensive or len(op.out_types) != 1:
+            continue
+        if i in graph.escapes:
+            continue
+        if any(ref.op == i for j, other in enumerate(graph.ops) if j not in op_ids for ref in other.inputs):
+            continue
+        out.add(i)
+    changed = True
+    while changed:
+        changed = False
+        for i in list(out):
+            if any(ref.op in op_ids and ref.op not in out for ref in graph.ops[i].inputs):
+                out.discard(i)
+                changed = True
+    return out

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 
-from .graph import Graph
+from .graph import Graph, inlined_in_group
 from .row_alignment import ALIGNED
 
 
@@ -49,7 +49,13 @@ def _elements(ty) -> int:
 
 
 def group_rank(graph: Graph, op_ids: set):
-    """The highest rank at which the ops share aligned rows (0: one row task)."""
+    """The highest rank at which the ops share aligned rows (0: one row task).
+
+    Ops the kernel will inline (see `inlined_in_group`) are left out: once
+    inlined, their loads happen in their consumers' loops.
+    """
+    inlined = inlined_in_group(graph, op_ids) if len(op_ids) > 1 else set()
+    op_ids = set(op_ids) - inlined
     ops = [graph.ops[i] for i in op_ids]
     top = min(op.rows.depth for op in ops)
     for rank in range(top, 0, -1):
@@ -67,7 +73,8 @@ def group_rank(graph: Graph, op_ids: set):
 
 
 def group_rows(graph: Graph, op_ids: set, rank: int) -> int:
-    op = graph.ops[next(iter(op_ids))]
+    kept = set(op_ids) - (inlined_in_group(graph, op_ids) if len(op_ids) > 1 else set())
+    op = graph.ops[next(iter(kept))]
     total = 1
     for extent in op.rows.extents[:rank]:
         total *= _extent_value(extent)
@@ -119,69 +126,113 @@ class Group:
         return out
 
 
-def partition(graph: Graph, limits: PartitionLimits = PartitionLimits()) -> list:
-    """Convex groups of stitchable nodes, as lists of node indices in order."""
-    desc = graph.descendants()
-    anc = [0] * len(graph.nodes)
-    for node, mask in enumerate(desc):
-        rest = mask
-        bit = 0
-        while rest:
-            if rest & 1:
-                anc[bit] |= 1 << node
-            rest >>= 1
-            bit += 1
-    group_of: dict = {}
-    groups: dict = {}
-    for node in graph.nodes:
-        if not node.stitchable or not node.ops:
-            continue
-        ops = set(node.ops)
-        rank = group_rank(graph, ops)
-        groups[node.index] = Group(1 << node.index, ops, rank, group_rows(graph, ops, rank),
-                                   group_work(graph, ops))
-        group_of[node.index] = node.index
+class _Merger:
+    """Groups and the checks that decide whether two may become one."""
 
-    def reach(mask: int, table: list) -> int:
-        out, i, rest = 0, 0, mask
-        while rest:
-            if rest & 1:
-                out |= table[i]
-            rest >>= 1
-            i += 1
+    def __init__(self, graph: Graph, limits: PartitionLimits):
+        self.graph = graph
+        self.limits = limits
+        self.desc = graph.descendants()
+        self.anc = [0] * len(graph.nodes)
+        for node, mask in enumerate(self.desc):
+            for bit in _bits(mask):
+                self.anc[bit] |= 1 << node
+        self.groups: dict = {}
+        self.group_of: dict = {}
+        for node in graph.nodes:
+            if node.stitchable and node.ops:
+                ops = set(node.ops)
+                rank = group_rank(graph, ops)
+                self.groups[node.index] = Group(1 << node.index, ops, rank, group_rows(graph, ops, rank),
+                                                group_work(graph, ops))
+                self.group_of[node.index] = node.index
+
+    def _reach(self, mask: int, table: list) -> int:
+        out = 0
+        for bit in _bits(mask):
+            out |= table[bit]
         return out
 
-    def keeps_parallelism(part: Group, rows: int) -> bool:
-        if part.work <= limits.small_work:
+    def _keeps_parallelism(self, part: Group, rows: int) -> bool:
+        if part.work <= self.limits.small_work:
             return True
-        return 2 * min(rows, limits.parallel_rows) >= min(part.rows, limits.parallel_rows)
+        cap = self.limits.parallel_rows
+        return 2 * min(rows, cap) >= min(part.rows, cap)
 
+    def merged(self, a: Group, b: Group, same_rows: bool = False):
+        """The union of two groups if it is convex and can be one kernel, else None."""
+        mask = a.nodes | b.nodes
+        if self._reach(mask, self.desc) & self._reach(mask, self.anc) & ~mask:
+            return None
+        ops = a.ops | b.ops
+        rank = group_rank(self.graph, ops)
+        rows = group_rows(self.graph, ops, rank)
+        work = max(a.work, b.work)
+        if rank == 0 and work > self.limits.small_work:
+            return None
+        if same_rows and (rank == 0 or rows != a.rows or rows != b.rows):
+            return None
+        if not (self._keeps_parallelism(a, rows) and self._keeps_parallelism(b, rows)):
+            return None
+        if materialized_row_bytes(self.graph, ops, rank) > self.limits.row_bytes_limit:
+            return None
+        return Group(mask, ops, rank, rows, work)
+
+    def replace(self, keys: tuple, merged: Group) -> None:
+        for key in keys:
+            del self.groups[key]
+        key = merged.node_list()[0]
+        self.groups[key] = merged
+        for member in merged.node_list():
+            self.group_of[member] = key
+
+    def inputs(self, group: Group) -> set:
+        return {ref for i in group.ops for ref in self.graph.ops[i].inputs if ref.op not in group.ops}
+
+
+def _bits(mask: int):
+    index = 0
+    while mask:
+        if mask & 1:
+            yield index
+        mask >>= 1
+        index += 1
+
+
+def partition(graph: Graph, limits: PartitionLimits = PartitionLimits()) -> list:
+    """Convex groups of stitchable nodes, as lists of node indices in order.
+
+    First along producer -> consumer edges; then siblings that read a common
+    input over the same rows (dgamma and dbeta of a LayerNorm backward) join,
+    so the input is read by one kernel.
+    """
+    m = _Merger(graph, limits)
     for node in graph.nodes:
-        if node.index not in group_of:
+        if node.index not in m.group_of:
             continue
         for prod in sorted(graph.producers[node.index]):
-            if prod not in group_of:
+            if prod not in m.group_of:
                 continue
-            a, b = groups[group_of[prod]], groups[group_of[node.index]]
-            if a is b:
+            ka, kb = m.group_of[prod], m.group_of[node.index]
+            if ka == kb:
                 continue
-            mask = a.nodes | b.nodes
-            if reach(mask, desc) & reach(mask, anc) & ~mask:
-                continue
-            ops = a.ops | b.ops
-            rank = group_rank(graph, ops)
-            rows = group_rows(graph, ops, rank)
-            work = max(a.work, b.work)
-            if rank == 0 and work > limits.small_work:
-                continue
-            if not (keeps_parallelism(a, rows) and keeps_parallelism(b, rows)):
-                continue
-            if materialized_row_bytes(graph, ops, rank) > limits.row_bytes_limit:
-                continue
-            merged = Group(mask, ops, rank, rows, work)
-            del groups[group_of[prod]], groups[group_of[node.index]]
-            key = merged.node_list()[0]
-            groups[key] = merged
-            for member in merged.node_list():
-                group_of[member] = key
-    return sorted((g.node_list() for g in groups.values()), key=lambda nodes: nodes[0])
+            merged = m.merged(m.groups[ka], m.groups[kb])
+            if merged is not None:
+                m.replace((ka, kb), merged)
+    changed = True
+    while changed:
+        changed = False
+        keys = sorted(m.groups)
+        for x, ka in enumerate(keys):
+            for kb in keys[x + 1:]:
+                a, b = m.groups[ka], m.groups[kb]
+                if not m.inputs(a) & m.inputs(b):
+                    continue
+                merged = m.merged(a, b, same_rows=True)
+                if merged is not None:
+                    m.replace((ka, kb), merged)
+                    changed = True
+                    break
+            if changed:
+                break
+    return sorted((g.node_list() for g in m.groups.values()), key=lambda nodes: nodes[0])

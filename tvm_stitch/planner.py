@@ -27,7 +27,8 @@ CUDA_MAX_THREADS = 256
 CUDA_MIN_THREADS = 8  # below a quarter warp, packing more rows beats more threads per row
 CUDA_MIN_ROWS = 264  # two thread blocks per SM of an H100/H200 (132 SMs)
 CPU_MIN_ROWS = 64  # row tasks for an even spread over cores
-CPU_PARALLEL_MIN_WORK = 1 << 15  # elements below which a parallel launch costs more than it saves
+CPU_PARALLEL_MIN_WORK = 1 << 15
+LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over  # elements below which a parallel launch costs more than it saves
 
 
 # Without native half-precision arithmetic, every float16/bfloat16 op on the CPU
@@ -250,6 +251,9 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
     rank = _choose_rank(kept, analyze_rows(trial.mod["main"], kept).depth, family)
     row_extents = kept[0].extents[:rank]
     rows = _product(row_extents)
+    work = max(_product(v.extents) or LARGE_WORK for v in kept)
+    if rank == 0 and work >= LARGE_WORK:
+        raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
 
     intermediates, shared, within_max = [], 0, 1
     for view in kept:

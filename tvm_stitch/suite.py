@@ -195,6 +195,92 @@ def _chained_reductions_graph(dtype, d):
     return _fn([x], body)
 
 
+def _layernorm_backward_graph(dtype, d):
+    shape = (d["rows"], d["cols"])
+    x, dy = _t("x", shape, dtype), _t("dy", shape, dtype)
+    mean, rstd, g = _t("mean", (d["rows"], 1), dtype), _t("rstd", (d["rows"], 1), dtype), _t("gamma", (d["cols"],), dtype)
+
+    def body(bb, x, dy, mean, rstd, g):
+        op = relax.op
+        xhat = bb.emit(op.multiply(op.subtract(x, mean), rstd))
+        dgamma = bb.emit(op.sum(op.multiply(dy, xhat), axis=[0]))
+        dbeta = bb.emit(op.sum(dy, axis=[0]))
+        dxhat = bb.emit(op.multiply(dy, g))
+        m1 = bb.emit(op.mean(dxhat, axis=[-1], keepdims=True))
+        m2 = bb.emit(op.mean(op.multiply(dxhat, xhat), axis=[-1], keepdims=True))
+        dx = bb.emit(op.multiply(rstd, op.subtract(op.subtract(dxhat, m1), op.multiply(xhat, m2))))
+        return relax.Tuple([dx, dgamma, dbeta])
+
+    return _fn([x, dy, mean, rstd, g], body)
+
+
+def _np_layernorm_backward(x, dy, mean, rstd, g):
+    xhat = (x - mean) * rstd
+    dxhat = dy * g
+    dx = rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    return dx, (dy * xhat).sum(0), dy.sum(0)
+
+
+def _layernorm_backward_inputs(rng, dt, d):
+    x = _normal(rng, _rows_cols(d), dt)
+    mean = x.astype(np.float64).mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(x.astype(np.float64).var(-1, keepdims=True) + 1e-5)
+    return [x, _normal(rng, _rows_cols(d), dt), mean.astype(dt), rstd.astype(dt), _normal(rng, (d["cols"],), dt)]
+
+
+def _batchnorm_stats_graph(dtype, d):
+    n, c, hw = d["batch"], d["heads"] * 16, d["seq"] // 4
+    x = _t("x", (n, c, hw, hw), dtype)
+
+    def body(bb, x):
+        op = relax.op
+        mean = bb.emit(op.mean(x, axis=[0, 2, 3], keepdims=True))
+        centered = bb.emit(op.subtract(x, mean))
+        var = bb.emit(op.mean(op.multiply(centered, centered), axis=[0, 2, 3], keepdims=True))
+        return relax.Tuple([mean, var])
+
+    return _fn([x], body)
+
+
+def _adam_graph(dtype, d, tensors=12):
+    shapes = [(d["cols"] * (1 + i % 3), d["cols"] // (1 + i % 2)) for i in range(tensors)]
+    params = []
+    for i, shape in enumerate(shapes):
+        params += [_t(f"p{i}", shape, dtype), _t(f"g{i}", shape, dtype), _t(f"m{i}", shape, dtype), _t(f"v{i}", shape, dtype)]
+
+    def body(bb, *args):
+        op = relax.op
+        outs = []
+        for i in range(tensors):
+            p, g, m, v = args[4 * i: 4 * i + 4]
+            m_new = bb.emit(op.add(op.multiply(m, _c(0.9, dtype)), op.multiply(g, _c(0.1, dtype))))
+            v_new = bb.emit(op.add(op.multiply(v, _c(0.999, dtype)), op.multiply(op.multiply(g, g), _c(0.001, dtype))))
+            step = bb.emit(op.divide(m_new, op.add(op.sqrt(v_new), _c(1e-8, dtype))))
+            outs += [bb.emit(op.subtract(p, op.multiply(step, _c(1e-3, dtype)))), m_new, v_new]
+        return relax.Tuple(outs)
+
+    return _fn(params, body)
+
+
+def _np_adam(*args):
+    outs = []
+    for i in range(len(args) // 4):
+        p, g, m, v = args[4 * i: 4 * i + 4]
+        m_new = 0.9 * m + 0.1 * g
+        v_new = 0.999 * v + 0.001 * g * g
+        outs += [p - 1e-3 * m_new / (np.sqrt(v_new) + 1e-8), m_new, v_new]
+    return tuple(outs)
+
+
+def _adam_inputs(rng, dt, d):
+    arrays = []
+    for i in range(12):
+        shape = (d["cols"] * (1 + i % 3), d["cols"] // (1 + i % 2))
+        arrays += [_normal(rng, shape, dt), _normal(rng, shape, dt), _normal(rng, shape, dt),
+                   np.abs(_normal(rng, shape, dt))]
+    return arrays
+
+
 def _np_chained(x):
     cols = x.shape[-1]
     centered = x - x.sum(-1, keepdims=True) / cols
@@ -278,6 +364,23 @@ SUITE = {
             lambda rng, dt, d: [_normal(rng, (d["rows"], d["vocab"]), dt, 2.0),
                                 rng.integers(0, d["vocab"], d["rows"]).astype("int64")],
             _np_cross_entropy,
+            dtypes=("float32",),
+        ),
+        SuiteGraph(
+            "layernorm_backward", "LayerNorm backward: dx (row reductions), dgamma and dbeta (column)",
+            _layernorm_backward_graph, _layernorm_backward_inputs, _np_layernorm_backward,
+            dtypes=("float32",),
+        ),
+        SuiteGraph(
+            "batchnorm_stats", "BatchNorm training statistics over N, H, W (NCHW)",
+            _batchnorm_stats_graph,
+            lambda rng, dt, d: [_normal(rng, (d["batch"], d["heads"] * 16, d["seq"] // 4, d["seq"] // 4), dt)],
+            lambda x: (x.mean((0, 2, 3), keepdims=True), x.var((0, 2, 3), keepdims=True)),
+            dtypes=("float32",),
+        ),
+        SuiteGraph(
+            "adam_update", "Adam step over 12 parameter tensors (independent element-wise chains)",
+            _adam_graph, _adam_inputs, _np_adam,
             dtypes=("float32",),
         ),
         SuiteGraph(

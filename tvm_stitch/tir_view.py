@@ -139,7 +139,10 @@ def block_views(sch: s_tir.Schedule) -> list:
         iter_vars = tuple(iv.var for iv in block.iter_vars)
         analyzer = sym.Analyzer()
         for iv in block.iter_vars:
-            analyzer.bind(iv.var, iv.dom)
+            # Unit iterators stay variables: simplified to 0 they would no longer
+            # show which axis of the access they index.
+            if not _is_one(iv.dom.extent):
+                analyzer.bind(iv.var, iv.dom)
         views.append(
             BlockView(
                 name=block.name_hint,
