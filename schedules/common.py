@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 
-from tvm_stitch.plan import REGISTER, StitchPlan
+from tvm_stitch.plan import StitchPlan
 
 
 def blocks_by_name(sch: s_tir.Schedule) -> dict:
@@ -14,7 +14,7 @@ def blocks_by_name(sch: s_tir.Schedule) -> dict:
 
 def inline_cheap_blocks(sch: s_tir.Schedule, plan: StitchPlan) -> None:
     """Inline the blocks the plan keeps at register level, last first."""
-    for name in reversed([i.name for i in plan.intermediates if i.level == REGISTER]):
+    for name in reversed(plan.inlined()):
         sch.compute_inline(sch.get_sblock(name))
 
 

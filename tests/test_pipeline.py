@@ -146,3 +146,11 @@ def test_cuda_schedule_matches_numpy_when_run_on_the_cpu(name, dtype, rng):
 def test_column_and_mixed_reductions_take_at_most_two_kernels(name, most):
     mod = SUITE[name].build("float32", dims("bench"))
     assert cuda_launches(mod, stitched=True) <= most < cuda_launches(mod, stitched=False) + 1
+
+
+def test_adam_over_a_dozen_tensors_takes_at_most_three_launches():
+    mod = SUITE["adam_update"].build("float32", dims("bench"))
+    assert cuda_launches(mod, stitched=False) == 36
+    assert cuda_launches(mod, stitched=True) <= 3
+    report = tvm_stitch.explain(mod, CUDA)
+    assert report.packs and all(len(members) > 1 for _, members in report.packs)

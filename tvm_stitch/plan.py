@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-REGISTER = "register"  # recomputed or kept in the same thread (inlined)
+REGISTER = "register"  # in the thread that uses it: inlined (recomputed per use) or computed once
 SHARED = "shared"  # one copy per row task, visible to the task's threads
 GLOBAL = "global"  # written to device memory
 
@@ -18,6 +18,7 @@ class Intermediate:
     level: str  # REGISTER | SHARED | GLOBAL
     bytes_per_row: int
     why: str
+    inlined: bool = False  # REGISTER only: recomputed inside each consumer instead of stored
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class StitchPlan:
         return StitchPlan(**data)
 
     def inlined(self) -> list:
-        return [i.name for i in self.intermediates if i.level == REGISTER]
+        return [i.name for i in self.intermediates if i.inlined]
 
     def level_of(self, name: str) -> str:
         for inter in self.intermediates:

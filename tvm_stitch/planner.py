@@ -36,6 +36,9 @@ LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to sp
 EMULATED_ON_CPU = ("float16", "bfloat16")
 
 
+INLINE = "inlined"  # planner-internal: register level, recomputed in each consumer
+
+
 class PlanError(Exception):
     """The group cannot be stitched by the available schemes; the message says why."""
 
@@ -97,9 +100,9 @@ def _level(view, consumers: list, levels: dict, evaluations: dict, is_output: bo
         return SHARED, "block writes several buffers"
     emulated = family == "cpu" and str(view.writes[0].buffer.dtype) in EMULATED_ON_CPU
     if not view.expensive and not emulated:
-        return REGISTER, "cheap: recomputed in each consumer"
+        return INLINE, "cheap: recomputed in each consumer"
     if _evaluations(view, consumers, levels, evaluations) == 1:
-        return REGISTER, f"{', '.join(view.expensive)} evaluated once, inlined into its consumer"
+        return INLINE, f"{', '.join(view.expensive)} evaluated once, inlined into its consumer"
     if emulated:
         return SHARED, f"computed once: {view.writes[0].buffer.dtype} arithmetic is emulated on the CPU"
     return SHARED, f"computed once: {', '.join(view.expensive)}"
@@ -108,7 +111,7 @@ def _level(view, consumers: list, levels: dict, evaluations: dict, is_output: bo
 def _evaluations(view, consumers: list, levels: dict, evaluations: dict) -> int:
     buffer = view.writes[0].buffer
     return sum(
-        c.loads_of(buffer) * (evaluations.get(c.name, 1) if levels.get(c.name, (GLOBAL,))[0] == REGISTER else 1)
+        c.loads_of(buffer) * (evaluations.get(c.name, 1) if levels.get(c.name, (GLOBAL,))[0] == INLINE else 1)
         for c in consumers
     )
 
@@ -138,15 +141,18 @@ def _cacheable_inputs(views: list, params: list, rank: int) -> list:
     return out
 
 
-def _rows_per_block(rows: int | None, threads: int, shared_per_row: int) -> int:
+def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial_only: bool) -> int:
     """Rows packed into one thread block: up to CUDA_MAX_THREADS threads, dividing the rows
     evenly (no thread predicate around a barrier), within shared memory, leaving enough blocks."""
     if rows is None:
         return 1
     per = 1
     if threads == 1:
-        # One thread per row: a warp of consecutive rows makes each load one 128-byte line.
-        while per < 32 and rows % (per * 2) == 0 and shared_per_row * per * 2 <= CUDA_SHARED_LIMIT:
+        # One thread per row, no barriers, so a predicate may cover a partial last block.
+        # Element-wise: full blocks. Serial per-row work (columns): a warp of rows per
+        # block, so that few columns still make several blocks.
+        cap = CUDA_MAX_THREADS if spatial_only else 32
+        while per < cap and per < rows:
             per *= 2
         return per
     while (
@@ -215,7 +221,7 @@ def _levels(views: list, outputs: set, family: str) -> dict:
             continue
         users = [by_name[c] for c in consumers[view.name]]
         levels[view.name] = _level(view, users, levels, evaluations, view.name in outputs, family)
-        if levels[view.name][0] == REGISTER:
+        if levels[view.name][0] == INLINE:
             evaluations[view.name] = max(1, _evaluations(view, users, levels, evaluations))
     return levels
 
@@ -241,20 +247,24 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
 
     # The blocks that remain once the register-level ones are inlined decide the rows.
     trial = s_tir.Schedule(func)
-    for block_name in reversed([v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == REGISTER]):
+    for block_name in reversed([v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == INLINE]):
         try:
             trial.compute_inline(trial.get_sblock(block_name))
         except Exception as err:  # noqa: BLE001 - s_tir refuses the inlining: say which block
             raise PlanError(f"block {block_name} cannot be inlined: {str(err).strip().splitlines()[-1][:120]}")
     kept = block_views(trial)
     _check_describable(kept)
-    rank = _choose_rank(kept, analyze_rows(trial.mod["main"], kept).depth, family)
+    depth = analyze_rows(trial.mod["main"], kept).depth
+    spatial_only = not any(v.has_reduction for v in kept)
+    # CUDA, element-wise only: a thread per element (all aligned axes are rows), no barriers.
+    rank = depth if family == "cuda" and spatial_only and depth else _choose_rank(kept, depth, family)
     row_extents = kept[0].extents[:rank]
     rows = _product(row_extents)
     work = max(_product(v.extents) or LARGE_WORK for v in kept)
     if rank == 0 and work >= LARGE_WORK:
         raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
 
+    thread_per_row = family == "cuda" and (spatial_only or _walks_columns(kept, params, rank))
     intermediates, shared, within_max = [], 0, 1
     for view in kept:
         within = _product(view.extents[rank:])
@@ -271,15 +281,20 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
             kept_view = next(k for k in kept if k.name == view.name)
             per_row = _product(e for e, r in zip(kept_view.extents[rank:], kept_view.is_reduce[rank:]) if not r)
         nbytes = (per_row or 1) * max(1, view.writes[0].buffer.dtype.bits // 8)
+        if level == SHARED and thread_per_row:
+            level, why = REGISTER, f"{why}; one thread per row: kept in that thread"
         if level == SHARED:
             shared += nbytes
-        intermediates.append(Intermediate(view.name, level, nbytes, why))
+        intermediates.append(Intermediate(view.name, REGISTER if level == INLINE else level, nbytes, why,
+                                          inlined=level == INLINE))
 
     cached_inputs = []
     if family == "cuda":
         for buffer, _readers in _cacheable_inputs(kept, params, rank):
             row_bytes = _row_bytes(buffer, rank)
-            if row_bytes is not None and shared + row_bytes <= CUDA_SHARED_LIMIT:
+            if thread_per_row:
+                cached_inputs.append(buffer.name)
+            elif row_bytes is not None and shared + row_bytes <= CUDA_SHARED_LIMIT:
                 cached_inputs.append(buffer.name)
                 shared += row_bytes
     if family == "cuda" and shared > CUDA_SHARED_LIMIT:
@@ -288,13 +303,14 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
     notes = []
     rows_per_task = 1
     if family == "cuda":
-        if _walks_columns(kept, params, rank):
+        if thread_per_row:
             # Consecutive rows are consecutive in memory: a thread per row keeps loads coalesced.
             threads = 1
-            notes.append("strided rows (column access): one thread per row, rows across threads")
+            notes.append("element-wise: one thread per element" if spatial_only else
+                         "strided rows (column access): one thread per row, rows across threads")
         else:
             threads = max(CUDA_MIN_THREADS, min(CUDA_MAX_THREADS, _next_pow2(within_max)))
-        rows_per_task = _rows_per_block(rows, threads, shared)
+        rows_per_task = _rows_per_block(rows, threads, shared, spatial_only)
         if rows_per_task > 1 and threads > 1:
             notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
         shared *= rows_per_task

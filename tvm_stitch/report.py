@@ -27,6 +27,8 @@ class StitchReport:
     target: str = ""
     groups: list = field(default_factory=list)
     opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
+    packs: list = field(default_factory=list)  # (packed kernel, member kernels): one launch each
+    notes: list = field(default_factory=list)
 
     @property
     def plans(self) -> list:
@@ -64,8 +66,11 @@ class StitchReport:
         stitched = sum(1 for g in self.groups if g.stitched)
         lines.append(f"{stitched} stitched kernels, {len(self.fallbacks)} fallbacks, "
                      f"{len(self.opaque)} bindings left to TVM (compute-intensive or other)")
+        for packed, members in self.packs:
+            lines.append(f"independent: {packed} launches {len(members)} kernels at once: {', '.join(members)}")
         for group in self.fallbacks:
             lines.append(f"fallback [{','.join(group.ops)}]: {group.fallback}")
+        lines.extend(self.notes)
         return "\n".join(lines)
 
     def details(self) -> str:

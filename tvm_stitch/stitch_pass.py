@@ -20,6 +20,7 @@ from tvm.target import Target
 
 from .graph import Graph, analyses_for, build_graph
 from .outline import outline_group
+from .packing import pack_block
 from .partition import PartitionLimits, partition
 from .planner import PlanError, plan_row_resident, target_family
 from schedules import schedule_for
@@ -104,6 +105,7 @@ class _Stitcher:
         self.report = report
         self.analyses = analyses_for(mod)
         self.new_funcs: dict = {}  # name -> scheduled PrimFunc
+        self.plans: dict = {}  # name -> StitchPlan
         self.done: dict = {}  # structural hash of the fused PrimFunc -> (fused, name, plan) or reason
         self.count = 0
 
@@ -145,6 +147,7 @@ class _Stitcher:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
         self.count += 1
         self.new_funcs[name] = scheduled.with_attr("tvm_stitch.plan", plan.to_json())
+        self.plans[name] = plan
         self.done.setdefault(key, []).append((fused, name, plan))
         return name, plan
 
@@ -171,6 +174,14 @@ class _Stitcher:
             node = graph.nodes[unit[0]]
             bindings.append(node.binding)
             bindings.extend(node.aliases)
+        kernels = {name: (self.new_funcs[name], plan) for name, plan in self.plans.items()}
+        try:
+            bindings = pack_block(bindings, kernels, calls, self.report,
+                                  lambda func: check_builds(func, self.target))
+        except Exception as err:  # noqa: BLE001 - packing is an optimisation: keep the kernels apart
+            if self.strict:
+                raise StitchError(f"cannot pack independent kernels: {err}") from err
+            self.report.notes.append(f"independent kernels left unpacked: {type(err).__name__}: {err}")
         return relax.DataflowBlock(bindings)
 
     def _call_bindings(self, name: str, outlined, calls: dict) -> list:
@@ -230,6 +241,12 @@ class _LazyGlobals(dict):
     def __missing__(self, name: str):
         gv = self.bb.add_func(self.funcs[name], name)
         self[name] = gv
+        return gv
+
+    def add(self, name: str, func) -> tvm.ir.GlobalVar:
+        """A new kernel made here (a packed one), added under a fresh name."""
+        gv = self.bb.add_func(func, name)
+        self[gv.name_hint] = gv
         return gv
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from tvm_stitch.plan import SHARED, StitchPlan
+from tvm_stitch.plan import REGISTER, SHARED, StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, merge_row_loops, within_row_loops
 
@@ -56,10 +56,11 @@ def _cache_input_row(sch: s_tir.Schedule, buffer_name: str, scope: str) -> None:
 
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     bind = target.kind.name == "cuda"
-    on_chip = "shared" if bind else "global"
+    one_thread_per_row = plan.mapping.threads == 1
+    on_chip = ("local" if one_thread_per_row else "shared") if bind else "global"
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
-    on_chip_outputs = [i.name for i in plan.intermediates if i.level == SHARED and i.name in plan.outputs]
+    on_chip_outputs = [i.name for i in plan.intermediates if not i.inlined and i.name in plan.outputs]
     for name in on_chip_outputs:
         block = sch.get_sblock(name)
         consumers = sch.get_consumers(block)
@@ -97,6 +98,10 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
         else:
             _split_over_threads(sch, sch.add_unit_loop(block), threads, bind)
     for inter in plan.intermediates:
-        if bind and inter.level == SHARED and inter.name not in plan.outputs:
+        if not bind or inter.inlined or inter.name in plan.outputs:
+            continue
+        if inter.level == SHARED:
             sch.set_scope(sch.get_sblock(inter.name), 0, "shared")
+        elif inter.level == REGISTER:
+            sch.set_scope(sch.get_sblock(inter.name), 0, "local")
     return sch

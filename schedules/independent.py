@@ -1,0 +1,72 @@
+"""Independent stitching: kernels with no data dependence packed into one launch.
+
+Each member is a scheduled PrimFunc whose root body is one loop over its
+row tasks (bound to `blockIdx.x` on CUDA, parallel on the CPU) with the same
+thread-block shape. The packed kernel loops over the concatenated task
+ranges; task `t` runs member k's body for task `t - offset_k` when
+`offset_k <= t < offset_k + tasks_k`. Parameters and on-chip allocations
+are the members', side by side.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+
+def _top_loop(func: tirx.PrimFunc):
+    realize = func.body
+    if not isinstance(realize, s_tir.SBlockRealize):
+        raise ValueError("kernel body is not a root block")
+    loop = realize.block.body
+    if not isinstance(loop, tirx.For) or not isinstance(loop.extent, tirx.IntImm):
+        raise ValueError("kernel is not one loop of a static number of row tasks")
+    return realize.block, loop
+
+
+def loop_signature(func: tirx.PrimFunc) -> tuple:
+    """What must match for two kernels to share a launch: the top loop's kind and binding."""
+    _, loop = _top_loop(func)
+    tag = loop.thread_binding.thread_tag if loop.thread_binding is not None else ""
+    return (int(loop.kind), str(tag))
+
+
+def pack(funcs: list, n_outputs: list) -> tirx.PrimFunc:
+    """One PrimFunc that runs every kernel of `funcs`, each on its own range of tasks.
+
+    `n_outputs[k]`: how many of kernel k's trailing parameters are outputs. The
+    packed kernel takes every member's inputs, then every member's outputs
+    (the `call_tir` convention).
+    """
+    first_root, first_loop = _top_loop(funcs[0])
+    dtype = str(first_loop.extent.ty)
+    task = tirx.Var("task", dtype)
+    inputs, outputs, allocs, branches = [], [], [], []
+    offset = 0
+    for func, n_out in zip(funcs, n_outputs):
+        root, loop = _top_loop(func)
+        if loop_signature(func) != loop_signature(funcs[0]):
+            raise ValueError("kernels with different launch shapes cannot share a launch")
+        old = loop.loop_var
+        shifted = task - tirx.const(offset, dtype) if offset else task
+        body = tvm_ffi.structural_map(loop.body, (tirx.Var, lambda v, old=old, new=shifted: new if v.same_as(old) else v))
+        extent = int(loop.extent.value)
+        branches.append((offset + extent, body))
+        offset += extent
+        inputs.extend(func.params[: len(func.params) - n_out])
+        outputs.extend(func.params[len(func.params) - n_out:])
+        allocs.extend(root.alloc_buffers)
+    stmt = branches[-1][1]
+    for end, body in reversed(branches[:-1]):
+        stmt = tirx.IfThenElse(task < tirx.const(end, dtype), body, stmt)
+    binding = None
+    if first_loop.thread_binding is not None:
+        old = first_loop.thread_binding
+        binding = tirx.IterVar(tvm.ir.Range(tirx.const(0, dtype), tirx.const(offset, dtype)), task,
+                               old.iter_type, old.thread_tag)
+    loop = tirx.For(task, tirx.const(0, dtype), tirx.const(offset, dtype), first_loop.kind, stmt,
+                    thread_binding=binding)
+    root = s_tir.SBlock([], [], [], "root", loop, alloc_buffers=allocs)
+    attrs = {k: v for k, v in funcs[0].attrs.items() if k != "tvm_stitch.plan"} if funcs[0].attrs else {}
+    return tirx.PrimFunc(inputs + outputs, s_tir.SBlockRealize([], True, root)).with_attrs(attrs)

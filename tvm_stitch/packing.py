@@ -1,0 +1,154 @@
+"""Which stitched kernels share a launch (independent stitching), and the rewrite that packs them.
+
+Within one dataflow block, calls of stitched kernels that have no data path
+between them (directly or through any other binding) and the same launch
+shape are packed — up to `MAX_PACK` per launch — into one kernel built by
+`schedules.independent.pack`. Kernels with barriers (shared memory,
+cross-thread reductions) are left alone: TVM cannot place barriers under the
+branch that selects a member.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from schedules.independent import loop_signature, pack
+
+from .plan import StitchPlan
+
+MAX_PACK = 32
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def packable(plan: StitchPlan) -> bool:
+    """Kernels without barriers: CPU kernels, and CUDA kernels with one thread per row."""
+    return plan.target == "cpu" or plan.mapping.threads == 1
+
+
+def _path_masks(bindings: list) -> list:
+    """Per binding, a bitmask of the bindings it depends on, directly or not."""
+    index = {b.var: i for i, b in enumerate(bindings)}
+    masks = []
+    for i, binding in enumerate(bindings):
+        mask = 0
+        for var in relax.analysis.free_vars(binding.value):
+            j = index.get(var)
+            if j is not None:
+                mask |= (1 << j) | masks[j]
+        masks.append(mask)
+    return masks
+
+
+def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
+    """`bindings` with independent packable kernel calls merged into packed calls.
+
+    `kernels` maps a stitched kernel's name to (PrimFunc, plan); `calls` gives
+    (and creates) GlobalVars by name; `verify(func)` raises if a packed kernel
+    does not build; packs are recorded in `report.packs`.
+    """
+    candidates = []
+    for i, binding in enumerate(bindings):
+        value = binding.value
+        if isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR):
+            name = value.args[0].name_hint
+            if name in kernels and packable(kernels[name][1]):
+                candidates.append(i)
+    if len(candidates) < 2:
+        return bindings
+    depends = _path_masks(bindings)
+    packs: list = []
+    for i in candidates:
+        name = bindings[i].value.args[0].name_hint
+        signature = (kernels[name][1].target, kernels[name][1].mapping.threads,
+                     kernels[name][1].mapping.rows_per_task, loop_signature(kernels[name][0]))
+        for group in packs:
+            if group["signature"] != signature or len(group["members"]) >= MAX_PACK:
+                continue
+            if name in group["names"]:
+                continue  # a kernel's parameters can appear once per launch
+            if any(depends[i] >> j & 1 or depends[j] >> i & 1 for j in group["members"]):
+                continue
+            group["members"].append(i)
+            group["names"].add(name)
+            break
+        else:
+            packs.append({"signature": signature, "members": [i], "names": {name}})
+    packs = [g["members"] for g in packs if len(g["members"]) > 1]
+    if not packs:
+        return bindings
+    built = {}
+    for k, members in enumerate(packs):
+        names = [bindings[i].value.args[0].name_hint for i in members]
+        n_outputs = [len(_out_types(bindings[i].value)) for i in members]
+        func = pack([kernels[n][0] for n in names], n_outputs)
+        verify(func)
+        built[k] = (names, func)
+    return _rewrite(bindings, packs, built, calls, report, depends)
+
+
+def _rewrite(bindings: list, packs: list, built: dict, calls, report, depends: list) -> list:
+    member_of = {i: k for k, members in enumerate(packs) for i in members}
+    emitted_pack = set()
+    out = []
+    done = 0  # bitmask of emitted original bindings
+    pending = list(range(len(bindings)))
+    # Emit in an order where every pack comes after all its members' inputs.
+    while pending:
+        progress = False
+        for i in list(pending):
+            k = member_of.get(i)
+            group = packs[k] if k is not None else [i]
+            needed = 0
+            for j in group:
+                needed |= depends[j]
+            needed &= ~sum(1 << j for j in group)
+            if needed & ~done:
+                continue
+            if k is not None and k not in emitted_pack:
+                out.extend(_packed_call(bindings, group, built[k], calls, report))
+                emitted_pack.add(k)
+            elif k is None:
+                out.append(bindings[i])
+            for j in group:
+                done |= 1 << j
+                if j in pending:
+                    pending.remove(j)
+            progress = True
+            break
+        if not progress:
+            raise RuntimeError("internal error: packing created a cycle")
+    return out
+
+
+def _packed_call(bindings: list, group: list, built: tuple, calls, report) -> list:
+    names, func = built
+    gv = calls.add("pack_" + "_".join(n.split("_")[1] for n in names)[:40], func)
+    args, out_types, outputs = [], [], []
+    for i in group:
+        call = bindings[i].value
+        call_args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+        args.extend(call_args)
+        ty = call.ty_args[0]
+        out_types.extend(_out_types(call))
+        outputs.append((bindings[i].var, ty))
+    report.packs.append((gv.name_hint, tuple(names)))
+    tmp = relax.DataflowVar(f"{gv.name_hint}_out", relax.TupleType(out_types))
+    new = [relax.VarBinding(tmp, relax.call_tir(gv, relax.Tuple(args), out_types))]
+    k = 0
+    for var, ty in outputs:
+        if isinstance(ty, relax.TupleType):
+            items = []
+            for _ in ty.fields:
+                items.append(relax.TupleGetItem(tmp, k))
+                k += 1
+            new.append(relax.VarBinding(var, relax.Tuple(items)))
+        else:
+            new.append(relax.VarBinding(var, relax.TupleGetItem(tmp, k)))
+            k += 1
+    return new
+
+
+def _out_types(call: relax.Call) -> list:
+    ty = call.ty_args[0]
+    return list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
