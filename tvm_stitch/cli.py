@@ -74,6 +74,18 @@ def _fuzz(args) -> int:
     return 1 if summary["failures"] else 0
 
 
+def _gpu_kit(args) -> int:
+    from .gpu_kit import build_kit
+
+    graphs = args.graphs.split(",") if args.graphs else None
+    manifest = build_kit(args.out, size=args.size, graphs=graphs, dtypes=tuple(args.dtype.split(",")),
+                         wheel=not args.no_wheel, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"kit in {args.out}: {len(manifest['entries'])} graphs, {manifest['bytes'] / 2**20:.1f} MiB, "
+          f"ffi wheel: {manifest['ffi_wheel']}")
+    print(f"on a CUDA machine: python3 {args.out}/run_kit.py --out RESULTS [--sanitize]")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,6 +114,14 @@ def main(argv=None) -> int:
     fz.add_argument("--nvcc-every", type=int, default=0, help="compile every k-th CUDA build with nvcc")
     fz.add_argument("--save", default="", help="folder for the shrunk specs of failing graphs")
     fz.set_defaults(func=_fuzz)
+
+    kit = sub.add_parser("gpu-kit", help="build and pack the GPU check kit (no GPU needed to build it)")
+    kit.add_argument("--out", default="benchmarks/gpu/pack")
+    kit.add_argument("--size", choices=["bench", "test"], default="bench")
+    kit.add_argument("--graphs", default="", help="comma-separated suite graphs (default: all)")
+    kit.add_argument("--dtype", default="float32,float16")
+    kit.add_argument("--no-wheel", action="store_true", help="do not download the apache-tvm-ffi wheel")
+    kit.set_defaults(func=_gpu_kit)
 
     args = parser.parse_args(argv)
     for dtype in getattr(args, "dtype", "float32").split(","):

@@ -94,13 +94,20 @@ class RowInfo:
 
 
 def _internally_aligned(views: list, param_buffers: list, rank: int) -> bool:
+    """Writes aligned, and reads aligned unless they read a pure input (a parameter no block writes).
+
+    A parameter that is also written is a kernel output read back inside the
+    kernel: another row task may not have written the row it wants yet.
+    """
+    written = [w.buffer for v in views for w in v.writes]
+    inputs = [b for b in param_buffers if not any(b.same_as(w) for w in written)]
     for view in views:
         row_vars = view.iter_vars[:rank]
         for write in view.writes:
             if access_kind(write, row_vars) != ALIGNED:
                 return False
         for read in view.reads:
-            if any(read.buffer.same_as(b) for b in param_buffers):
+            if any(read.buffer.same_as(b) for b in inputs):
                 continue
             if access_kind(read, row_vars) != ALIGNED:
                 return False

@@ -15,11 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-SIZES = {
-    # rows x columns of the main input per size class
-    "bench": {"rows": 4096, "cols": 768, "batch": 8, "heads": 12, "seq": 128, "vocab": 8192},
-    "test": {"rows": 64, "cols": 96, "batch": 2, "heads": 3, "seq": 16, "vocab": 200},
-}
+from .suite_data import DATA, SIZES, dims, reference_of  # noqa: F401 - SIZES, dims re-exported
 
 
 @dataclass(frozen=True)
@@ -71,23 +67,6 @@ def _softmax(bb, x):
 
 
 # --- numpy references (float64) ---------------------------------------------------
-
-def _np_layernorm(x, g, b, eps=1e-5):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(var + eps)
-    return (x - mean) * rstd * g + b, mean, rstd
-
-
-def _np_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def _erf(x):
-    from math import erf
-
-    return np.vectorize(erf)(x)
 
 
 # --- the graphs ---------------------------------------------------------------------
@@ -214,20 +193,6 @@ def _layernorm_backward_graph(dtype, d):
     return _fn([x, dy, mean, rstd, g], body)
 
 
-def _np_layernorm_backward(x, dy, mean, rstd, g):
-    xhat = (x - mean) * rstd
-    dxhat = dy * g
-    dx = rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
-    return dx, (dy * xhat).sum(0), dy.sum(0)
-
-
-def _layernorm_backward_inputs(rng, dt, d):
-    x = _normal(rng, _rows_cols(d), dt)
-    mean = x.astype(np.float64).mean(-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(x.astype(np.float64).var(-1, keepdims=True) + 1e-5)
-    return [x, _normal(rng, _rows_cols(d), dt), mean.astype(dt), rstd.astype(dt), _normal(rng, (d["cols"],), dt)]
-
-
 def _batchnorm_stats_graph(dtype, d):
     n, c, hw = d["batch"], d["heads"] * 16, d["seq"] // 4
     x = _t("x", (n, c, hw, hw), dtype)
@@ -262,145 +227,28 @@ def _adam_graph(dtype, d, tensors=12):
     return _fn(params, body)
 
 
-def _np_adam(*args):
-    outs = []
-    for i in range(len(args) // 4):
-        p, g, m, v = args[4 * i: 4 * i + 4]
-        m_new = 0.9 * m + 0.1 * g
-        v_new = 0.999 * v + 0.001 * g * g
-        outs += [p - 1e-3 * m_new / (np.sqrt(v_new) + 1e-8), m_new, v_new]
-    return tuple(outs)
-
-
-def _adam_inputs(rng, dt, d):
-    arrays = []
-    for i in range(12):
-        shape = (d["cols"] * (1 + i % 3), d["cols"] // (1 + i % 2))
-        arrays += [_normal(rng, shape, dt), _normal(rng, shape, dt), _normal(rng, shape, dt),
-                   np.abs(_normal(rng, shape, dt))]
-    return arrays
-
-
-def _np_chained(x):
-    cols = x.shape[-1]
-    centered = x - x.sum(-1, keepdims=True) / cols
-    scaled = centered / (np.abs(centered).max(-1, keepdims=True) + 1.0)
-    return scaled - scaled.min(-1, keepdims=True)
-
-
-def _np_cross_entropy(logits, labels):
-    shifted = logits - logits.max(-1, keepdims=True)
-    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    return np.array(-logp[np.arange(len(labels)), labels.astype(np.int64)].mean())
-
-
-def _normal(rng, shape, dtype, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-def _rows_cols(d):
-    return (d["rows"], d["cols"])
-
-
-SUITE = {
-    g.name: g
-    for g in [
-        SuiteGraph(
-            "layernorm", "decomposed LayerNorm over the last axis",
-            _layernorm_graph,
-            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt), _normal(rng, (d["cols"],), dt)],
-            lambda x, g, b: _np_layernorm(x, g, b)[0],
-        ),
-        SuiteGraph(
-            "layernorm_stats", "LayerNorm returning y, mean and rstd (multiple outputs)",
-            _layernorm_stats_graph,
-            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt), _normal(rng, (d["cols"],), dt)],
-            lambda x, g, b: _np_layernorm(x, g, b),
-            dtypes=("float32",),
-        ),
-        SuiteGraph(
-            "rmsnorm", "RMSNorm (LLaMA)",
-            _rmsnorm_graph,
-            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt)],
-            lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
-        ),
-        SuiteGraph(
-            "softmax", "softmax over the last axis",
-            _softmax_graph,
-            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt, 4.0)],
-            _np_softmax,
-        ),
-        SuiteGraph(
-            "attention_softmax", "attention scores: scale, additive mask, softmax",
-            _attention_softmax_graph,
-            lambda rng, dt, d: [
-                _normal(rng, (d["batch"], d["heads"], d["seq"], d["seq"]), dt, 4.0),
-                np.where(rng.random((d["batch"], 1, 1, d["seq"])) < 0.2, -1e4, 0.0).astype(dt),
-            ],
-            lambda s, m: _np_softmax(s * 0.125 + m),
-        ),
-        SuiteGraph(
-            "bias_gelu", "bias add + GELU (erf form)",
-            _bias_gelu_graph,
-            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt)],
-            lambda x, b: 0.5 * (x + b) * (1.0 + _erf((x + b) / np.sqrt(2.0))),
-        ),
-        SuiteGraph(
-            "residual_layernorm", "residual add + LayerNorm, returning both",
-            _residual_layernorm_graph,
-            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, _rows_cols(d), dt),
-                                _normal(rng, (d["cols"],), dt), _normal(rng, (d["cols"],), dt)],
-            lambda x, r, g, b: (x + r, _np_layernorm(x + r, g, b)[0]),
-        ),
-        SuiteGraph(
-            "layernorm_softmax", "LayerNorm followed by softmax (4 chained row reductions)",
-            _layernorm_softmax_graph,
-            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt), _normal(rng, (d["cols"],), dt), _normal(rng, (d["cols"],), dt)],
-            lambda x, g, b: _np_softmax(_np_layernorm(x, g, b)[0]),
-        ),
-        SuiteGraph(
-            "cross_entropy", "log-softmax + NLL with a mean loss",
-            _cross_entropy_graph,
-            lambda rng, dt, d: [_normal(rng, (d["rows"], d["vocab"]), dt, 2.0),
-                                rng.integers(0, d["vocab"], d["rows"]).astype("int64")],
-            _np_cross_entropy,
-            dtypes=("float32",),
-        ),
-        SuiteGraph(
-            "layernorm_backward", "LayerNorm backward: dx (row reductions), dgamma and dbeta (column)",
-            _layernorm_backward_graph, _layernorm_backward_inputs, _np_layernorm_backward,
-            dtypes=("float32",),
-        ),
-        SuiteGraph(
-            "batchnorm_stats", "BatchNorm training statistics over N, H, W (NCHW)",
-            _batchnorm_stats_graph,
-            lambda rng, dt, d: [_normal(rng, (d["batch"], d["heads"] * 16, d["seq"] // 4, d["seq"] // 4), dt)],
-            lambda x: (x.mean((0, 2, 3), keepdims=True), x.var((0, 2, 3), keepdims=True)),
-            dtypes=("float32",),
-        ),
-        SuiteGraph(
-            "adam_update", "Adam step over 12 parameter tensors (independent element-wise chains)",
-            _adam_graph, _adam_inputs, _np_adam,
-            dtypes=("float32",),
-        ),
-        SuiteGraph(
-            "chained_reductions", "sum, max, min chained over the same rows",
-            _chained_reductions_graph,
-            lambda rng, dt, d: [_normal(rng, _rows_cols(d), dt)],
-            _np_chained,
-        ),
-    ]
+BUILDERS = {
+    "layernorm": _layernorm_graph,
+    "layernorm_stats": _layernorm_stats_graph,
+    "rmsnorm": _rmsnorm_graph,
+    "softmax": _softmax_graph,
+    "attention_softmax": _attention_softmax_graph,
+    "bias_gelu": _bias_gelu_graph,
+    "residual_layernorm": _residual_layernorm_graph,
+    "layernorm_softmax": _layernorm_softmax_graph,
+    "cross_entropy": _cross_entropy_graph,
+    "layernorm_backward": _layernorm_backward_graph,
+    "batchnorm_stats": _batchnorm_stats_graph,
+    "adam_update": _adam_graph,
+    "chained_reductions": _chained_reductions_graph,
 }
 
-
-def dims(size: str) -> dict:
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {sorted(SIZES)}, not {size!r}")
-    return SIZES[size]
+SUITE = {
+    name: SuiteGraph(name, d.description, BUILDERS[name], d.inputs, d.reference, d.dtypes)
+    for name, d in DATA.items()
+}
 
 
 def reference(graph: SuiteGraph, inputs: list) -> list:
     """numpy reference outputs in float64, as a list."""
-    as64 = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in inputs]
-    out = graph.reference(*as64)
-    return list(out) if isinstance(out, tuple) else [out]
+    return reference_of(graph.reference, inputs)
