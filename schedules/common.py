@@ -27,6 +27,8 @@ def merge_row_loops(sch: s_tir.Schedule, plan: StitchPlan):
     row_loops = []
     for block in blocks_by_name(sch).values():
         loops = sch.get_loops(block)
+        if loops and any(sch.get(loops[0]).same_as(sch.get(r)) for r in row_loops):
+            continue  # shares its loop nest with a block already handled (an rfactor pair)
         if plan.rank == 0:
             row_loops.append(sch.add_unit_loop(loops[0] if loops else block))
         elif plan.rank == 1:

@@ -2,6 +2,8 @@
 
     library dispatch (TVM)
     LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps (TVM)
+    AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32),
+    FastMathTransform on llvm (vectorisable exp, erf, tanh)
     StitchFusion: memory-bound groups -> stitched, scheduled kernels
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
         their epilogues, fallbacks) become PrimFuncs as usual
@@ -63,29 +65,44 @@ class GuardedDefaultSchedule:
         return mod
 
 
+def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport | None = None,
+                  emulate: str | None = None, fast_math: bool | None = None) -> list:
+    """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
+    if fast_math is None:
+        fast_math = target.kind.name == "llvm"
+    if not isinstance(fast_math, bool):
+        raise TypeError(f"fast_math must be True, False or None, not {fast_math!r}")
+    return (
+        backend_passes(target).library_dispatch_passes(target)
+        + [AccumulateInFloat32()]
+        + ([relax.transform.FastMathTransform()] if fast_math else [])
+        + [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            StitchFusion(target, strict=strict, report=report, emulate=emulate),
+        ]
+    )
+
+
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
-             emulate: str | None = None) -> tvm.transform.Pass:
+             emulate: str | None = None, fast_math: bool | None = None) -> tvm.transform.Pass:
     """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
 
     `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
     target. `strict=True` raises instead of falling back. `report` (a
     `StitchReport`) receives every group's plan or fallback reason.
     `emulate="cuda"` (llvm targets only) builds the CUDA schedules without
-    thread bindings, to run and check them on the CPU.
+    thread bindings, to run and check them on the CPU. `fast_math` replaces
+    exp, erf and tanh by TVM's vectorisable approximations (max relative
+    error measured in tests/test_fast_math.py); the default is on for llvm
+    targets, where libm's versions do not vectorise, and off for CUDA.
     """
     target = as_target(target)
-    stitch = StitchFusion(target, strict=strict, report=report, emulate=emulate)
     passes = (
-        backend_passes(target).library_dispatch_passes(target)
-        + [
-            AccumulateInFloat32(),
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            stitch,
-            relax.transform.FuseTIR(),
-        ]
+        stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math)
+        + [relax.transform.FuseTIR()]
         + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)

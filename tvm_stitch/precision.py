@@ -1,10 +1,12 @@
-"""Reductions over float16/bfloat16 accumulate in float32.
+"""Reductions and transcendentals over float16/bfloat16 compute in float32.
 
-A Relax pass run before legalization: every reducing op whose tensor
+A Relax pass run before legalization (and before the fast-math rewrite):
+every reducing op, and every exp, erf, tanh, sigmoid and log, whose tensor
 inputs are float16 or bfloat16 gets them cast to float32 and its result cast
-back, so the sum is accumulated in float32 while the graph's dtypes stay as
-they were. Inside a stitched kernel the casts are inlined: the float32 value
-lives only in registers.
+back. Sums accumulate in float32, and polynomial approximations are
+evaluated in float32 (in float16 their small coefficients underflow), while
+the graph's dtypes stay as they were. Inside a stitched kernel the casts are
+inlined: the float32 values live only in registers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ ACCUMULATING_OPS = frozenset(
         "relax.sum", "relax.mean", "relax.prod", "relax.variance", "relax.std",
         "relax.nn.softmax", "relax.nn.log_softmax", "relax.nn.layer_norm", "relax.nn.rms_norm",
         "relax.nn.group_norm", "relax.nn.batch_norm", "relax.cumsum",
+        "relax.exp", "relax.erf", "relax.tanh", "relax.sigmoid", "relax.log",
     }
 )
 
@@ -52,7 +55,7 @@ class _Widen(PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="AccumulateInFloat32")
 class AccumulateInFloat32:
-    """Cast float16/bfloat16 inputs of reducing ops to float32 and their results back."""
+    """Cast float16/bfloat16 inputs of reducing and transcendental ops to float32 and results back."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         widen = _Widen(mod)

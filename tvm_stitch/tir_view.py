@@ -71,11 +71,21 @@ def vars_in(expr) -> set:
     return found
 
 
+ARITHMETIC_BUDGET = 12  # operations per element beyond which a block counts as expensive
+
+
 def expensive_ops(stmt) -> tuple:
-    """Names of expensive intrinsics and float divisions in a statement."""
+    """Names of expensive intrinsics and float divisions in a statement.
+
+    A body with more than ARITHMETIC_BUDGET operations (an inline polynomial
+    such as fast_exp) is listed as "arithmetic": recomputing it per use costs
+    as much as a transcendental.
+    """
     names = []
+    operations = [0]
 
     def on_call(call):
+        operations[0] += 1
         op = getattr(call, "op", None)
         if isinstance(op, tvm.ir.Op):
             short = op.name.split(".")[-1]
@@ -83,10 +93,19 @@ def expensive_ops(stmt) -> tuple:
                 names.append(short)
 
     def on_div(div):
+        operations[0] += 1
         if "float" in str(div.ty) or "bfloat" in str(div.ty):
             names.append("divide")
 
-    tvm_ffi.structural_walk(stmt, ((tvm.ir.Call, on_call), (tirx.Div, on_div)), order="post")
+    def on_arithmetic(_node):
+        operations[0] += 1
+
+    arithmetic = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Max, tirx.Min,
+                  tirx.Select, tirx.Cast)
+    tvm_ffi.structural_walk(stmt, ((tvm.ir.Call, on_call), (tirx.Div, on_div), (arithmetic, on_arithmetic)),
+                            order="post")
+    if operations[0] > ARITHMETIC_BUDGET:
+        names.append("arithmetic")
     return tuple(sorted(names))
 
 
