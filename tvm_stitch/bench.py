@@ -44,6 +44,8 @@ class BenchRow:
     agree: bool  # the stitched build is within the dtype's tolerance of numpy
     gpu_ms_default: float = float("nan")
     gpu_ms_stitched: float = float("nan")
+    torch_eager_ms: float = float("nan")  # PyTorch eager on the CPU, same inputs
+    torch_compile_ms: float = float("nan")  # torch.compile (Inductor) on the CPU
 
     @property
     def speedup(self) -> float:
@@ -93,8 +95,46 @@ def _gpu_times(mod, inputs):
     return times[0], times[1]
 
 
+def _time_call(fn, min_ms: float = 200.0) -> float:
+    """Median milliseconds per call over 5 repeats of at least `min_ms` each."""
+    for _ in range(3):
+        fn()
+    results = []
+    for _ in range(5):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = (time.perf_counter() - start) * 1e3
+            if elapsed >= min_ms:
+                break
+        results.append(elapsed / calls)
+    return float(np.median(results))
+
+
+def _torch_times(name: str, inputs: list) -> tuple:
+    """(eager ms, torch.compile ms) of the graph in PyTorch on the CPU, NaNs without torch."""
+    try:
+        import torch
+    except ImportError:
+        return float("nan"), float("nan")
+    from .gpu_runner.torch_graphs import GRAPHS
+
+    torch.set_num_threads(int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1)))
+    args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+    fn = GRAPHS[name]
+    compiled = torch.compile(fn)
+    with torch.no_grad():
+        eager = _time_call(lambda: fn(*args))
+        try:
+            inductor = _time_call(lambda: compiled(*args))
+        except Exception:  # noqa: BLE001 - Inductor failing on a graph is a result, shown as NaN
+            inductor = float("nan")
+    return eager, inductor
+
+
 def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target: str = "llvm",
-              progress=sys.stderr, seed: int = 0) -> list:
+              progress=sys.stderr, seed: int = 0, with_torch: bool = False) -> list:
     rows = []
     d = dims(size)
     for i, name in enumerate(graphs, 1):
@@ -130,6 +170,8 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
         )
         if target == "cuda":
             row.gpu_ms_default, row.gpu_ms_stitched = _gpu_times(mod, inputs)
+        if with_torch:
+            row.torch_eager_ms, row.torch_compile_ms = _torch_times(name, inputs)
         rows.append(row)
     return rows
 
@@ -140,8 +182,11 @@ def format_table(rows: list) -> str:
               "CPU ms default", "CPU ms stitched", "speedup", "max abs err default", "max abs err stitched",
               "stitched correct")
     has_gpu = any(not math.isnan(r.gpu_ms_default) for r in rows)
+    has_torch = any(not math.isnan(r.torch_eager_ms) for r in rows)
     if has_gpu:
         header += ("GPU ms default", "GPU ms stitched")
+    if has_torch:
+        header += ("torch eager ms", "torch.compile ms", "stitched vs torch.compile")
     lines = [header]
     for r in rows:
         line = (r.graph, r.dtype, r.shape, f"{r.launches_default} -> {r.launches_stitched}",
@@ -150,6 +195,9 @@ def format_table(rows: list) -> str:
                 f"{r.default_error:.1e}", f"{r.max_error:.1e}", "yes" if r.agree else "NO")
         if has_gpu:
             line += (f"{r.gpu_ms_default:.4f}", f"{r.gpu_ms_stitched:.4f}")
+        if has_torch:
+            line += (f"{r.torch_eager_ms:.3f}", f"{r.torch_compile_ms:.3f}",
+                     f"{r.torch_compile_ms / r.cpu_ms_stitched:.2f}x")
         lines.append(line)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths)) + " |" for line in lines]
@@ -161,6 +209,10 @@ def format_table(rows: list) -> str:
         md = sum(r.mb_default for r in rows)
         ms = sum(r.mb_stitched for r in rows)
         out.append("")
+        if has_torch:
+            valid = [r for r in rows if not math.isnan(r.torch_compile_ms)]
+            vs = math.exp(sum(math.log(r.torch_compile_ms / r.cpu_ms_stitched) for r in valid) / max(1, len(valid)))
+            out.append(f"CPU geomean of torch.compile time / tvm-stitch time: {vs:.2f}x over {len(valid)} graphs")
         out.append(f"CPU geomean speedup {geo:.2f}x over TVM's default pipeline (llvm); "
                    f"CUDA launches {ld} -> {ls} ({100.0 * (ld - ls) / ld:.0f}% fewer); "
                    f"modeled CUDA traffic {md:.0f} -> {ms:.0f} MB ({100.0 * (md - ms) / md:.0f}% less)")

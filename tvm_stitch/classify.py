@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 

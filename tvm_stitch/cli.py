@@ -17,7 +17,7 @@ def _bench(args) -> int:
         return 2
     rows = []
     for dtype in args.dtype.split(","):
-        rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target)
+        rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target, with_torch=args.torch)
     meta = bench_metadata(args.size, args.dtype)
     print(f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, {meta['threads']} threads, size {args.size})")
     print(format_table(rows))
@@ -97,6 +97,8 @@ def main(argv=None) -> int:
     bench.add_argument("--dtype", default="float32", help="float32, float16 or both comma-separated")
     bench.add_argument("--size", choices=["bench", "test"], default="bench")
     bench.add_argument("--json", default="", help="also write the rows as JSON to this path")
+    bench.add_argument("--torch", action="store_true",
+                       help="also time PyTorch eager and torch.compile on the CPU (pip install torch==2.13.0)")
     bench.set_defaults(func=_bench)
 
     exp = sub.add_parser("explain", help="print the stitch plan of a suite graph")

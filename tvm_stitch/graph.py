@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from .classify import OpKind, classify_primfunc
+from .classify import OpClass, OpKind, classify_primfunc
 from .row_alignment import RowInfo, analyze_rows
 
 

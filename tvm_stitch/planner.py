@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 
 from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
 from .row_alignment import analyze_rows
-from .tir_view import block_views, vars_in
+from .tir_view import block_views, static_int, static_product, vars_in
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
 CUDA_MAX_THREADS = 256
@@ -50,20 +50,6 @@ def target_family(target: tvm.target.Target) -> str:
     if kind == "llvm":
         return "cpu"
     raise PlanError(f"no stitching schedules for target kind {kind!r}")
-
-
-def _int(expr) -> int | None:
-    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
-
-
-def _product(exprs) -> int | None:
-    total = 1
-    for e in exprs:
-        value = _int(e)
-        if value is None:
-            return None
-        total *= value
-    return total
 
 
 def _next_pow2(n: int) -> int:
@@ -117,7 +103,7 @@ def _evaluations(view, consumers: list, levels: dict, evaluations: dict) -> int:
 
 
 def _row_bytes(buffer, rank: int) -> int | None:
-    per_row = _product(buffer.shape[rank:])
+    per_row = static_product(buffer.shape[rank:])
     return None if per_row is None else per_row * max(1, buffer.dtype.bits // 8)
 
 
@@ -195,7 +181,7 @@ def _choose_rank(views: list, depth: int, family: str) -> int:
     """
     wanted = CUDA_MIN_ROWS if family == "cuda" else CPU_MIN_ROWS
     for rank in range(1, depth + 1):
-        rows = _product(views[0].extents[:rank])
+        rows = static_product(views[0].extents[:rank])
         if rows is None or rows >= wanted:
             return rank
     return depth
@@ -259,15 +245,15 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
     # CUDA, element-wise only: a thread per element (all aligned axes are rows), no barriers.
     rank = depth if family == "cuda" and spatial_only and depth else _choose_rank(kept, depth, family)
     row_extents = kept[0].extents[:rank]
-    rows = _product(row_extents)
-    work = max(_product(v.extents) or LARGE_WORK for v in kept)
+    rows = static_product(row_extents)
+    work = max(static_product(v.extents) or LARGE_WORK for v in kept)
     if rank == 0 and work >= LARGE_WORK:
         raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
 
     thread_per_row = family == "cuda" and (spatial_only or _walks_columns(kept, params, rank))
     intermediates, shared, within_max = [], 0, 1
     for view in kept:
-        within = _product(view.extents[rank:])
+        within = static_product(view.extents[rank:])
         if within is None:
             raise PlanError(f"block {view.name}: symbolic extent inside a row")
         within_max = max(within_max, within)
@@ -279,7 +265,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         per_row = 1
         if view.name in kept_names:
             kept_view = next(k for k in kept if k.name == view.name)
-            per_row = _product(e for e, r in zip(kept_view.extents[rank:], kept_view.is_reduce[rank:]) if not r)
+            per_row = static_product(e for e, r in zip(kept_view.extents[rank:], kept_view.is_reduce[rank:]) if not r)
         nbytes = (per_row or 1) * max(1, view.writes[0].buffer.dtype.bits // 8)
         if level == SHARED and thread_per_row:
             level, why = REGISTER, f"{why}; one thread per row: kept in that thread"
@@ -317,7 +303,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         vector = 1
         grid = rows // rows_per_task if rows is not None else -1
     else:
-        work = max(_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
+        work = max(static_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
         threads = cpu_threads() if work >= CPU_PARALLEL_MIN_WORK else 1
         out_dtype = views[-1].writes[0].buffer.dtype
         lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(8, out_dtype.bits)
@@ -337,7 +323,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         ops=tuple(v.name for v in views),
         dominant=dominant,
         rank=rank,
-        row_shape=tuple(str(_int(e) if _int(e) is not None else e) for e in row_extents),
+        row_shape=tuple(str(static_int(e) if static_int(e) is not None else e) for e in row_extents),
         mapping=ThreadMapping(rows if rows is not None else -1, rows_per_task, threads, vector, grid),
         intermediates=tuple(intermediates),
         outputs=tuple(v.name for v in views if v.name in outputs),

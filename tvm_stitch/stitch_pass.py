@@ -22,7 +22,7 @@ from .graph import Graph, analyses_for, build_graph
 from .outline import outline_group
 from .packing import pack_block
 from .partition import PartitionLimits, partition
-from .planner import PlanError, plan_row_resident, target_family
+from .planner import plan_row_resident, target_family
 from schedules import schedule_for
 from .report import GroupRecord, StitchReport
 from .target import as_target

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import tvm
 from tvm import relax
 
-from .suite_data import DATA, SIZES, dims, reference_of  # noqa: F401 - SIZES, dims re-exported
+from .suite_data import DATA, SIZES, dims, reference_of
+
+__all__ = ["SUITE", "SIZES", "SuiteGraph", "dims", "reference"]
 
 
 @dataclass(frozen=True)

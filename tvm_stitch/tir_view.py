@@ -60,6 +60,22 @@ def _access(region, analyzer) -> Access:
     return Access(region.source, tuple(analyzer.simplify(r.min) for r in region.region), point)
 
 
+def static_int(expr) -> int | None:
+    """The value of an integer constant, None for anything symbolic."""
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+def static_product(exprs) -> int | None:
+    """The product of integer constants (a shape's element count); None if any is symbolic."""
+    total = 1
+    for expr in exprs:
+        value = static_int(expr)
+        if value is None:
+            return None
+        total *= value
+    return total
+
+
 def _is_one(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == 1
 

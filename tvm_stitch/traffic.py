@@ -23,6 +23,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from .tir_view import static_product
+
 
 L2_RESIDENT_BYTES = 4 << 20
 
@@ -41,20 +43,6 @@ class Traffic:
     def ratio(self) -> float:
         """Modeled over ideal: 1.0 means every input read once and every output written once."""
         return self.total / self.ideal if self.ideal else 1.0
-
-
-def _int(expr):
-    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
-
-
-def _elements(shape) -> int | None:
-    total = 1
-    for dim in shape:
-        value = _int(dim)
-        if value is None:
-            return None
-        total *= value
-    return total
 
 
 def _dtype_bytes(buffer) -> int:
@@ -80,8 +68,8 @@ def modeled_traffic(func: tirx.PrimFunc) -> Traffic | None:
         nonlocal stored, symbolic
         if block.name_hint == "root":
             return
-        domain = _elements([iv.dom.extent for iv in block.iter_vars])
-        spatial = _elements([iv.dom.extent for iv in block.iter_vars if iv.iter_type != tirx.IterVar.CommReduce])
+        domain = static_product([iv.dom.extent for iv in block.iter_vars])
+        spatial = static_product([iv.dom.extent for iv in block.iter_vars if iv.iter_type != tirx.IterVar.CommReduce])
         if domain is None or spatial is None:
             symbolic = True
             return
@@ -114,13 +102,13 @@ def modeled_traffic(func: tirx.PrimFunc) -> Traffic | None:
             distinct.append(buffer)
     for buffer in distinct:
         elements = sum(n for b, n in loads if b.same_as(buffer))
-        size = _elements(buffer.shape)
+        size = static_product(buffer.shape)
         if size is not None and size * _dtype_bytes(buffer) <= L2_RESIDENT_BYTES:
             elements = min(elements, size)
         loaded += elements * _dtype_bytes(buffer)
     ideal = 0
     for param in params:
-        size = _elements(param.shape)
+        size = static_product(param.shape)
         if size is None:
             return None
         ideal += size * _dtype_bytes(param)
@@ -150,7 +138,7 @@ def program_traffic(lowered: tvm.IRModule) -> tuple:
     ideal = 0
     for ty in tensors:
         if isinstance(ty, relax.TensorType) and ty.shape is not None:
-            size = _elements(list(ty.shape))
+            size = static_product(list(ty.shape))
             if size is None:
                 return modeled, -1
             ideal += size * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
