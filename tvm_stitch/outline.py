@@ -21,8 +21,8 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def substitute(expr, vmap: dict):
-    """`expr` with variables replaced through `vmap` (binding-value forms only)."""
-    if isinstance(expr, relax.Var):
+    """`expr` with variables (and lifted constants) replaced through `vmap` (binding-value forms only)."""
+    if isinstance(expr, (relax.Var, tvm.ir.Constant)):
         return vmap.get(expr, expr)
     if isinstance(expr, relax.Tuple):
         return relax.Tuple([substitute(f, vmap) for f in expr.fields])
@@ -62,6 +62,28 @@ def _called_globals(mod: tvm.IRModule, expr, found: dict) -> dict:
     return found
 
 
+def _constants_in(mod: tvm.IRModule, expr, found: list) -> list:
+    """Tensor constants an expression passes to calls, including inside the Primitive functions it calls.
+
+    FuseTIR rejects tensor constants inside Primitive functions: the outlined
+    group takes each as a parameter instead.
+    """
+    if isinstance(expr, tvm.ir.Constant):
+        if not any(expr.same_as(c) for c in found):
+            found.append(expr)
+    elif isinstance(expr, relax.Call):
+        for arg in expr.args:
+            _constants_in(mod, arg, found)
+        if isinstance(expr.op, tvm.ir.GlobalVar) and isinstance(mod[expr.op], relax.Function):
+            for block in mod[expr.op].body.blocks:
+                for binding in block.bindings:
+                    _constants_in(mod, binding.value, found)
+    elif isinstance(expr, relax.Tuple):
+        for field in expr.fields:
+            _constants_in(mod, field, found)
+    return found
+
+
 def group_outputs(graph: Graph, members: list) -> list:
     """Member variables (tensor-typed) that are used outside the group."""
     member_set = set(members)
@@ -93,6 +115,12 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
             for v in relax.analysis.free_vars(e):
                 if v not in member_vars and v not in externals:
                     externals.append(v)
+    constants: list = []
+    for index in members:
+        node = graph.nodes[index]
+        for e in [node.binding.value] + [a.value for a in node.aliases]:
+            _constants_in(mod, e, constants)
+    externals.extend(constants)
     outputs = group_outputs(graph, members)
     flat_outputs = []
     for v in outputs:
@@ -108,7 +136,7 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     mini_mod = tvm.IRModule({gv: f for gv, f in called.items() if isinstance(f, tirx.PrimFunc)})
 
     bb = relax.BlockBuilder(mini_mod)
-    params = [relax.Var(v.name, v.ty) for v in externals]
+    params = [relax.Var(_name(v, i), v.ty) for i, v in enumerate(externals)]
     vmap = dict(zip(externals, params))
     with bb.function(name, params, attrs={"Primitive": True}, private=True):
         with bb.dataflow():
@@ -121,7 +149,7 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
             ret = bb.emit_output(relax.Tuple(results) if len(results) > 1 else results[0])
         group_gv = bb.emit_func_output(ret)
 
-    main_params = [relax.Var(v.name, v.ty) for v in externals]
+    main_params = [relax.Var(_name(v, i), v.ty) for i, v in enumerate(externals)]
     with bb.function("main", main_params):
         with bb.dataflow():
             out = bb.emit_output(relax.Call(group_gv, main_params))
@@ -133,6 +161,10 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     by_param = dict(zip(main_params, externals))
     args = [by_param[a] for a in arg_exprs]
     return Outlined(fused_mod[fused_gv], args, flat_outputs, [v.ty for v in flat_outputs])
+
+
+def _name(value, index: int) -> str:
+    return value.name if isinstance(value, relax.Var) else f"const{index}"
 
 
 def _emit_value(bb: relax.BlockBuilder, mod: tvm.IRModule, value, vmap: dict):

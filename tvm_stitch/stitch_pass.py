@@ -55,6 +55,11 @@ def _used_after(func: relax.Function, block_index: int) -> set:
     return used
 
 
+def _only_reshapes(graph: Graph, members: list) -> bool:
+    ops = [graph.ops[i] for m in members for i in graph.nodes[m].ops]
+    return bool(ops) and all(relax.analysis.has_reshape_pattern(op.func) for op in ops)
+
+
 def _topological_units(graph: Graph, groups: list) -> list:
     """Emission order: each unit is a stitched group or a single node."""
     unit_of = {}
@@ -159,6 +164,8 @@ class _Stitcher:
                 self.report.opaque.append((node.var.name, node.reason))
         stitched = []
         for members in partition(graph, _limits(self.family)):
+            if _only_reshapes(graph, members):
+                continue  # TVM turns these into views that launch nothing
             result = self.stitch_group(func_name, graph, members)
             if result is not None:
                 stitched.append((members, result))
