@@ -69,4 +69,5 @@ def pack(funcs: list, n_outputs: list) -> tirx.PrimFunc:
                     thread_binding=binding)
     root = s_tir.SBlock([], [], [], "root", loop, alloc_buffers=allocs)
     attrs = {k: v for k, v in funcs[0].attrs.items() if k != "tvm_stitch.plan"} if funcs[0].attrs else {}
+    attrs["tvm_stitch.packed"] = len(funcs)
     return tirx.PrimFunc(inputs + outputs, s_tir.SBlockRealize([], True, root)).with_attrs(attrs)

@@ -136,6 +136,13 @@ def classify_views(views: list) -> OpClass:
     return OpClass(kind, expensive=expensive)
 
 
+def is_compute_kernel(func: tirx.PrimFunc) -> bool:
+    """Whether a (possibly scheduled) PrimFunc contracts two tensors somewhere (matmul, conv)."""
+    from .tir_view import all_block_views
+
+    return any(view.has_reduction and _is_matmul_like(view) for view in all_block_views(func))
+
+
 def classify_primfunc(func: tirx.PrimFunc) -> OpClass:
     """Classify one legalized operator (or a fused group) from its blocks."""
     if not isinstance(func, tirx.PrimFunc):

@@ -7,7 +7,7 @@ import sys
 
 
 def _bench(args) -> int:
-    from .bench import bench_metadata, format_table, run_bench, write_json
+    from .bench import bench_metadata, format_models, format_table, run_bench, run_models, write_json
     from .suite import SUITE
 
     graphs = args.graphs.split(",") if args.graphs else list(SUITE)
@@ -15,16 +15,44 @@ def _bench(args) -> int:
     if unknown:
         print(f"unknown graph(s): {', '.join(unknown)}; the suite has: {', '.join(SUITE)}", file=sys.stderr)
         return 2
+    models = _model_names(args.models)
+    if models is None:
+        return 2
     rows = []
     for dtype in args.dtype.split(","):
         rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target, with_torch=args.torch)
     meta = bench_metadata(args.size, args.dtype)
     print(f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, {meta['threads']} threads, size {args.size})")
     print(format_table(rows))
+    model_rows = run_models(models) if models else []
+    if model_rows:
+        print()
+        print(format_models(model_rows))
+    elif not args.models:
+        print("\nreal models: tvm-stitch bench --models all (needs: pip install torch==2.13.0 transformers)")
     if args.json:
-        write_json(rows, args.json, meta)
+        write_json(rows, args.json, dict(meta, models=[vars(r) for r in model_rows]))
         print(f"wrote {args.json}")
     return 0 if all(r.agree for r in rows) else 1
+
+
+def _model_names(text: str):
+    """Model names from --models ('' none, 'all' every one); None after printing an error."""
+    if not text:
+        return []
+    try:
+        from .models import MODELS, _require_torch
+
+        _require_torch()
+    except RuntimeError as err:
+        print(str(err), file=sys.stderr)
+        return None
+    names = list(MODELS) if text == "all" else text.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"unknown model(s): {', '.join(unknown)}; known: {', '.join(MODELS)}", file=sys.stderr)
+        return None
+    return names
 
 
 def _explain(args) -> int:
@@ -97,6 +125,8 @@ def main(argv=None) -> int:
     bench.add_argument("--dtype", default="float32", help="float32, float16 or both comma-separated")
     bench.add_argument("--size", choices=["bench", "test"], default="bench")
     bench.add_argument("--json", default="", help="also write the rows as JSON to this path")
+    bench.add_argument("--models", default="",
+                       help="real models too: 'all' or comma-separated (bert, gpt2, llama; needs the torch extra)")
     bench.add_argument("--torch", action="store_true",
                        help="also time PyTorch eager and torch.compile on the CPU (pip install torch==2.13.0)")
     bench.set_defaults(func=_bench)

@@ -78,3 +78,26 @@ def count_launches(lowered: tvm.IRModule, executable) -> int:
     calls = primfunc_calls(lowered)
     per_func = kernels_per_primfunc(cuda_source(executable), calls)
     return sum(calls[name] * per_func[name] for name in calls)
+
+
+def launches_by_kind(lowered: tvm.IRModule, executable) -> tuple:
+    """(memory-intensive launches, compute-intensive launches) per call of every Relax function.
+
+    Stitched and packed kernels are memory-intensive by construction; any
+    other kernel is compute-intensive when one of its blocks contracts two
+    tensors (matmul, conv, with whatever epilogue TVM fused in).
+    """
+    from .classify import is_compute_kernel
+
+    calls = primfunc_calls(lowered)
+    per_func = kernels_per_primfunc(cuda_source(executable), calls)
+    memory = compute = 0
+    for name, count in calls.items():
+        launches = count * per_func[name]
+        attrs = lowered[name].attrs
+        stitched = attrs is not None and ("tvm_stitch.plan" in attrs or "tvm_stitch.packed" in attrs)
+        if not stitched and is_compute_kernel(lowered[name]):
+            compute += launches
+        else:
+            memory += launches
+    return memory, compute

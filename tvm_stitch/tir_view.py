@@ -166,29 +166,38 @@ def _load_counts(stmt) -> tuple:
     return tuple(counts)
 
 
+def view_of_block(block, trivial_binding: bool = True) -> BlockView:
+    """The view of one block (its loops are not looked at: `trivial_binding` says what they are)."""
+    analyzer = sym.Analyzer()
+    for iv in block.iter_vars:
+        # Unit iterators stay variables: simplified to 0 they would no longer
+        # show which axis of the access they index.
+        if not _is_one(iv.dom.extent):
+            analyzer.bind(iv.var, iv.dom)
+    return BlockView(
+        name=block.name_hint,
+        iter_vars=tuple(iv.var for iv in block.iter_vars),
+        extents=tuple(iv.dom.extent for iv in block.iter_vars),
+        is_reduce=tuple(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars),
+        reads=tuple(_access(r, analyzer) for r in block.reads),
+        writes=tuple(_access(w, analyzer) for w in block.writes),
+        expensive=expensive_ops(block.body),
+        trivial_binding=trivial_binding,
+        loads=_load_counts(block.body),
+    )
+
+
 def block_views(sch: s_tir.Schedule) -> list:
     """Views of the top-level blocks of the schedule's function, in order."""
+    return [
+        view_of_block(sch.get(block_rv), _trivial_binding(sch, block_rv, sch.get(block_rv)))
+        for block_rv in sch.get_child_blocks(get_root_block(sch))
+    ]
+
+
+def all_block_views(func: tirx.PrimFunc) -> list:
+    """Views of every block of a function, scheduled or not (loop structure not examined)."""
     views = []
-    for block_rv in sch.get_child_blocks(get_root_block(sch)):
-        block = sch.get(block_rv)
-        iter_vars = tuple(iv.var for iv in block.iter_vars)
-        analyzer = sym.Analyzer()
-        for iv in block.iter_vars:
-            # Unit iterators stay variables: simplified to 0 they would no longer
-            # show which axis of the access they index.
-            if not _is_one(iv.dom.extent):
-                analyzer.bind(iv.var, iv.dom)
-        views.append(
-            BlockView(
-                name=block.name_hint,
-                iter_vars=iter_vars,
-                extents=tuple(iv.dom.extent for iv in block.iter_vars),
-                is_reduce=tuple(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars),
-                reads=tuple(_access(r, analyzer) for r in block.reads),
-                writes=tuple(_access(w, analyzer) for w in block.writes),
-                expensive=expensive_ops(block.body),
-                trivial_binding=_trivial_binding(sch, block_rv, block),
-                loads=_load_counts(block.body),
-            )
-        )
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: views.append(view_of_block(b))
+                                        if b.name_hint != "root" else None), order="pre")
     return views

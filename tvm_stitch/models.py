@@ -1,0 +1,168 @@
+"""Real model graphs: PyTorch models imported into Relax through torch.export.
+
+Needs the optional extra (`pip install torch==2.13.0 transformers`); nothing
+is downloaded from a hub: weights are random, from configs.
+
+- bert: transformers' BertModel (base sizes, 2 layers), batch 8 x sequence 128;
+- gpt2: a GPT-2 block stack written in PyTorch (pre-LayerNorm, causal
+  attention, GELU MLP, final LayerNorm). transformers' GPT2Model does not
+  import: TVM 0.27's importer fails on the causal-mask construction of
+  transformers 5 ("Concat expects all input tensors to have same ndim");
+- llama: a LLaMA-style block stack in PyTorch (RMSNorm, rotary embedding,
+  SwiGLU); transformers' LlamaModel fails the same way.
+Each is imported with the weights as constants, and run with eager attention.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    name: str
+    description: str
+    make: Callable  # () -> (torch module, example inputs tuple)
+
+
+def _require_torch():
+    try:
+        import torch
+    except ImportError as err:
+        raise RuntimeError("real models need the torch extra: pip install torch==2.13.0 transformers") from err
+    return torch
+
+
+def _bert():
+    torch = _require_torch()
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(num_hidden_layers=2, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                     attn_implementation="eager")
+    bert = BertModel(cfg).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids):
+            return self.bert(input_ids=ids).last_hidden_state
+
+    return Encoder().eval(), (torch.randint(0, cfg.vocab_size, (8, 128)),)
+
+
+def _gpt2():
+    torch = _require_torch()
+    nn = torch.nn
+    d, heads, layers, seq = 768, 12, 2, 128
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+            self.register_buffer("mask", torch.triu(torch.full((seq, seq), -1e4), 1))
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+            q, k, v = (a.view(b, t, heads, d // heads).transpose(1, 2) for a in (q, k, v))
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // heads) + self.mask[:t, :t], dim=-1)
+            x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+            return x + self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
+            self.ln_f = nn.LayerNorm(d)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.ln_f(x)
+
+    return GPT2().eval(), (torch.randn(4, seq, d),)
+
+
+def _llama():
+    torch = _require_torch()
+    nn = torch.nn
+    d, heads, hidden, layers, seq = 512, 8, 1376, 2, 128
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    def rotate(x, cos, sin):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = RMSNorm(), RMSNorm()
+            self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+            self.gate, self.up = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+            self.down = nn.Linear(hidden, d, bias=False)
+            freqs = 1.0 / (10000 ** (torch.arange(0, d // heads, 2).float() / (d // heads)))
+            angles = torch.outer(torch.arange(seq).float(), freqs)
+            self.register_buffer("cos", torch.cat((angles.cos(), angles.cos()), -1))
+            self.register_buffer("sin", torch.cat((angles.sin(), angles.sin()), -1))
+            self.register_buffer("mask", torch.triu(torch.full((seq, seq), -1e4), 1))
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            h = self.n1(x)
+            q, k, v = (p(h).view(b, t, heads, d // heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+            q, k = rotate(q, self.cos, self.sin), rotate(k, self.cos, self.sin)
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // heads) + self.mask, dim=-1)
+            x = x + self.o((att @ v).transpose(1, 2).reshape(b, t, d))
+            h = self.n2(x)
+            return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
+            self.norm = RMSNorm()
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.norm(x)
+
+    return Llama().eval(), (torch.randn(4, seq, d),)
+
+
+MODELS = {
+    case.name: case
+    for case in [
+        ModelCase("bert", "transformers BertModel, 2 layers, hidden 768, batch 8 x 128", _bert),
+        ModelCase("gpt2", "GPT-2 block stack (PyTorch), 2 layers, hidden 768, batch 4 x 128", _gpt2),
+        ModelCase("llama", "LLaMA-style blocks (PyTorch): RMSNorm, rotary, SwiGLU; 2 layers, 4 x 128", _llama),
+    ]
+}
+
+
+def import_model(name: str):
+    """(Relax module, numpy inputs, PyTorch eager outputs as numpy) of a model."""
+    torch = _require_torch()
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    model, inputs = MODELS[name].make()
+    with torch.no_grad():
+        program = torch.export.export(model, inputs)
+        expected = model(*inputs)
+    mod = from_exported_program(program, keep_params_as_input=False)
+    outputs = expected if isinstance(expected, tuple) else (expected,)
+    return mod, [a.numpy() for a in inputs], [o.numpy() for o in outputs]
