@@ -154,3 +154,18 @@ def test_adam_over_a_dozen_tensors_takes_at_most_three_launches():
     assert cuda_launches(mod, stitched=True) <= 3
     report = tvm_stitch.explain(mod, CUDA)
     assert report.packs and all(len(members) > 1 for _, members in report.packs)
+
+
+@pytest.mark.parametrize("name", ["softmax", "cross_entropy"])
+@pytest.mark.parametrize("target_kind", ["cpu", "cuda-on-cpu"])
+def test_softmax_and_log_sum_exp_stay_finite_near_1e4(name, target_kind, rng):
+    graph = SUITE[name]
+    d = dims("test")
+    inputs = graph.inputs(rng, "float32", d)
+    inputs[0] = (np.sign(inputs[0]) * 1e4 + inputs[0]).astype("float32")
+    emulate = "cuda" if target_kind == "cuda-on-cpu" else None
+    built = build(graph.build("float32", d), LLVM, stitched=True, strict=True, emulate=emulate)
+    outs = run_cpu(built.executable, inputs)
+    for out, ref in zip(outs, reference(graph, inputs)):
+        assert np.all(np.isfinite(out))
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=1e-4, atol=1e-5)

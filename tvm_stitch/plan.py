@@ -68,9 +68,3 @@ class StitchPlan:
 
     def inlined(self) -> list:
         return [i.name for i in self.intermediates if i.inlined]
-
-    def level_of(self, name: str) -> str:
-        for inter in self.intermediates:
-            if inter.name == name:
-                return inter.level
-        return GLOBAL
