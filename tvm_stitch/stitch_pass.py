@@ -6,6 +6,8 @@ schedule. A group that succeeds becomes one `call_tir` of a scheduled
 PrimFunc (attribute `tirx.is_scheduled`, so dlight leaves it alone, and
 `tvm_stitch.plan` holding its plan). A group that fails at any step keeps
 its original bindings — TVM's default path — and the reason is recorded.
+Finally, independent barrier-free kernels of a block share launches
+(packing.py).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def _topological_units(graph: Graph, groups: list) -> list:
         for prod in graph.producers[node.index]:
             if unit_of[prod] != unit_of[node.index]:
                 deps[unit_of[node.index]].add(unit_of[prod])
-    order, done = [], set()
+    order = []
     ready = sorted((min(units[u]), u) for u in range(len(units)) if not deps[u])
     waiting = {u: set(d) for u, d in enumerate(deps) if d}
     users = [set() for _ in units]
@@ -88,7 +90,6 @@ def _topological_units(graph: Graph, groups: list) -> list:
     while ready:
         _, u = heapq.heappop(ready)
         order.append(units[u])
-        done.add(u)
         for v in users[u]:
             waiting[v].discard(u)
             if not waiting[v]:
@@ -111,7 +112,7 @@ class _Stitcher:
         self.analyses = analyses_for(mod)
         self.new_funcs: dict = {}  # name -> scheduled PrimFunc
         self.plans: dict = {}  # name -> StitchPlan
-        self.done: dict = {}  # structural hash of the fused PrimFunc -> (fused, name, plan) or reason
+        self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, kernel name, plan)]
         self.count = 0
 
     def stitch_group(self, func_name: str, graph: Graph, members: list):
