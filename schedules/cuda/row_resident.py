@@ -89,8 +89,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
                 sch.reorder(*spatial, loop)
             outer, inner = _split_over_threads(sch, loop, threads, bind)
             sch.reorder(inner, outer)
-            sch.annotate(outer, "pragma_auto_unroll_max_step", UNROLL)
-            sch.annotate(outer, "pragma_unroll_explicit", 1)
+            if bind:  # on the CPU the thread loop is serial: unrolling around it only bloats the code
+                sch.annotate(outer, "pragma_auto_unroll_max_step", UNROLL)
+                sch.annotate(outer, "pragma_unroll_explicit", 1)
         elif spatial:
             # One output per thread; its reduction, if any, runs serially in the thread.
             loop = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
