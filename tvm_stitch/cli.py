@@ -29,7 +29,7 @@ def _bench(args) -> int:
         print()
         print(format_models(model_rows))
     elif not args.models:
-        print("\nreal models: tvm-stitch bench --models all (needs: pip install torch==2.13.0 transformers)")
+        print("\nreal models: add --models all (the torch extra: pip install torch==2.13.0 transformers)")
     if args.json:
         write_json(rows, args.json, dict(meta, models=[vars(r) for r in model_rows]))
         print(f"wrote {args.json}")
