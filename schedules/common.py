@@ -40,23 +40,29 @@ def merge_row_loops(sch: s_tir.Schedule, plan: StitchPlan):
     return sch.merge(*row_loops)
 
 
+def loop_kinds(sch: s_tir.Schedule, block) -> list:
+    """(loop, iter type) for each loop of a block: the type of the block iterator the loop
+    is bound to directly, None for a loop no iterator is bound to alone."""
+    loops = sch.get_loops(block)
+    node = sch.get(block)
+    realize = sch.get(loops[-1]).body if loops else None
+    kind_of = []
+    if isinstance(realize, s_tir.SBlockRealize):
+        kind_of = [(value, iv.iter_type) for iv, value in zip(node.iter_vars, realize.iter_values)
+                   if isinstance(value, tirx.Var)]
+    out = []
+    for loop in loops:
+        var = sch.get(loop).loop_var
+        out.append((loop, next((k for v, k in kind_of if v.same_as(var)), None)))
+    return out
+
+
 def within_row_loops(sch: s_tir.Schedule, block, row_loop) -> tuple:
     """(spatial, reduction) loops of a block below the row loop."""
-    loops = sch.get_loops(block)
-    position = [i for i, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(row_loop))]
-    inner = loops[position[0] + 1 :] if position else loops
-    node = sch.get(block)
-    kinds = {iv.var: iv.iter_type for iv in node.iter_vars}
-    realize = sch.get(inner[-1]).body if inner else None
+    kinds = loop_kinds(sch, block)
+    row = sch.get(row_loop)
+    position = next((i for i, (loop, _) in enumerate(kinds) if sch.get(loop).same_as(row)), -1)
     spatial, reduce = [], []
-    if realize is None:
-        return spatial, reduce
-    loop_kind = {}
-    for iv, value in zip(node.iter_vars, realize.iter_values):
-        if isinstance(value, tirx.Var):
-            loop_kind[value] = kinds[iv.var]
-    for loop in inner:
-        var = sch.get(loop).loop_var
-        kind = next((k for v, k in loop_kind.items() if v.same_as(var)), tirx.IterVar.DataPar)
+    for loop, kind in kinds[position + 1:]:
         (reduce if kind == tirx.IterVar.CommReduce else spatial).append(loop)
     return spatial, reduce

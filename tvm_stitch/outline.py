@@ -122,12 +122,10 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
             _constants_in(mod, e, constants)
     externals.extend(constants)
     outputs = group_outputs(graph, members)
-    flat_outputs = []
     for v in outputs:
         if not isinstance(v.ty, relax.TensorType):
             raise ValueError(f"group output {v.name} is not a tensor")
-        flat_outputs.append(v)
-    if not flat_outputs:
+    if not outputs:
         raise ValueError("group has no outputs")
 
     called: dict = {}
@@ -145,7 +143,7 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
                 vmap[node.var] = _emit_value(bb, mod, node.binding.value, vmap)
                 for alias in node.aliases:
                     vmap[alias.var] = bb.emit(substitute(alias.value, vmap))
-            results = [vmap[v] for v in flat_outputs]
+            results = [vmap[v] for v in outputs]
             ret = bb.emit_output(relax.Tuple(results) if len(results) > 1 else results[0])
         group_gv = bb.emit_func_output(ret)
 
@@ -160,7 +158,7 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     arg_exprs = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
     by_param = dict(zip(main_params, externals))
     args = [by_param[a] for a in arg_exprs]
-    return Outlined(fused_mod[fused_gv], args, flat_outputs, [v.ty for v in flat_outputs])
+    return Outlined(fused_mod[fused_gv], args, outputs, [v.ty for v in outputs])
 
 
 def _name(value, index: int) -> str:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import tirx
+import tvm
 
+from .classify import OpKind
 from .graph import Graph, inlined_in_group
+from .tir_view import static_int
 from .row_alignment import ALIGNED
 
 
@@ -30,26 +32,24 @@ class PartitionLimits:
     row_bytes_limit: int = 48 * 1024  # per-row intermediates kept on chip
 
 
-def _int_or_none(expr):
-    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
-
-
 def _extent_value(text: str) -> int:
     """Integer value of a printed extent; symbolic extents count as large."""
     digits = text.replace("T.int64(", "").replace("T.int32(", "").rstrip(")")
     return int(digits) if digits.isdigit() else 1 << 20
 
 
-def _elements(ty) -> int:
+def _estimated_elements(dims) -> int:
+    """Element count of some dims; a symbolic dim counts as 1024."""
     total = 1
-    for dim in ty.shape.values if hasattr(ty.shape, "values") else ty.shape:
-        value = _int_or_none(dim)
+    for dim in dims:
+        value = static_int(dim)
         total *= value if value is not None else 1 << 10
     return total
 
 
-def group_rank(graph: Graph, op_ids: set):
-    """The highest rank at which the ops share aligned rows (0: one row task).
+def group_rows(graph: Graph, op_ids: set) -> tuple:
+    """(rank, rows): the highest rank at which the ops share aligned rows (0: one row task),
+    and the number of row tasks at that rank.
 
     Ops the kernel will inline (see `inlined_in_group`) are left out: once
     inlined, their loads happen in their consumers' loops.
@@ -57,32 +57,27 @@ def group_rank(graph: Graph, op_ids: set):
     inlined = inlined_in_group(graph, op_ids) if len(op_ids) > 1 else set()
     op_ids = set(op_ids) - inlined
     ops = [graph.ops[i] for i in op_ids]
-    top = min(op.rows.depth for op in ops)
-    for rank in range(top, 0, -1):
-        first = ops[0].rows.extents[:rank]
-        if any(op.rows.extents[:rank] != first for op in ops[1:]):
+    rank = 0
+    for candidate in range(min(op.rows.depth for op in ops), 0, -1):
+        first = ops[0].rows.extents[:candidate]
+        if any(op.rows.extents[:candidate] != first for op in ops[1:]):
             continue
         if all(
-            op.rows.param_access[pos][rank] == ALIGNED
+            op.rows.param_access[pos][candidate] == ALIGNED
             for op in ops
             for pos, ref in enumerate(op.inputs)
             if ref.op in op_ids
         ):
-            return rank
-    return 0
-
-
-def group_rows(graph: Graph, op_ids: set, rank: int) -> int:
-    kept = set(op_ids) - (inlined_in_group(graph, op_ids) if len(op_ids) > 1 else set())
-    op = graph.ops[next(iter(kept))]
-    total = 1
-    for extent in op.rows.extents[:rank]:
-        total *= _extent_value(extent)
-    return total
+            rank = candidate
+            break
+    rows = 1
+    for extent in ops[0].rows.extents[:rank]:
+        rows *= _extent_value(extent)
+    return rank, rows
 
 
 def group_work(graph: Graph, op_ids: set) -> int:
-    return max(_elements(t) for i in op_ids for t in graph.ops[i].out_types)
+    return max(_estimated_elements(t.shape) for i in op_ids for t in graph.ops[i].out_types)
 
 
 def materialized_row_bytes(graph: Graph, op_ids: set, rank: int) -> int:
@@ -91,21 +86,11 @@ def materialized_row_bytes(graph: Graph, op_ids: set, rank: int) -> int:
     total = 0
     for i in consumed:
         op = graph.ops[i]
-        if not op.cls.expensive and op.cls.kind.value != "reduction":
+        if not op.cls.expensive and op.cls.kind != OpKind.REDUCTION:
             continue
         for ty in op.out_types:
-            per_row = 1
-            for dim in list(ty.shape)[rank:]:
-                value = _int_or_none(dim)
-                per_row *= value if value is not None else 1 << 10
-            total += per_row * _dtype_bytes(ty.dtype)
+            total += _estimated_elements(list(ty.shape)[rank:]) * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
     return total
-
-
-def _dtype_bytes(dtype) -> int:
-    text = str(dtype)
-    digits = "".join(ch for ch in text if ch.isdigit())
-    return max(1, int(digits) // 8) if digits else 4
 
 
 @dataclass
@@ -142,9 +127,8 @@ class _Merger:
         for node in graph.nodes:
             if node.stitchable and node.ops:
                 ops = set(node.ops)
-                rank = group_rank(graph, ops)
-                self.groups[node.index] = Group(1 << node.index, ops, rank, group_rows(graph, ops, rank),
-                                                group_work(graph, ops))
+                rank, rows = group_rows(graph, ops)
+                self.groups[node.index] = Group(1 << node.index, ops, rank, rows, group_work(graph, ops))
                 self.group_of[node.index] = node.index
 
     def _reach(self, mask: int, table: list) -> int:
@@ -165,8 +149,7 @@ class _Merger:
         if self._reach(mask, self.desc) & self._reach(mask, self.anc) & ~mask:
             return None
         ops = a.ops | b.ops
-        rank = group_rank(self.graph, ops)
-        rows = group_rows(self.graph, ops, rank)
+        rank, rows = group_rows(self.graph, ops)
         work = max(a.work, b.work)
         if rank == 0 and work > self.limits.small_work:
             return None

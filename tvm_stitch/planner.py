@@ -19,7 +19,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
-from .row_alignment import analyze_rows
+from .row_alignment import ALIGNED, access_kind, analyze_rows
 from .tir_view import block_views, static_int, static_product, vars_in
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
@@ -108,9 +108,7 @@ def _row_bytes(buffer, rank: int) -> int | None:
 
 
 def _cacheable_inputs(views: list, params: list, rank: int) -> list:
-    """Inputs (read-only parameters) that several blocks load, each row-aligned: (buffer, readers)."""
-    from .row_alignment import ALIGNED, access_kind
-
+    """Inputs (read-only parameters) that several blocks load, each access row-aligned."""
     inputs = [p for p in params if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
     out = []
     for buffer in inputs:
@@ -123,7 +121,7 @@ def _cacheable_inputs(views: list, params: list, rank: int) -> list:
             aligned &= len(buffer.shape) > rank and all(
                 access_kind(r, view.iter_vars[:rank]) == ALIGNED for r in accesses)
         if aligned and len(readers) >= 2:
-            out.append((buffer, readers))
+            out.append(buffer)
     return out
 
 
@@ -153,8 +151,6 @@ def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial
 
 def _walks_columns(views: list, params: list, rank: int) -> bool:
     """Some block steps through an input along a non-contiguous axis while rows are contiguous."""
-    from .row_alignment import ALIGNED, access_kind
-
     if rank == 0:
         return False
     for view in views:
@@ -257,14 +253,14 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         if within is None:
             raise PlanError(f"block {view.name}: symbolic extent inside a row")
         within_max = max(within_max, within)
-    kept_names = {v.name for v in kept}
+    kept_by_name = {v.name: v for v in kept}
     for view in views:
         if view.name not in levels:
             continue
         level, why = levels[view.name]
         per_row = 1
-        if view.name in kept_names:
-            kept_view = next(k for k in kept if k.name == view.name)
+        if view.name in kept_by_name:
+            kept_view = kept_by_name[view.name]
             per_row = static_product(e for e, r in zip(kept_view.extents[rank:], kept_view.is_reduce[rank:]) if not r)
         nbytes = (per_row or 1) * max(1, view.writes[0].buffer.dtype.bits // 8)
         if level == SHARED and thread_per_row:
@@ -276,7 +272,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
 
     cached_inputs = []
     if family == "cuda":
-        for buffer, _readers in _cacheable_inputs(kept, params, rank):
+        for buffer in _cacheable_inputs(kept, params, rank):
             row_bytes = _row_bytes(buffer, rank)
             if thread_per_row:
                 cached_inputs.append(buffer.name)

@@ -17,7 +17,7 @@ import heapq
 
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, tirx
 from tvm.target import Target
 
 from .graph import Graph, analyses_for, build_graph
@@ -58,8 +58,6 @@ def _used_after(func: relax.Function, block_index: int) -> set:
 
 
 def _has_symbolic_shape(graph: Graph, members: list) -> bool:
-    from tvm import tirx
-
     return any(
         not isinstance(dim, tirx.IntImm)
         for m in members

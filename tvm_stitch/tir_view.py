@@ -131,16 +131,12 @@ def _trivial_binding(sch: s_tir.Schedule, block_rv, block) -> bool:
     Unit iterators bound to the constant 0 (scalar blocks) need no loop.
     """
     loops = [sch.get(loop) for loop in sch.get_loops(block_rv)]
-    realize = loops[-1].body if loops else sch.get_sref(block_rv).parent
-    values = None
-    if loops and isinstance(realize, s_tir.SBlockRealize):
-        values = list(realize.iter_values)
-    elif not loops:
-        values = [iv.dom.extent for iv in block.iter_vars]  # only unit iterators qualify
-        return all(_is_one(v) for v in values)
-    if values is None:
+    if not loops:
+        return all(_is_one(iv.dom.extent) for iv in block.iter_vars)
+    realize = loops[-1].body
+    if not isinstance(realize, s_tir.SBlockRealize):
         return False
-    bound = [(v, iv) for v, iv in zip(values, block.iter_vars)
+    bound = [(v, iv) for v, iv in zip(realize.iter_values, block.iter_vars)
              if not (isinstance(v, tirx.IntImm) and _is_one(iv.dom.extent))]
     return len(bound) == len(loops) and all(
         isinstance(value, tirx.Var)

@@ -11,24 +11,18 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 
+from ..common import loop_kinds
+
 THREADS = 256
 
 
 def _loop_kinds(sch: s_tir.Schedule, block) -> list:
-    loops = sch.get_loops(block)
-    node = sch.get(block)
-    realize = sch.get(loops[-1]).body if loops else None
-    kind_of = {}
-    if isinstance(realize, s_tir.SBlockRealize):
-        for iv, value in zip(node.iter_vars, realize.iter_values):
-            if isinstance(value, tirx.Var):
-                kind_of[value] = iv.iter_type
+    """(loop, is a reduction loop); every loop must be bound to one iterator."""
     out = []
-    for loop in loops:
-        var = sch.get(loop).loop_var
-        kind = next((k for v, k in kind_of.items() if v.same_as(var)), None)
+    for loop, kind in loop_kinds(sch, block):
         if kind is None:
-            raise ValueError(f"block {node.name_hint}: loop {var} is not bound one-to-one")
+            raise ValueError(f"block {sch.get(block).name_hint}: loop {sch.get(loop).loop_var} "
+                             "is not bound one-to-one")
         out.append((loop, kind == tirx.IterVar.CommReduce))
     return out
 
