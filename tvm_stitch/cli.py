@@ -7,7 +7,8 @@ import sys
 
 
 def _bench(args) -> int:
-    from .bench import bench_metadata, format_models, format_table, run_bench, run_models, write_json
+    from .bench import bench_metadata, format_table, run_bench, write_json
+    from .model_bench import format_models, run_models
     from .suite import SUITE
 
     graphs = args.graphs.split(",") if args.graphs else list(SUITE)
