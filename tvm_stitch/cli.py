@@ -19,13 +19,20 @@ def _bench(args) -> int:
     models = _model_names(args.models)
     if models is None:
         return 2
+    from .model_bench import STEPS
+
+    bad_steps = [s for s in args.steps.split(",") if s not in STEPS]
+    if bad_steps:
+        print(f"unknown step(s): {', '.join(bad_steps)}; steps: {', '.join(STEPS)}", file=sys.stderr)
+        return 2
     rows = []
     for dtype in args.dtype.split(","):
         rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target, with_torch=args.torch)
     meta = bench_metadata(args.size, args.dtype)
     print(f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, {meta['threads']} threads, size {args.size})")
     print(format_table(rows))
-    model_rows = run_models(models) if models else []
+    steps = args.steps.split(",")
+    model_rows = run_models(models, size=args.size, steps=steps) if models else []
     if model_rows:
         print()
         print(format_models(model_rows))
@@ -127,7 +134,10 @@ def main(argv=None) -> int:
     bench.add_argument("--size", choices=["bench", "test"], default="bench")
     bench.add_argument("--json", default="", help="also write the rows as JSON to this path")
     bench.add_argument("--models", default="",
-                       help="real models too: 'all' or comma-separated (bert, gpt2, llama; needs the torch extra)")
+                       help="real models too: 'all' or comma-separated (bert, gpt2, llama, convnext; "
+                            "needs the torch extra); --size test makes them tiny")
+    bench.add_argument("--steps", default="forward,backward,adam",
+                       help="model steps: forward, backward (joint forward + backward), adam (optimizer step)")
     bench.add_argument("--torch", action="store_true",
                        help="also time PyTorch eager and torch.compile on the CPU (pip install torch==2.13.0)")
     bench.set_defaults(func=_bench)

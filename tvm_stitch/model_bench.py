@@ -1,8 +1,10 @@
 """`tvm-stitch bench --models`: real models, default vs stitched (needs the torch extra).
 
-Per model: memory-intensive and compute-intensive CUDA launches, modeled
-traffic and CUDA compile time of both pipelines; the stitched CPU build's
-largest difference from PyTorch eager.
+Per model and step (forward; backward: joint forward + backward; adam: one
+Adam step over every parameter): memory-intensive and compute-intensive
+CUDA launches, modeled traffic and CUDA compile time of both pipelines; CPU
+(llvm) time of both builds measured in the same run; the stitched CPU
+build's largest absolute and relative difference from PyTorch eager.
 """
 
 from __future__ import annotations
@@ -12,73 +14,130 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench import _max_error
-from .build import build, run_cpu
+from .build import build, run_cpu, time_cpu
+from .kernels import launches_by_kind
 from .traffic import program_traffic
+
+STEPS = ("forward", "backward", "adam")
 
 
 @dataclass
 class ModelRow:
     model: str
+    step: str  # forward, backward or adam
     description: str
-    memory_default: int  # memory-intensive CUDA launches per forward
+    memory_default: int  # memory-intensive CUDA launches per step
     memory_stitched: int
     compute_default: int  # compute-intensive (matmul, conv) launches
     compute_stitched: int
-    mb_default: float
+    mb_default: float  # modeled global-memory traffic of the CUDA build, MB per step
     mb_stitched: float
     compile_s_default: float  # CUDA pipeline + codegen
     compile_s_stitched: float
-    max_error: float  # stitched llvm build vs PyTorch eager
+    cpu_ms_default: float  # llvm builds, median per step, measured in the same run
+    cpu_ms_stitched: float
+    max_error: float  # stitched llvm build vs PyTorch eager, max abs over outputs
+    rel_error: float  # the same, relative to each output's largest magnitude (see relative_error)
     fallbacks: int
 
 
-def run_models(names: list, progress=sys.stderr) -> list:
-    """Real models (torch extra): CUDA launches and traffic, default vs stitched; correctness on the CPU."""
-    from .kernels import launches_by_kind
-    from .models import MODELS, import_model
+def max_abs_error(outs: list, expected: list) -> float:
+    return max(float(np.max(np.abs(o.astype(np.float64) - e.astype(np.float64)))) if e.size else 0.0
+               for o, e in zip(outs, expected))
 
+
+def relative_error(outs: list, expected: list) -> float:
+    """Max over outputs of max |out - expected| / max |expected|.
+
+    An output whose largest magnitude is below 1e-6 of the largest over all
+    outputs (a gradient that is zero up to rounding, like a key bias's under
+    softmax) is measured against that overall largest magnitude instead.
+    """
+    scale = max(float(np.max(np.abs(e))) if e.size else 0.0 for e in expected)
+    worst = 0.0
+    for o, e in zip(outs, expected):
+        if e.size:
+            own = float(np.max(np.abs(e)))
+            err = float(np.max(np.abs(o.astype(np.float64) - e.astype(np.float64))))
+            worst = max(worst, err / max(own, 1e-6 * scale, 1e-30))
+    return worst
+
+
+def import_step(name: str, step: str, size: str = "bench"):
+    """(Relax module, numpy inputs, PyTorch outputs) of one step of a model."""
+    from .models import import_model
+    from .training import import_adam, import_backward
+
+    if step not in STEPS:
+        raise ValueError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
+    return {"forward": import_model, "backward": import_backward, "adam": import_adam}[step](name, size)
+
+
+def model_steps(names: list) -> list:
+    """(model, step) pairs to run: every step the model has."""
+    from .models import MODELS
+
+    return [(n, s) for n in names for s in STEPS if not (s == "backward" and MODELS[n].no_backward)]
+
+
+def run_models(names: list, progress=sys.stderr, size: str = "bench", steps=STEPS) -> list:
+    """Real models (torch extra): CUDA launches and traffic, default vs stitched; CPU time and correctness."""
+    from .models import MODELS
+
+    pairs = [(n, s) for n, s in model_steps(names) if s in steps]
     rows = []
-    for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] model {name}", file=progress, flush=True)
-        mod, inputs, expected = import_model(name)
+    for i, (name, step) in enumerate(pairs, 1):
+        print(f"[{i}/{len(pairs)}] model {name} {step}", file=progress, flush=True)
+        mod, inputs, expected = import_step(name, step, size)
         cuda = {}
         for stitched in (False, True):
             built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
             cuda[stitched] = (launches_by_kind(built.lowered, built.executable),
                               program_traffic(built.lowered)[0], built.compile_seconds, built.report)
-        cpu = build(mod, {"kind": "llvm"}, stitched=True)
-        outs = run_cpu(cpu.executable, inputs)
+        cpu = {stitched: build(mod, {"kind": "llvm"}, stitched=stitched) for stitched in (False, True)}
+        outs = run_cpu(cpu[True].executable, inputs)
         rows.append(ModelRow(
-            model=name,
+            model=name, step=step,
             description=MODELS[name].description,
             memory_default=cuda[False][0][0], memory_stitched=cuda[True][0][0],
             compute_default=cuda[False][0][1], compute_stitched=cuda[True][0][1],
             mb_default=cuda[False][1] / 1e6, mb_stitched=cuda[True][1] / 1e6,
             compile_s_default=cuda[False][2], compile_s_stitched=cuda[True][2],
-            max_error=_max_error(outs, [e.astype(np.float64) for e in expected]),
+            cpu_ms_default=time_cpu(cpu[False].executable, inputs),
+            cpu_ms_stitched=time_cpu(cpu[True].executable, inputs),
+            max_error=max_abs_error(outs, expected),
+            rel_error=relative_error(outs, expected),
             fallbacks=len(cuda[True][3].fallbacks),
         ))
     return rows
 
 
 def format_models(rows: list) -> str:
-    header = ("model", "memory-intensive CUDA launches (default -> stitched)", "compute-intensive launches",
+    header = ("model", "step", "memory-intensive CUDA launches (default -> stitched)", "compute-intensive launches",
               "modeled MB (default -> stitched)", "CUDA compile s (default / stitched)",
-              "max abs err vs PyTorch", "fallbacks")
+              "CPU ms default", "CPU ms stitched", "CPU speedup", "max abs err vs PyTorch", "max rel err",
+              "fallbacks")
     lines = [header]
     for r in rows:
-        lines.append((r.model, f"{r.memory_default} -> {r.memory_stitched}",
+        lines.append((r.model, r.step, f"{r.memory_default} -> {r.memory_stitched}",
                       f"{r.compute_default} -> {r.compute_stitched}", f"{r.mb_default:.1f} -> {r.mb_stitched:.1f}",
-                      f"{r.compile_s_default:.1f} / {r.compile_s_stitched:.1f}", f"{r.max_error:.1e}",
+                      f"{r.compile_s_default:.1f} / {r.compile_s_stitched:.1f}",
+                      f"{r.cpu_ms_default:.2f}", f"{r.cpu_ms_stitched:.2f}",
+                      f"{r.cpu_ms_default / r.cpu_ms_stitched:.2f}x", f"{r.max_error:.1e}", f"{r.rel_error:.1e}",
                       str(r.fallbacks)))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths)) + " |" for line in lines]
     out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for step in STEPS:
+        chosen = [r for r in rows if r.step == step]
+        if chosen:
+            md = sum(r.memory_default for r in chosen)
+            ms = sum(r.memory_stitched for r in chosen)
+            out.append(f"{step}: memory-intensive launches {md} -> {ms} ({100.0 * (md - ms) / max(md, 1):.0f}% "
+                       f"fewer) over {len(chosen)} models")
     if rows:
         md = sum(r.memory_default for r in rows)
         ms = sum(r.memory_stitched for r in rows)
-        out.append("")
-        out.append(f"memory-intensive launches {md} -> {ms} ({100.0 * (md - ms) / md:.0f}% fewer) over "
-                   f"{len(rows)} models")
+        out.insert(len(rows) + 2, "")
+        out.append(f"all steps: memory-intensive launches {md} -> {ms} ({100.0 * (md - ms) / md:.0f}% fewer)")
     return "\n".join(out)

@@ -9,7 +9,9 @@ is downloaded from a hub: weights are random, from configs.
   import: TVM 0.27's importer fails on the causal-mask construction of
   transformers 5 ("Concat expects all input tensors to have same ndim");
 - llama: a LLaMA-style block stack in PyTorch (RMSNorm, rotary embedding,
-  SwiGLU); transformers' LlamaModel fails the same way.
+  SwiGLU); transformers' LlamaModel fails the same way;
+- convnext: ConvNeXt-style vision blocks in PyTorch (4x4 patch stem,
+  depthwise 7x7 conv, LayerNorm over channels in NHWC, GELU MLP, layer scale).
 Each is imported with the weights as constants, and run with eager attention.
 """
 
@@ -24,7 +26,12 @@ from typing import Callable
 class ModelCase:
     name: str
     description: str
-    make: Callable  # () -> (torch module, example inputs tuple)
+    make: Callable  # (size) -> (torch module, example inputs tuple); size "bench" or "test" (tiny, for tests)
+    frozen: tuple = ()  # parameter name prefixes left out of the backward graph
+    no_backward: str = ""  # why the model has no backward graph ("" when it has one)
+
+
+SIZES = ("bench", "test")
 
 
 def _require_torch():
@@ -35,11 +42,13 @@ def _require_torch():
     return torch
 
 
-def _bert():
+def _bert(size):
     torch = _require_torch()
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(num_hidden_layers=2, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+    d, batch, seq = (768, 8, 128) if size == "bench" else (64, 2, 16)
+    cfg = BertConfig(num_hidden_layers=2, hidden_size=d, num_attention_heads=12 if size == "bench" else 4,
+                     intermediate_size=4 * d, vocab_size=30522 if size == "bench" else 512,
                      attn_implementation="eager")
     bert = BertModel(cfg).eval()
 
@@ -51,13 +60,13 @@ def _bert():
         def forward(self, ids):
             return self.bert(input_ids=ids).last_hidden_state
 
-    return Encoder().eval(), (torch.randint(0, cfg.vocab_size, (8, 128)),)
+    return Encoder().eval(), (torch.randint(0, cfg.vocab_size, (batch, seq)),)
 
 
-def _gpt2():
+def _gpt2(size):
     torch = _require_torch()
     nn = torch.nn
-    d, heads, layers, seq = 768, 12, 2, 128
+    d, heads, layers, batch, seq = (768, 12, 2, 4, 128) if size == "bench" else (64, 4, 1, 2, 16)
 
     class Block(nn.Module):
         def __init__(self):
@@ -86,13 +95,13 @@ def _gpt2():
                 x = block(x)
             return self.ln_f(x)
 
-    return GPT2().eval(), (torch.randn(4, seq, d),)
+    return GPT2().eval(), (torch.randn(batch, seq, d),)
 
 
-def _llama():
+def _llama(size):
     torch = _require_torch()
     nn = torch.nn
-    d, heads, hidden, layers, seq = 512, 8, 1376, 2, 128
+    d, heads, hidden, layers, batch, seq = (512, 8, 1376, 2, 4, 128) if size == "bench" else (64, 4, 160, 1, 2, 16)
 
     class RMSNorm(nn.Module):
         def __init__(self):
@@ -140,26 +149,75 @@ def _llama():
                 x = block(x)
             return self.norm(x)
 
-    return Llama().eval(), (torch.randn(4, seq, d),)
+    return Llama().eval(), (torch.randn(batch, seq, d),)
+
+
+def _convnext(size):
+    torch = _require_torch()
+    nn = torch.nn
+    dim, layers, batch, image = (192, 2, 8, 224) if size == "bench" else (32, 1, 2, 32)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+            self.norm = nn.LayerNorm(dim)
+            self.fc, self.out = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+            self.scale = nn.Parameter(torch.full((dim,), 0.5))
+
+        def forward(self, x):
+            h = self.dwconv(x).permute(0, 2, 3, 1)
+            h = self.out(nn.functional.gelu(self.fc(self.norm(h))))
+            return x + (self.scale * h).permute(0, 3, 1, 2)
+
+    class ConvNeXt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, dim, 4, stride=4)
+            self.stem_norm = nn.LayerNorm(dim)
+            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
+            self.norm = nn.LayerNorm(dim)
+
+        def forward(self, x):
+            x = self.stem_norm(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            for block in self.blocks:
+                x = block(x)
+            return self.norm(x.permute(0, 2, 3, 1))
+
+    return ConvNeXt().eval(), (torch.randn(batch, 3, image, image),)
 
 
 MODELS = {
     case.name: case
     for case in [
-        ModelCase("bert", "transformers BertModel, 2 layers, hidden 768, batch 8 x 128", _bert),
+        ModelCase("bert", "transformers BertModel, 2 layers, hidden 768, batch 8 x 128", _bert,
+                  frozen=("bert.embeddings.",)),  # the lookup's gradient (index_put) fails in TVM 0.27's importer
         ModelCase("gpt2", "GPT-2 block stack (PyTorch), 2 layers, hidden 768, batch 4 x 128", _gpt2),
         ModelCase("llama", "LLaMA-style blocks (PyTorch): RMSNorm, rotary, SwiGLU; 2 layers, 4 x 128", _llama),
+        ModelCase("convnext", "ConvNeXt-style blocks (PyTorch): depthwise 7x7 conv, LayerNorm over channels, GELU; "
+                  "2 blocks, 192 channels, 8 x 3 x 224 x 224", _convnext,
+                  no_backward="TVM 0.27's importer has no aten.convolution_backward"),
     ]
 }
 
 
-def import_model(name: str):
-    """(Relax module, numpy inputs, PyTorch eager outputs as numpy) of a model."""
+def make_model(name: str, size: str = "bench"):
+    """(torch module in eval mode, example inputs) of a model, seeded."""
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, not {size!r}")
+    torch = _require_torch()
+    torch.manual_seed(0)
+    return MODELS[name].make(size)
+
+
+def import_model(name: str, size: str = "bench"):
+    """(Relax module, numpy inputs, PyTorch eager outputs as numpy) of a model's forward."""
     torch = _require_torch()
     from tvm.relax.frontend.torch import from_exported_program
 
-    torch.manual_seed(0)
-    model, inputs = MODELS[name].make()
+    model, inputs = make_model(name, size)
     with torch.no_grad():
         program = torch.export.export(model, inputs)
         expected = model(*inputs)
