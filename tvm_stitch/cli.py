@@ -64,17 +64,24 @@ def _model_names(text: str):
 
 
 def _explain(args) -> int:
-    from . import explain
-    from .suite import SUITE, dims
+    from .explain import explain_with_graph
+    from .sources import SourceError, load_module
 
-    if args.graph not in SUITE:
-        print(f"unknown graph {args.graph!r}; the suite has: {', '.join(SUITE)}", file=sys.stderr)
+    try:
+        mod, description = load_module(args.graph, dtype=args.dtype, size=args.size)
+    except SourceError as err:
+        print(str(err), file=sys.stderr)
         return 2
     target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else {"kind": "llvm"}
-    report = explain(SUITE[args.graph].build(args.dtype, dims(args.size)), target)
+    report, grouped = explain_with_graph(mod, target)
+    print(f"{description}, target {args.target}")
     print(report.table())
     print()
     print(report.details())
+    if args.dot:
+        from .graph_picture import to_dot, write_picture
+
+        print(write_picture(to_dot(grouped, report, title=f"{description}, {args.target}"), args.dot))
     return 0
 
 
@@ -142,8 +149,12 @@ def main(argv=None) -> int:
                        help="also time PyTorch eager and torch.compile on the CPU (pip install torch==2.13.0)")
     bench.set_defaults(func=_bench)
 
-    exp = sub.add_parser("explain", help="print the stitch plan of a suite graph")
-    exp.add_argument("graph")
+    exp = sub.add_parser("explain", help="print the stitch plan of a suite graph, a model or a script")
+    exp.add_argument("graph", help="a suite graph (layernorm, ...), a model (bert, gpt2, llama, convnext; "
+                                   "MODEL:backward or MODEL:adam for training steps), or a .py file defining "
+                                   "module() or mod (a Relax IRModule)")
+    exp.add_argument("--dot", default="", help="also write a Graphviz DOT picture of the grouped graph here "
+                                                "(rendered to FILE.svg when Graphviz's dot is installed)")
     exp.add_argument("--target", choices=["llvm", "cuda"], default="cuda")
     exp.add_argument("--arch", default="sm_90")
     exp.add_argument("--dtype", default="float32")

@@ -4,9 +4,24 @@ from __future__ import annotations
 
 import tvm
 
-from .pipeline import stitch_passes
+from .pipeline import grouping_passes
 from .report import StitchReport
+from .stitch_pass import StitchFusion
 from .target import as_target
+
+
+def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
+                       fast_math: bool | None = None) -> tuple:
+    """(report, grouped module): `explain`'s report and the graph StitchFusion grouped (FuseOps' output)."""
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"explain expects a Relax IRModule, got {type(mod).__name__}")
+    target = as_target(target)
+    report = StitchReport()
+    with target:
+        grouped = tvm.transform.Sequential(grouping_passes(target, fast_math=fast_math))(
+            tvm.IRModule(mod.functions, attrs=mod.attrs))
+        StitchFusion(target, strict=strict, report=report)(tvm.IRModule(grouped.functions, attrs=grouped.attrs))
+    return report, grouped
 
 
 def explain(mod: tvm.IRModule, target, *, strict: bool = False, fast_math: bool | None = None) -> StitchReport:
@@ -17,11 +32,4 @@ def explain(mod: tvm.IRModule, target, *, strict: bool = False, fast_math: bool 
     traffic) or the reason it fell back. `print()` shows it as a table;
     `.details()` in full.
     """
-    if not isinstance(mod, tvm.IRModule):
-        raise TypeError(f"explain expects a Relax IRModule, got {type(mod).__name__}")
-    target = as_target(target)
-    report = StitchReport()
-    passes = stitch_passes(target, strict=strict, report=report, fast_math=fast_math)
-    with target:
-        tvm.transform.Sequential(passes)(tvm.IRModule(mod.functions, attrs=mod.attrs))
-    return report
+    return explain_with_graph(mod, target, strict=strict, fast_math=fast_math)[0]

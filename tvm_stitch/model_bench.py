@@ -59,7 +59,8 @@ def relative_error(outs: list, expected: list) -> float:
         if e.size:
             own = float(np.max(np.abs(e)))
             err = float(np.max(np.abs(o.astype(np.float64) - e.astype(np.float64))))
-            worst = max(worst, err / max(own, 1e-6 * scale, 1e-30))
+            denominator = own if own >= 1e-6 * scale else scale
+            worst = max(worst, err / denominator if denominator else err)
     return worst
 
 

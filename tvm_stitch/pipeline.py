@@ -65,9 +65,8 @@ class GuardedDefaultSchedule:
         return mod
 
 
-def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport | None = None,
-                  emulate: str | None = None, fast_math: bool | None = None) -> list:
-    """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
+def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
+    """The passes before StitchFusion: the graph it groups (FuseOps' output)."""
     if fast_math is None:
         fast_math = target.kind.name == "llvm"
     if not isinstance(fast_math, bool):
@@ -81,9 +80,16 @@ def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport 
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
-            StitchFusion(target, strict=strict, report=report, emulate=emulate),
         ]
     )
+
+
+def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport | None = None,
+                  emulate: str | None = None, fast_math: bool | None = None) -> list:
+    """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
+    return grouping_passes(target, fast_math=fast_math) + [
+        StitchFusion(target, strict=strict, report=report, emulate=emulate)
+    ]
 
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,

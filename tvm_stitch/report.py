@@ -16,6 +16,7 @@ class GroupRecord:
     kernel: str = ""  # name of the stitched PrimFunc ("" when it fell back)
     plan: StitchPlan | None = None
     fallback: str = ""  # why the group took TVM's default path
+    positions: tuple = ()  # (dataflow block index, binding index) of each binding (names may repeat)
 
     @property
     def stitched(self) -> bool:

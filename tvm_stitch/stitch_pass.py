@@ -125,12 +125,16 @@ class _Stitcher:
         self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, kernel name, plan)]
         self.count = 0
 
-    def stitch_group(self, func_name: str, graph: Graph, members: list):
-        """(PrimFunc name, outlined) for a stitched group, or None after recording why."""
+    def stitch_group(self, func_name: str, graph: Graph, members: list, where: dict):
+        """(PrimFunc name, outlined) for a stitched group, or None after recording why.
+
+        `where`: binding variable -> (dataflow block index, binding index) in the function.
+        """
         nodes = [graph.nodes[m] for m in members]
         record = GroupRecord(
             function=func_name,
             bindings=tuple(n.var.name for n in nodes),
+            positions=tuple(where[n.var] for n in nodes),
             ops=tuple(graph.ops[i].name for n in nodes for i in n.ops),
             op_kinds=tuple(graph.ops[i].cls.describe() for n in nodes for i in n.ops),
         )
@@ -174,9 +178,10 @@ class _Stitcher:
         self.done.setdefault(key, []).append((fused, name, plan))
         return name, plan
 
-    def rewrite_block(self, func_name: str, block: relax.DataflowBlock, used_after: set,
+    def rewrite_block(self, func_name: str, block_index: int, block: relax.DataflowBlock, used_after: set,
                       calls: dict) -> relax.DataflowBlock:
         graph = build_graph(self.mod, block, used_after, self.analyses)
+        where = {b.var: (block_index, k) for k, b in enumerate(block.bindings)}
         for node in graph.nodes:
             if not node.stitchable:
                 self.report.opaque.append((node.var.name, node.reason))
@@ -184,7 +189,7 @@ class _Stitcher:
         for members in partition(graph, _limits(self.family)):
             if _only_reshapes(graph, members):
                 continue  # TVM turns these into views that launch nothing
-            result = self.stitch_group(func_name, graph, members)
+            result = self.stitch_group(func_name, graph, members, where)
             if result is not None:
                 stitched.append((members, result))
         if not stitched:
@@ -241,7 +246,7 @@ def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
         changed = False
         for i, block in enumerate(func.body.blocks):
             if isinstance(block, relax.DataflowBlock):
-                new_block = stitcher.rewrite_block(gv.name_hint, block, _used_after(func, i), calls)
+                new_block = stitcher.rewrite_block(gv.name_hint, i, block, _used_after(func, i), calls)
                 changed |= new_block is not block
                 blocks.append(new_block)
             else:
