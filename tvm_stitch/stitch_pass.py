@@ -200,7 +200,7 @@ class _Stitcher:
                 self.report.notes.append(f"[{','.join(failed.ops)}] stitched as {len(parts)} groups with rows "
                                          f"kept on chip: {failed.fallback}")
                 for part in parts:
-                    part_result = self.stitch_group(func_name, graph, part)
+                    part_result = self.stitch_group(func_name, graph, part, where)
                     if part_result is not None:
                         stitched.append((part, part_result))
         if not stitched:
