@@ -73,3 +73,25 @@ def test_traffic_model_counts_rereads():
     modeled, ideal = program_traffic(default.lowered)
     # TVM's default: three kernels, x read in several passes, intermediates round-trip.
     assert modeled > 3 * ideal
+
+
+def test_cpu_column_reductions_stream_adjacent_rows_in_vector_lanes():
+    # dgamma and dbeta reduce over rows: a task takes adjacent columns, vectorised, and walks the rows
+    # once for both sums (contiguous loads), instead of a strided walk per column.
+    streamed = [(f, StitchPlan.from_json(str(f.attrs["tvm_stitch.plan"])))
+                for f in _stitched_funcs("layernorm_backward", LLVM)]
+    streamed = [(f, p) for f, p in streamed if p.mapping.rows_per_task > 1]
+    assert len(streamed) == 1
+    func, plan = streamed[0]
+    assert plan.mapping.grid * plan.mapping.rows_per_task == plan.mapping.rows == 768
+    walks, vectorized = [], []
+
+    def on_for(loop):
+        if loop.kind == tvm.tirx.ForKind.VECTORIZED:
+            vectorized.append(int(loop.extent))
+        elif loop.kind == tvm.tirx.ForKind.SERIAL and int(loop.extent) == 4096:
+            walks.append(loop)
+            assert isinstance(loop.body, tvm.tirx.For) and loop.body.kind == tvm.tirx.ForKind.VECTORIZED
+
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, on_for), order="pre")
+    assert len(walks) == 1 and vectorized == [plan.mapping.rows_per_task]

@@ -27,8 +27,11 @@ CUDA_MAX_THREADS = 256
 CUDA_MIN_THREADS = 8  # below a quarter warp, packing more rows beats more threads per row
 CUDA_MIN_ROWS = 264  # two thread blocks per SM of an H100/H200 (132 SMs)
 CPU_MIN_ROWS = 64  # row tasks for an even spread over cores
-CPU_PARALLEL_MIN_WORK = 1 << 15
-LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over  # elements below which a parallel launch costs more than it saves
+CPU_PARALLEL_MIN_WORK = 1 << 15  # elements below which a parallel launch costs more than it saves
+CPU_STREAM_MIN_ROWS = 16  # adjacent rows streamed together when rows are columns: a 64-byte line of float32
+CPU_STREAM_MAX_ROWS = 256  # at most 1 KB of float32 per step: a few cache lines, prefetched
+CPU_TASKS_PER_CORE = 4  # streamed tasks per core, for an even spread
+LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over
 
 
 # Without native half-precision arithmetic, every float16/bfloat16 op on the CPU
@@ -149,6 +152,22 @@ def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial
     return per
 
 
+def _cpu_stream_rows(rows: int | None, threads: int) -> int:
+    """Adjacent rows per CPU task when rows are columns of the inputs (1: no streaming).
+
+    A power of two from CPU_STREAM_MIN_ROWS up to CPU_STREAM_MAX_ROWS that
+    divides the rows (no partial task, so the row loop vectorises) and leaves
+    CPU_TASKS_PER_CORE tasks per core where the rows allow.
+    """
+    if rows is None or rows % CPU_STREAM_MIN_ROWS:
+        return 1
+    per = CPU_STREAM_MIN_ROWS
+    while (per * 2 <= CPU_STREAM_MAX_ROWS and rows % (per * 2) == 0
+           and rows // (per * 2) >= threads * CPU_TASKS_PER_CORE):
+        per *= 2
+    return per
+
+
 def _walks_columns(views: list, params: list, rank: int) -> bool:
     """Some block steps through an input along a non-contiguous axis while rows are contiguous."""
     if rank == 0:
@@ -179,8 +198,22 @@ def _choose_rank(views: list, depth: int, family: str) -> int:
     for rank in range(1, depth + 1):
         rows = static_product(views[0].extents[:rank])
         if rows is None or rows >= wanted:
-            return rank
+            return rank if family == "cuda" else _cpu_reduction_rank(views, rank, depth)
     return depth
+
+
+def _cpu_reduction_rank(views: list, rank: int, depth: int) -> int:
+    """On the CPU, rows deep enough that each reduction has nothing but its reduced axes inside a row.
+
+    A row then holds one reduction per block, which splits into vector lanes
+    (rfactor); with spatial axes left inside the row (attention scores: rows
+    of batch x heads, 128 reductions each) every reduction stays scalar.
+    """
+    for deeper in range(rank, depth + 1):
+        if all(static_int(e) == 1 for v in views if v.has_reduction
+               for e, r in zip(v.extents[deeper:], v.is_reduce[deeper:]) if not r):
+            return deeper
+    return rank
 
 
 def _consumers(views: list) -> dict:
@@ -246,7 +279,8 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
     if rank == 0 and work >= LARGE_WORK:
         raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
 
-    thread_per_row = family == "cuda" and (spatial_only or _walks_columns(kept, params, rank))
+    walks_columns = _walks_columns(kept, params, rank)
+    thread_per_row = family == "cuda" and (spatial_only or walks_columns)
     intermediates, shared, within_max = [], 0, 1
     for view in kept:
         within = static_product(view.extents[rank:])
@@ -305,7 +339,12 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str)
         lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(8, out_dtype.bits)
         # Emulated half precision gains nothing from wide vectors: each lane converts alone.
         vector = 1 if str(out_dtype) in EMULATED_ON_CPU else max(1, lanes)
-        grid = rows if rows is not None else -1
+        if walks_columns:
+            rows_per_task = _cpu_stream_rows(rows, threads)
+        if rows_per_task > 1:
+            notes.append(f"rows are columns of the inputs: {rows_per_task} adjacent rows per task, "
+                         "streamed down the reduction axis in vector lanes")
+        grid = rows // rows_per_task if rows is not None else -1
 
     dominant = tuple(v.name for v in views if v.has_reduction) or tuple(
         v.name for v in views if v.expensive

@@ -5,6 +5,11 @@ is parallel across cores; each row's intermediates are computed once into a
 per-row buffer (TVM compacts the allocation to one row) that stays in cache,
 and cheap ones are inlined. Element-wise loops inside a row are vectorised
 by the plan's lane count where the row length allows.
+
+Rows that are columns of their inputs (a reduction over the leading axis:
+LayerNorm's dgamma, dbeta) are streamed: a task takes `rows_per_task`
+adjacent rows, walks the reduction axis once and accumulates its rows in
+vector lanes, so every load is contiguous.
 """
 
 from __future__ import annotations
@@ -35,12 +40,25 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
         return None
     if within.index(reduce[0]) != len(spatial):
         return None
-    loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
-    extent = sch.get(loop).extent
-    if not isinstance(extent, tirx.IntImm) or extent.value % lanes or extent.value < 2 * lanes:
+    # The fewest innermost reduction loops whose extents make whole vectors: outer ones
+    # (BatchNorm's batch axis, strided in memory) stay loops around the lanes.
+    extents = [_extent(sch, l) for l in reduce]
+    if None in extents:
         return None
+    count = next((n for n in range(1, len(reduce) + 1)
+                  if _product(extents[-n:]) % lanes == 0 and _product(extents[-n:]) >= 2 * lanes), None)
+    if count is None:
+        return None
+    loop = sch.fuse(*reduce[-count:]) if count > 1 else reduce[-1]
     _, lane = sch.split(loop, [None, lanes])
     return sch.rfactor(lane, 0)
+
+
+def _product(values: list) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
 
 
 def _unit(sch: s_tir.Schedule, loop) -> bool:
@@ -48,10 +66,62 @@ def _unit(sch: s_tir.Schedule, loop) -> bool:
     return isinstance(extent, tirx.IntImm) and extent.value == 1
 
 
+def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan):
+    """Tasks of `rows_per_task` adjacent rows, the rows innermost and vectorised; returns the task loop.
+
+    Per block: its row loops fused and split into (task, row in task), the
+    row-in-task loop moved below the block's own loops, so that a task
+    walks the reduction axis once for all its rows, each step one
+    contiguous vector load per input. A reduction keeps its initialisation
+    attached (on the first step): s_tir vectorises no loop over a
+    decomposed update block. Blocks that read nothing another block writes
+    share their walk (one pass over their common inputs).
+    """
+    per_task = plan.mapping.rows_per_task
+    names = list(blocks_by_name(sch))
+    for name in names:
+        block = sch.get_sblock(name)
+        loops = sch.get_loops(block)
+        row = sch.fuse(*loops[: plan.rank]) if plan.rank > 1 else loops[0]
+        _, inner = sch.split(row, [None, per_task])
+        within = loops[plan.rank:]
+        if within:
+            sch.reorder(*within, inner)
+    levels = min(len(sch.get_loops(sch.get_sblock(n))) for n in names)
+    if not _independent(sch, names):
+        levels = 1
+    for level in range(levels):
+        loops = [sch.get_loops(sch.get_sblock(n))[level] for n in names]
+        if len({_extent(sch, l) for l in loops}) != 1:
+            break
+        if len({sch.get(l) for l in loops}) > 1:
+            sch.merge(*loops)
+    for name in names:
+        sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
+    return sch.get_loops(sch.get_sblock(names[0]))[0]
+
+
+def _independent(sch: s_tir.Schedule, names: list) -> bool:
+    """No block reads a buffer another block writes."""
+    blocks = [sch.get(sch.get_sblock(n)) for n in names]
+    return not any(r.source.same_as(w.source) for a in blocks for b in blocks if a is not b
+                   for r in a.reads for w in b.writes)
+
+
+def _extent(sch: s_tir.Schedule, loop):
+    extent = sch.get(loop).extent
+    return extent.value if isinstance(extent, tirx.IntImm) else None
+
+
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     del target
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
+    if plan.mapping.rows_per_task > 1 and plan.rank > 0:
+        task = _stream_rows(sch, plan)
+        if plan.mapping.threads > 1 and plan.mapping.grid > 1:
+            sch.parallel(task)
+        return sch
     lanes = plan.mapping.vector
     lane_blocks = []
     if lanes > 1 and plan.rank > 0:
