@@ -95,3 +95,14 @@ def test_cpu_column_reductions_stream_adjacent_rows_in_vector_lanes():
 
     tvm_ffi.structural_walk(func.body, (tvm.tirx.For, on_for), order="pre")
     assert len(walks) == 1 and vectorized == [plan.mapping.rows_per_task]
+
+
+def test_cpu_rows_hold_one_reduction_each_so_reductions_use_vector_lanes():
+    # attention scores 8x12x128x128: rows of 128 (12288 of them), not 96 rows of 128 reductions each,
+    # and every reduction is split into vector lanes (an rfactor block per reduction).
+    (func,) = _stitched_funcs("attention_softmax", LLVM)
+    plan = StitchPlan.from_json(str(func.attrs["tvm_stitch.plan"]))
+    assert plan.rank == 3 and plan.mapping.rows == 8 * 12 * 128
+    names = []
+    tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, lambda b: names.append(b.name_hint)), order="pre")
+    assert sum(n.endswith("_rf") for n in names) == plan.reductions == 2

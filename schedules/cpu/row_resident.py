@@ -14,6 +14,8 @@ vector lanes, so every load is contiguous.
 
 from __future__ import annotations
 
+from math import prod
+
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -46,19 +48,12 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
     if None in extents:
         return None
     count = next((n for n in range(1, len(reduce) + 1)
-                  if _product(extents[-n:]) % lanes == 0 and _product(extents[-n:]) >= 2 * lanes), None)
+                  if prod(extents[-n:]) % lanes == 0 and prod(extents[-n:]) >= 2 * lanes), None)
     if count is None:
         return None
     loop = sch.fuse(*reduce[-count:]) if count > 1 else reduce[-1]
     _, lane = sch.split(loop, [None, lanes])
     return sch.rfactor(lane, 0)
-
-
-def _product(values: list) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 def _unit(sch: s_tir.Schedule, loop) -> bool:
@@ -94,7 +89,7 @@ def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan):
         loops = [sch.get_loops(sch.get_sblock(n))[level] for n in names]
         if len({_extent(sch, l) for l in loops}) != 1:
             break
-        if len({sch.get(l) for l in loops}) > 1:
+        if not all(sch.get(l).same_as(sch.get(loops[0])) for l in loops):
             sch.merge(*loops)
     for name in names:
         sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
