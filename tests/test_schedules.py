@@ -8,7 +8,7 @@ from tvm_stitch.plan import StitchPlan
 from tvm_stitch.suite import SUITE, dims
 from tvm_stitch.tir_view import expensive_ops
 
-from conftest import CUDA, LLVM
+from conftest import CUDA, LLVM, make_module, tensor
 
 
 def _stitched_funcs(name, target):
@@ -106,3 +106,22 @@ def test_cpu_rows_hold_one_reduction_each_so_reductions_use_vector_lanes():
     names = []
     tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, lambda b: names.append(b.name_hint)), order="pre")
     assert sum(n.endswith("_rf") for n in names) == plan.reductions == 2
+
+
+def test_cpu_long_column_sums_are_cut_into_parallel_partials(rng):
+    # 10001 rows: more than one chunk of 4096, not a multiple of the chunk count (a partial last chunk).
+    import numpy as np
+    from tvm import relax
+
+    from tvm_stitch.build import run_cpu
+
+    x, y = tensor("x", (10001, 48)), tensor("y", (10001, 48))
+    mod = make_module([x, y], lambda bb, x, y: relax.Tuple([
+        bb.emit(relax.op.sum(relax.op.multiply(x, y), axis=[0])), bb.emit(relax.op.sum(x, axis=[0]))]))
+    built = build(mod, LLVM, stitched=True, strict=True)
+    (plan,) = built.report.plans
+    assert plan.mapping.rows_per_task > 1 and plan.mapping.split == 3
+    a, b = rng.standard_normal((10001, 48)).astype("float32"), rng.standard_normal((10001, 48)).astype("float32")
+    dot, total = run_cpu(built.executable, [a, b])
+    np.testing.assert_allclose(dot, (a.astype("float64") * b).sum(0), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(total, a.astype("float64").sum(0), rtol=1e-4, atol=1e-3)

@@ -36,6 +36,7 @@ CPU_PARALLEL_MIN_WORK = 1 << 15  # elements below which a parallel launch costs 
 CPU_STREAM_MIN_ROWS = 16  # adjacent rows streamed together when rows are columns: a 64-byte line of float32
 CPU_STREAM_MAX_ROWS = 256  # at most 1 KB of float32 per step: a few cache lines, prefetched
 CPU_TASKS_PER_CORE = 4  # streamed tasks per core, for an even spread
+CPU_SPLIT_CHUNK = 4096  # longest reduction a streamed task sums in one go (accuracy; the rest: partials)
 LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over
 
 
@@ -348,7 +349,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
                                 [i.name for i in demotable])
 
     notes = []
-    rows_per_task = 1
+    rows_per_task, split = 1, 1
     if family == "cuda":
         if thread_per_row:
             # Consecutive rows are consecutive in memory: a thread per row keeps loads coalesced.
@@ -377,10 +378,15 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         vector = 1 if str(out_dtype) in EMULATED_ON_CPU else max(1, lanes)
         if columns:
             rows_per_task = _cpu_stream_rows(rows, threads)
+        grid = rows // rows_per_task if rows is not None else -1
         if rows_per_task > 1:
             notes.append(f"rows are columns of the inputs: {rows_per_task} adjacent rows per task, "
                          "streamed down the reduction axis in vector lanes")
-        grid = rows // rows_per_task if rows is not None else -1
+            reduced = max(static_product(e for e, r in zip(v.extents[rank:], v.is_reduce[rank:]) if r) or 1
+                          for v in kept)
+            split = -(-reduced // CPU_SPLIT_CHUNK)
+            if split > 1:
+                notes.append(f"reduction of {reduced} cut into {split} chunks: partials in parallel, then combined")
 
     dominant = tuple(v.name for v in views if v.has_reduction) or tuple(
         v.name for v in views if v.expensive
@@ -395,7 +401,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         dominant=dominant,
         rank=rank,
         row_shape=tuple(str(static_int(e) if static_int(e) is not None else e) for e in row_extents),
-        mapping=ThreadMapping(rows if rows is not None else -1, rows_per_task, threads, vector, grid),
+        mapping=ThreadMapping(rows if rows is not None else -1, rows_per_task, threads, vector, grid, split),
         intermediates=tuple(intermediates),
         outputs=tuple(v.name for v in views if v.name in outputs),
         cached_inputs=tuple(cached_inputs),

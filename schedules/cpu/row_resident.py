@@ -21,7 +21,7 @@ from tvm.target import Target
 
 from tvm_stitch.plan import StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, merge_row_loops, within_row_loops
+from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, merge_row_loops, within_row_loops
 
 
 def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
@@ -61,8 +61,8 @@ def _unit(sch: s_tir.Schedule, loop) -> bool:
     return isinstance(extent, tirx.IntImm) and extent.value == 1
 
 
-def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan):
-    """Tasks of `rows_per_task` adjacent rows, the rows innermost and vectorised; returns the task loop.
+def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
+    """Tasks of `rows_per_task` adjacent rows, the rows innermost and vectorised, in parallel.
 
     Per block: its row loops fused and split into (task, row in task), the
     row-in-task loop moved below the block's own loops, so that a task
@@ -71,17 +71,45 @@ def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan):
     attached (on the first step): s_tir vectorises no loop over a
     decomposed update block. Blocks that read nothing another block writes
     share their walk (one pass over their common inputs).
+
+    With `split` > 1 the reduced axis is cut into that many chunks: each
+    (chunk, task) pair is a parallel iteration that sums its chunk into a
+    partial (rfactor), and a second parallel loop over tasks combines the
+    partials. Short sums are more accurate, and few columns still fill
+    the cores.
     """
-    per_task = plan.mapping.rows_per_task
+    per_task, split = plan.mapping.rows_per_task, plan.mapping.split
     names = list(blocks_by_name(sch))
+    partials = []
     for name in names:
         block = sch.get_sblock(name)
-        loops = sch.get_loops(block)
-        row = sch.fuse(*loops[: plan.rank]) if plan.rank > 1 else loops[0]
-        _, inner = sch.split(row, [None, per_task])
-        within = loops[plan.rank:]
-        if within:
+        kinds = loop_kinds(sch, block)
+        row = sch.fuse(*[l for l, _ in kinds[: plan.rank]]) if plan.rank > 1 else kinds[0][0]
+        task, inner = sch.split(row, [None, per_task])
+        within = [l for l, _ in kinds[plan.rank:]]
+        if split > 1 and within and all(k == tirx.IterVar.CommReduce for _, k in kinds[plan.rank:]):
+            chunk, _ = sch.split(sch.fuse(*within) if len(within) > 1 else within[0], [split, None])
+            partial = sch.rfactor(chunk, 0)
+            task, inner, chunk, step = sch.get_loops(partial)
+            sch.reorder(chunk, task, step, inner)
+            sch.fuse(chunk, task)
+            partials.append(sch.get(partial).name_hint)
+            task, inner, chunk = sch.get_loops(block)
+            sch.reorder(chunk, inner)
+        elif within:
             sch.reorder(*within, inner)
+    for group in (partials, names):
+        if not group:
+            continue
+        _merge_nests(sch, group)
+        if plan.mapping.threads > 1:
+            sch.parallel(sch.get_loops(sch.get_sblock(group[0]))[0])
+        for name in group:
+            sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
+
+
+def _merge_nests(sch: s_tir.Schedule, names: list) -> None:
+    """Merge the blocks' outer loops; deeper levels too while extents agree and the blocks are independent."""
     levels = min(len(sch.get_loops(sch.get_sblock(n))) for n in names)
     if not _independent(sch, names):
         levels = 1
@@ -91,9 +119,6 @@ def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan):
             break
         if not all(sch.get(l).same_as(sch.get(loops[0])) for l in loops):
             sch.merge(*loops)
-    for name in names:
-        sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
-    return sch.get_loops(sch.get_sblock(names[0]))[0]
 
 
 def _independent(sch: s_tir.Schedule, names: list) -> bool:
@@ -113,9 +138,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
     if plan.mapping.rows_per_task > 1 and plan.rank > 0:
-        task = _stream_rows(sch, plan)
-        if plan.mapping.threads > 1 and plan.mapping.grid > 1:
-            sch.parallel(task)
+        _stream_rows(sch, plan)
         return sch
     lanes = plan.mapping.vector
     lane_blocks = []
