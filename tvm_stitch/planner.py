@@ -79,6 +79,14 @@ def _next_pow2(n: int) -> int:
     return p
 
 
+def _has_feature(target: tvm.target.Target, feature: str) -> bool:
+    """Whether an llvm target's CPU has an instruction-set feature (False where LLVM cannot say)."""
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except Exception:  # noqa: BLE001 - a target LLVM has no feature table for
+        return False
+
+
 def cpu_threads() -> int:
     import os
 
@@ -374,8 +382,11 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         threads = cpu_threads() if work >= CPU_PARALLEL_MIN_WORK else 1
         out_dtype = views[-1].writes[0].buffer.dtype
         lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(8, out_dtype.bits)
-        # Emulated half precision gains nothing from wide vectors: each lane converts alone.
-        vector = 1 if str(out_dtype) in EMULATED_ON_CPU else max(1, lanes)
+        # Emulated half precision gains nothing from wide vectors: each lane converts alone,
+        # unless the CPU converts float16 vectors (x86 F16C).
+        emulated = str(out_dtype) in EMULATED_ON_CPU and not (
+            str(out_dtype) == "float16" and _has_feature(target, "f16c"))
+        vector = 1 if emulated else max(1, lanes)
         if columns:
             rows_per_task = _cpu_stream_rows(rows, threads)
         grid = rows // rows_per_task if rows is not None else -1
