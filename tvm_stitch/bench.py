@@ -183,8 +183,10 @@ def _torch_times(name: str, inputs: list) -> tuple:
 
 
 def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target: str = "llvm",
-              progress=sys.stderr, seed: int = 0, with_torch: bool = False, copy_gbps: float | None = None) -> list:
-    """One BenchRow per graph of `graphs` that has `dtype`; a progress line per graph on `progress`."""
+              progress=None, seed: int = 0, with_torch: bool = False, copy_gbps: float | None = None) -> list:
+    """One BenchRow per graph of `graphs` that has `dtype`; a progress line per graph on `progress`
+    (default: the current sys.stderr)."""
+    progress = progress or sys.stderr
     rows = []
     d = dims(size)
     cpu = host_target()

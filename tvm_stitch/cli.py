@@ -71,7 +71,9 @@ def _explain(args) -> int:
     if args.graph not in SUITE:
         print(f"unknown graph {args.graph!r}; the suite has: {', '.join(SUITE)}", file=sys.stderr)
         return 2
-    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else {"kind": "llvm"}
+    from .target import host_target
+
+    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else host_target()
     report = explain(SUITE[args.graph].build(args.dtype, dims(args.size)), target)
     print(report.table())
     print()
@@ -145,7 +147,8 @@ def main(argv=None) -> int:
 
     exp = sub.add_parser("explain", help="print the stitch plan of a suite graph")
     exp.add_argument("graph")
-    exp.add_argument("--target", choices=["llvm", "cuda"], default="cuda")
+    exp.add_argument("--target", choices=["llvm", "cuda"], default="cuda",
+                     help="cuda (default) or llvm (this machine's CPU model, as bench builds it)")
     exp.add_argument("--arch", default="sm_90")
     exp.add_argument("--dtype", default="float32")
     exp.add_argument("--size", choices=["bench", "test"], default="bench")
