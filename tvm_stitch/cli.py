@@ -7,7 +7,7 @@ import sys
 
 
 def _bench(args) -> int:
-    from .bench import bench_metadata, format_table, run_bench, write_json
+    from .bench import bench_metadata, copy_bandwidth, format_table, results_folder, run_bench, save_results, write_json
     from .model_bench import format_models, run_models
     from .suite import SUITE
 
@@ -25,22 +25,29 @@ def _bench(args) -> int:
     if bad_steps:
         print(f"unknown step(s): {', '.join(bad_steps)}; steps: {', '.join(STEPS)}", file=sys.stderr)
         return 2
+    copy_gbps = copy_bandwidth()
+    print(f"copy bandwidth: {copy_gbps:.1f} GB/s", file=sys.stderr, flush=True)
     rows = []
     for dtype in args.dtype.split(","):
-        rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target, with_torch=args.torch)
+        rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target, with_torch=args.torch,
+                          copy_gbps=copy_gbps)
     meta = bench_metadata(args.size, args.dtype)
-    print(f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, {meta['threads']} threads, size {args.size})")
-    print(format_table(rows))
-    steps = args.steps.split(",")
-    model_rows = run_models(models, size=args.size, steps=steps) if models else []
+    meta["command"] = "tvm-stitch " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
+    lines = [f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, target {meta['target']}, "
+             f"{meta['threads']} threads, size {args.size})", format_table(rows)]
+    model_rows = run_models(models, size=args.size, steps=args.steps.split(",")) if models else []
     if model_rows:
-        print()
-        print(format_models(model_rows))
+        lines += ["", format_models(model_rows)]
     elif not args.models:
-        print("\nreal models: add --models all (the torch extra: pip install torch==2.13.0 transformers)")
+        lines.append("\nreal models: add --models all (the torch extra: pip install torch==2.13.0 transformers)")
+    text = "\n".join(lines)
+    print(text)
     if args.json:
         write_json(rows, args.json, dict(meta, models=[vars(r) for r in model_rows]))
         print(f"wrote {args.json}")
+    if args.results != "none":
+        for path in save_results(results_folder(args.results, args.machine), rows, model_rows, meta, text):
+            print(f"wrote {path}")
     return 0 if all(r.agree for r in rows) else 1
 
 
@@ -72,7 +79,9 @@ def _explain(args) -> int:
     except SourceError as err:
         print(str(err), file=sys.stderr)
         return 2
-    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else {"kind": "llvm"}
+    from .target import host_target
+
+    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else host_target()
     report, grouped = explain_with_graph(mod, target)
     print(f"{description}, target {args.target}")
     print(report.table())
@@ -147,6 +156,9 @@ def main(argv=None) -> int:
                        help="model steps: forward, backward (joint forward + backward), adam (optimizer step)")
     bench.add_argument("--torch", action="store_true",
                        help="also time PyTorch eager and torch.compile on the CPU (pip install torch==2.13.0)")
+    bench.add_argument("--results", default="benchmarks/results",
+                       help="write RESULTS/MACHINE/DATE.json, .md and PNG plots there ('none': do not write)")
+    bench.add_argument("--machine", default="", help="folder name of this machine (default: cpu-<cores>core)")
     bench.set_defaults(func=_bench)
 
     exp = sub.add_parser("explain", help="print the stitch plan of a suite graph, a model or a script")
@@ -155,7 +167,8 @@ def main(argv=None) -> int:
                                    "module() or mod (a Relax IRModule)")
     exp.add_argument("--dot", default="", help="also write a Graphviz DOT picture of the grouped graph here "
                                                 "(rendered to FILE.svg when Graphviz's dot is installed)")
-    exp.add_argument("--target", choices=["llvm", "cuda"], default="cuda")
+    exp.add_argument("--target", choices=["llvm", "cuda"], default="cuda",
+                     help="cuda (default) or llvm (this machine's CPU model, as bench builds it)")
     exp.add_argument("--arch", default="sm_90")
     exp.add_argument("--dtype", default="float32")
     exp.add_argument("--size", choices=["bench", "test"], default="bench")
@@ -178,6 +191,7 @@ def main(argv=None) -> int:
     kit.set_defaults(func=_gpu_kit)
 
     args = parser.parse_args(argv)
+    args.argv = argv
     for dtype in getattr(args, "dtype", "float32").split(","):
         if dtype not in ("float32", "float16"):
             parser.error(f"--dtype must be float32 or float16, not {dtype!r}")

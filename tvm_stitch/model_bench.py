@@ -81,9 +81,17 @@ def model_steps(names: list) -> list:
     return [(n, s) for n in names for s in STEPS if not (s == "backward" and MODELS[n].no_backward)]
 
 
-def run_models(names: list, progress=sys.stderr, size: str = "bench", steps=STEPS) -> list:
-    """Real models (torch extra): CUDA launches and traffic, default vs stitched; CPU time and correctness."""
+def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> list:
+    """Real models (torch extra): CUDA launches and traffic, default vs stitched; CPU time and correctness.
+
+    CPU builds use this machine's CPU model (as the suite's bench does); a progress line per
+    (model, step) goes to `progress` (default: the current sys.stderr).
+    """
     from .models import MODELS
+    from .target import host_target
+
+    progress = progress or sys.stderr
+    cpu_target = host_target()
 
     pairs = [(n, s) for n, s in model_steps(names) if s in steps]
     rows = []
@@ -95,7 +103,7 @@ def run_models(names: list, progress=sys.stderr, size: str = "bench", steps=STEP
             built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
             cuda[stitched] = (launches_by_kind(built.lowered, built.executable),
                               program_traffic(built.lowered)[0], built.compile_seconds, built.report)
-        cpu = {stitched: build(mod, {"kind": "llvm"}, stitched=stitched) for stitched in (False, True)}
+        cpu = {stitched: build(mod, cpu_target, stitched=stitched) for stitched in (False, True)}
         outs = run_cpu(cpu[True].executable, inputs)
         rows.append(ModelRow(
             model=name, step=step,
