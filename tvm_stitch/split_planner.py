@@ -40,6 +40,7 @@ WANTED_BLOCKS = 264  # two thread blocks per SM
 MIN_CHUNK = 2048  # elements per (row, chunk) block: enough loads in flight per block
 COLUMN_ROWS_PER_BLOCK = 32  # column access: a warp of rows (columns) per block, one thread each
 MIN_COLUMN_CHUNK = 128  # column access: elements one thread walks per chunk
+MIN_COLUMN_WALK = 2048  # column access: shorter walks are not worth a second launch
 MAX_THREADS = 256
 VECTOR_BYTES = 16  # 128-bit loads and stores
 MAX_CHOSEN_KERNELS = 3  # a split chosen for parallelism alone: at most this many launches
@@ -138,7 +139,7 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         # Column access (e.g. dgamma, BatchNorm over N): a thread per row walks its column;
         # splitting the walk gives blocks when there are few rows.
         row_blocks = -(-rows // COLUMN_ROWS_PER_BLOCK)
-        if few_long_rows_only and (row_blocks >= SPLIT_BELOW_ROWS or length < 2 * MIN_COLUMN_CHUNK):
+        if few_long_rows_only and (row_blocks >= SPLIT_BELOW_ROWS or length < MIN_COLUMN_WALK):
             raise SplitError(f"{rows} column walks of {length}: enough blocks without a split")
     elif few_long_rows_only and not wants_split(rows, length):
         raise SplitError(f"{rows} rows of {length} elements: row-resident fits")
