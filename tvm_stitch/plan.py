@@ -53,6 +53,7 @@ class StitchPlan:
     modeled_bytes: int = -1  # global-memory traffic of the scheduled kernel (see traffic.py)
     ideal_bytes: int = -1  # its inputs read once and outputs written once
     notes: tuple = field(default=())
+    aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
