@@ -9,9 +9,11 @@ from tvm_stitch.plan import StitchPlan
 
 from .cpu import row_resident as cpu_row_resident
 from .cuda import row_resident as cuda_row_resident
+from .cuda import row_split as cuda_row_split
 
 _RULES = {
     ("cuda", "row-resident"): cuda_row_resident.apply,
+    ("cuda", "row-split"): cuda_row_split.apply,
     ("cpu", "row-resident"): cpu_row_resident.apply,
 }
 

@@ -20,6 +20,7 @@ from tvm import tirx
 
 from .plan import StitchPlan
 from .planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, cpu_threads, plan_row_resident
+from .resources import estimate_registers, occupancy
 
 CUDA_THREADS = (32, 64, 128, 256)
 
@@ -80,9 +81,10 @@ def _cpu(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> li
 
 
 def _cuda(rule: StitchPlan) -> list:
-    """Threads per block (for rows spread over threads) and rows per block, within the limits."""
+    """Row-resident plans: threads per block (for rows spread over threads) and rows per
+    block, within the limits, with their register and occupancy estimates."""
     m = rule.mapping
-    if m.rows <= 0:
+    if m.rows <= 0 or rule.scheme != "row-resident":
         return []
     shared_per_row = rule.shared_bytes // max(1, m.rows_per_task)
     thread_choices = [1] if m.threads == 1 else list(CUDA_THREADS)
@@ -95,6 +97,9 @@ def _cuda(rule: StitchPlan) -> list:
             even = threads == 1 or m.rows % per == 0
             if fits and even:
                 mapping = dataclasses.replace(m, threads=threads, rows_per_task=per, grid=-(-m.rows // per))
-                out.append(dataclasses.replace(rule, mapping=mapping, shared_bytes=shared_per_row * per))
+                plan = dataclasses.replace(rule, mapping=mapping, shared_bytes=shared_per_row * per)
+                registers = estimate_registers(plan)
+                out.append(dataclasses.replace(plan, registers=registers, occupancy=occupancy(
+                    plan.threads_per_block, registers, plan.shared_bytes)))
             per *= 2
     return out

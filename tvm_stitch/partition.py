@@ -10,6 +10,9 @@ groups merge when
   least half of the row tasks it had (capped at `parallel_rows`), unless the
   part is small;
 - the per-row intermediates that must be materialised fit `row_bytes_limit`.
+The last two do not apply to a union of few long rows (`long_rows_below`
+rows of at least `long_row` elements): its rows are split over blocks, and
+nothing is kept on chip per row.
 Nodes that join no other node stay singleton groups.
 """
 
@@ -30,6 +33,8 @@ class PartitionLimits:
     parallel_rows: int = 128  # row tasks that fill the machine (about one wave on a GPU)
     small_work: int = 1 << 16  # elements below which parallelism does not matter
     row_bytes_limit: int = 48 * 1024  # per-row intermediates kept on chip
+    long_rows_below: int = 0  # unions with fewer row tasks, of rows of at least
+    long_row: int = 1 << 62  # this many elements, are split over blocks: no limit on row bytes or rows
 
 
 def _extent_value(text: str) -> int:
@@ -155,6 +160,8 @@ class _Merger:
             return None
         if same_rows and (rank == 0 or rows != a.rows or rows != b.rows):
             return None
+        if rows < self.limits.long_rows_below and work // max(1, rows) >= self.limits.long_row:
+            return Group(mask, ops, rank, rows, work)
         if not (self._keeps_parallelism(a, rows) and self._keeps_parallelism(b, rows)):
             return None
         if materialized_row_bytes(self.graph, ops, rank) > self.limits.row_bytes_limit:

@@ -27,6 +27,7 @@ class ThreadMapping:
 
     CUDA: one thread block per `rows_per_task` rows, `threads` threads each.
     CPU: row tasks spread over `threads` cores, `vector` lanes per loop.
+    Row-split (CUDA): `split` blocks per row, `grid` = rows x split.
     """
 
     rows: int  # row tasks in total (product of the row extents)
@@ -34,6 +35,7 @@ class ThreadMapping:
     threads: int
     vector: int
     grid: int  # CUDA blocks, or CPU parallel iterations
+    split: int = 1  # row-split: chunks per row, one thread block each
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,11 @@ class StitchPlan:
     shared_bytes: int = 0
     modeled_bytes: int = -1  # global-memory traffic of the scheduled kernel (see traffic.py)
     ideal_bytes: int = -1  # its inputs read once and outputs written once
+    reductions: int = 0  # reduction blocks in the kernel
+    kernels: int = 1  # launches of this PrimFunc (row-split: one per phase)
+    registers: int = -1  # CUDA: estimated registers per thread (resources.py)
+    occupancy: float = -1.0  # CUDA: resident warps per SM over the maximum, from threads, registers, shared
+    phases: tuple = ()  # row-split: (block, kernel index) pairs
     notes: tuple = field(default=())
     aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
 
@@ -65,7 +72,12 @@ class StitchPlan:
         data["intermediates"] = tuple(Intermediate(**i) for i in data["intermediates"])
         for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes"):
             data[key] = tuple(data[key])
+        data["phases"] = tuple(tuple(p) for p in data.get("phases", ()))
         return StitchPlan(**data)
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.mapping.threads * self.mapping.rows_per_task
 
     def inlined(self) -> list:
         return [i.name for i in self.intermediates if i.inlined]

@@ -15,15 +15,20 @@ caller then leaves the group to TVM's default path.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tvm
 from tvm import s_tir, tirx
 
 from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
-from .row_alignment import ALIGNED, access_kind, analyze_rows
+from .resources import estimate_registers, occupancy
+from .row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
+from .split_planner import SplitError, plan_row_split
 from .tir_view import block_views, static_int, static_product, vars_in
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
 CUDA_MAX_THREADS = 256
+CUDA_VECTOR_BYTES = 16  # 128-bit loads and stores
 CUDA_MIN_THREADS = 8  # below a quarter warp, packing more rows beats more threads per row
 CUDA_MIN_ROWS = 264  # two thread blocks per SM of an H100/H200 (132 SMs)
 CPU_MIN_ROWS = 64  # row tasks for an even spread over cores
@@ -41,6 +46,17 @@ INLINE = "inlined"  # planner-internal: register level, recomputed in each consu
 
 class PlanError(Exception):
     """The group cannot be stitched by the available schemes; the message says why."""
+
+
+class SharedMemoryError(PlanError):
+    """The row-resident plan needs more shared memory than a thread block has.
+
+    `demotable`: its shared intermediates that could be recomputed instead, largest first.
+    """
+
+    def __init__(self, message: str, demotable: list):
+        super().__init__(message)
+        self.demotable = demotable
 
 
 def target_family(target: tvm.target.Target) -> str:
@@ -149,24 +165,23 @@ def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial
     return per
 
 
-def _walks_columns(views: list, params: list, rank: int) -> bool:
-    """Some block steps through an input along a non-contiguous axis while rows are contiguous."""
-    if rank == 0:
-        return False
-    for view in views:
-        row_vars = set(view.iter_vars[:rank])
-        within = set(view.iter_vars[rank:])
-        if not within:
-            continue
-        for read in view.reads:
-            if not any(read.buffer.same_as(p) for p in params) or not read.indices:
-                continue
-            if access_kind(read, view.iter_vars[:rank]) == ALIGNED:
-                continue
-            last = vars_in(read.indices[-1])
-            if last & row_vars and not last & within and any(vars_in(i) & within for i in read.indices[:-1]):
-                return True
-    return False
+def _widest_bytes(views: list) -> int:
+    return max(max(8, a.buffer.dtype.bits) for v in views for a in v.reads + v.writes) // 8
+
+
+def _vector_mapping(views: list, row_length: int, threads: int) -> tuple:
+    """(vector lanes, threads) for 128-bit accesses: each thread takes `lanes` consecutive
+    elements of a row, so a row of `row_length` needs a multiple of 32 threads x lanes."""
+    lanes = CUDA_VECTOR_BYTES // _widest_bytes(views)
+    while lanes > 1:
+        per_row = row_length // lanes
+        if row_length % lanes == 0 and per_row % 32 == 0:
+            count = min(CUDA_MAX_THREADS, per_row)
+            while per_row % count:
+                count -= 32
+            return lanes, count
+        lanes //= 2
+    return 1, threads
 
 
 def _choose_rank(views: list, depth: int, family: str) -> int:
@@ -193,8 +208,11 @@ def _consumers(views: list) -> dict:
     return out
 
 
-def _levels(views: list, outputs: set, family: str) -> dict:
-    """Level and reason for every block whose result is read inside the kernel, last block first."""
+def _levels(views: list, outputs: set, family: str, recompute: tuple = ()) -> dict:
+    """Level and reason for every block whose result is read inside the kernel, last block first.
+
+    Blocks in `recompute` are inlined although expensive: demoted from shared memory.
+    """
     consumers = _consumers(views)
     by_name = {view.name: view for view in views}
     levels, evaluations = {}, {}
@@ -202,7 +220,11 @@ def _levels(views: list, outputs: set, family: str) -> dict:
         if not consumers[view.name]:
             continue
         users = [by_name[c] for c in consumers[view.name]]
-        levels[view.name] = _level(view, users, levels, evaluations, view.name in outputs, family)
+        if view.name in recompute:
+            levels[view.name] = (INLINE, "demoted from shared memory (the row does not fit): "
+                                         "recomputed in each consumer")
+        else:
+            levels[view.name] = _level(view, users, levels, evaluations, view.name in outputs, family)
         if levels[view.name][0] == INLINE:
             evaluations[view.name] = max(1, _evaluations(view, users, levels, evaluations))
     return levels
@@ -218,19 +240,19 @@ def _check_describable(views: list) -> None:
             raise PlanError(f"block {view.name}: non-point buffer access")
 
 
-_LAST_ANALYSIS: list = []  # [(func, family, analysis)]: the last function analysed, re-planned at other ranks
+_LAST_ANALYSIS: list = []  # [(func, family, recompute, analysis)]: the last one, re-planned at other ranks
 
 
-def _analyse(func: tirx.PrimFunc, family: str) -> tuple:
+def _analyse(func: tirx.PrimFunc, family: str, recompute: tuple) -> tuple:
     """(views, params, outputs, levels, kept, depth) of a fused PrimFunc; the part of a plan
     that no rank changes, reused when the same function is planned again at another rank."""
-    if _LAST_ANALYSIS and _LAST_ANALYSIS[0][0].same_as(func) and _LAST_ANALYSIS[0][1] == family:
-        return _LAST_ANALYSIS[0][2]
+    if _LAST_ANALYSIS and _LAST_ANALYSIS[0][0].same_as(func) and _LAST_ANALYSIS[0][1:3] == (family, recompute):
+        return _LAST_ANALYSIS[0][3]
     views = block_views(s_tir.Schedule(func))
     _check_describable(views)
     params = list(func.params)
     outputs = {v.name for v in views if any(w.buffer.same_as(p) for w in v.writes for p in params)}
-    levels = _levels(views, outputs, family)
+    levels = _levels(views, outputs, family, recompute)
 
     # The blocks that remain once the register-level ones are inlined decide the rows.
     trial = s_tir.Schedule(func)
@@ -242,19 +264,20 @@ def _analyse(func: tirx.PrimFunc, family: str) -> tuple:
     kept = block_views(trial)
     _check_describable(kept)
     depth = analyze_rows(trial.mod["main"], kept).depth
-    _LAST_ANALYSIS[:] = [(func, family, (views, params, outputs, levels, kept, depth))]
-    return _LAST_ANALYSIS[0][2]
+    _LAST_ANALYSIS[:] = [(func, family, recompute, (views, params, outputs, levels, kept, depth))]
+    return _LAST_ANALYSIS[0][3]
 
 
 def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
-                      rank: int | None = None) -> StitchPlan:
+                      recompute: tuple = (), rank: int | None = None) -> StitchPlan:
     """The row-resident plan of a fused PrimFunc: levels first, then rows of what remains.
 
+    `recompute`: blocks demoted from shared memory to recomputation in their consumers.
     `rank` fixes the number of leading axes that form the rows (at most the
     aligned depth); by default the rules choose it.
     """
     family = target_family(target)
-    views, params, outputs, levels, kept, depth = _analyse(func, family)
+    views, params, outputs, levels, kept, depth = _analyse(func, family, tuple(recompute))
     spatial_only = not any(v.has_reduction for v in kept)
     # CUDA, element-wise only: a thread per element (all aligned axes are rows), no barriers.
     if rank is None:
@@ -267,7 +290,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
     if rank == 0 and work >= LARGE_WORK:
         raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
 
-    thread_per_row = family == "cuda" and (spatial_only or _walks_columns(kept, params, rank))
+    thread_per_row = family == "cuda" and (spatial_only or walks_columns(kept, params, rank))
     intermediates, shared, within_max = [], 0, 1
     for view in kept:
         within = static_product(view.extents[rank:])
@@ -301,7 +324,12 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
                 cached_inputs.append(buffer.name)
                 shared += row_bytes
     if family == "cuda" and shared > CUDA_SHARED_LIMIT:
-        raise PlanError(f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory")
+        view_of = {v.name: v for v in views}
+        demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in outputs
+                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
+                           key=lambda i: -i.bytes_per_row)
+        raise SharedMemoryError(f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory",
+                                [i.name for i in demotable])
 
     notes = []
     rows_per_task = 1
@@ -313,11 +341,16 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
                          "strided rows (column access): one thread per row, rows across threads")
         else:
             threads = max(CUDA_MIN_THREADS, min(CUDA_MAX_THREADS, _next_pow2(within_max)))
+        vector = 1
+        if not thread_per_row and any(not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept):
+            vector, threads = _vector_mapping(kept, within_max, threads)
+            if vector > 1:
+                notes.append(f"{vector * _widest_bytes(kept) * 8}-bit accesses: {vector} elements per thread "
+                             "in element-wise loops")
         rows_per_task = _rows_per_block(rows, threads, shared, spatial_only)
         if rows_per_task > 1 and threads > 1:
             notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
         shared *= rows_per_task
-        vector = 1
         grid = rows // rows_per_task if rows is not None else -1
     else:
         work = max(static_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
@@ -346,6 +379,47 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         outputs=tuple(v.name for v in views if v.name in outputs),
         cached_inputs=tuple(cached_inputs),
         shared_bytes=shared if family == "cuda" else 0,
+        reductions=sum(1 for v in views if v.has_reduction),
         notes=tuple(notes),
         aligned_depth=depth,
     )
+
+
+def plan_kernel(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
+    """The plan of a fused PrimFunc for `target`.
+
+    CUDA: few long rows take the row-split scheme (global stitching over
+    several blocks per row). Otherwise row-resident; when its intermediates
+    need more shared memory than a block has, they are demoted one at a time,
+    largest first, to recomputation in their consumers, and when only
+    reduction results and outputs are left on chip, the group is stitched
+    through global memory by row-split.
+    """
+    if target_family(target) != "cuda":
+        return plan_row_resident(func, target, name)
+    return _with_resources(_cuda_plan(func, target, name))
+
+
+def _cuda_plan(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
+    try:
+        return plan_row_split(func, target, name, few_long_rows_only=True)
+    except SplitError:
+        pass
+    recompute = ()
+    while True:
+        try:
+            return plan_row_resident(func, target, name, recompute)
+        except SharedMemoryError as err:
+            if err.demotable:  # AStitch's demotion, one intermediate at a time, largest first
+                recompute += (err.demotable[0],)
+                continue
+            try:
+                return plan_row_split(func, target, name, few_long_rows_only=False)
+            except SplitError as split_err:
+                raise PlanError(f"{err}; and no row-split plan: {split_err}") from err
+
+
+def _with_resources(plan: StitchPlan) -> StitchPlan:
+    registers = estimate_registers(plan)
+    return dataclasses.replace(plan, registers=registers,
+                               occupancy=occupancy(plan.threads_per_block, registers, plan.shared_bytes))

@@ -48,7 +48,9 @@ class StitchReport:
                 rows.append(("-", ops, "fallback", "-", "-", _short(group.fallback, 60), "-"))
                 continue
             m = plan.mapping
-            if plan.target == "cuda":
+            if plan.scheme == "row-split":
+                mapping = f"{m.grid} blocks ({m.split} blocks/row) x {m.threads} thr, {plan.kernels} kernels"
+            elif plan.target == "cuda":
                 mapping = f"{m.grid} blocks x {m.threads} thr, {m.rows_per_task} row/blk"
             else:
                 mapping = f"{m.rows} rows / {m.threads} cores, vec {m.vector}"
@@ -83,6 +85,9 @@ class StitchReport:
                 out.append(f"  inputs loaded once into shared memory: {', '.join(plan.cached_inputs)}")
             if plan.modeled_bytes >= 0:
                 out.append(f"  modeled global traffic {plan.modeled_bytes} B, ideal {plan.ideal_bytes} B")
+            if plan.registers >= 0:
+                out.append(f"  resources: ~{plan.registers} registers/thread (estimate), {plan.shared_bytes} B shared, "
+                           f"{plan.threads_per_block} threads/block, occupancy {plan.occupancy:.0%}")
             for inter in plan.intermediates:
                 out.append(f"  {inter.name:28s} {inter.level:8s} {inter.bytes_per_row:7d} B/row  {inter.why}")
             for note in plan.notes:

@@ -138,3 +138,23 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
             per_rank.append(_worst(kinds) if kinds else INVARIANT)
         access.append(tuple(per_rank))
     return RowInfo(tuple(str(e) for e in extents[:depth]), depth, tuple(access))
+
+
+def walks_columns(views: list, params: list, rank: int) -> bool:
+    """Some block steps through an input along a non-contiguous axis while rows are contiguous."""
+    if rank == 0:
+        return False
+    for view in views:
+        row_vars = set(view.iter_vars[:rank])
+        within = set(view.iter_vars[rank:])
+        if not within:
+            continue
+        for read in view.reads:
+            if not any(read.buffer.same_as(p) for p in params) or not read.indices:
+                continue
+            if access_kind(read, view.iter_vars[:rank]) == ALIGNED:
+                continue
+            last = vars_in(read.indices[-1])
+            if last & row_vars and not last & within and any(vars_in(i) & within for i in read.indices[:-1]):
+                return True
+    return False

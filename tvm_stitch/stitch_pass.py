@@ -25,7 +25,8 @@ from .graph import Graph, analyses_for, build_graph
 from .outline import outline_group
 from .packing import pack_block
 from .partition import PartitionLimits, partition
-from .planner import plan_row_resident, target_family
+from .planner import plan_kernel, target_family
+from .split_planner import SPLIT_BELOW_ROWS, SPLIT_MIN_ROW
 from schedules import schedule_for
 from .report import GroupRecord, StitchReport
 from .target import as_target
@@ -42,9 +43,10 @@ class StitchError(RuntimeError):
     """
 
 
-def _limits(family: str) -> PartitionLimits:
+def _limits(family: str, split_long_rows: bool = True) -> PartitionLimits:
     if family == "cuda":
-        return PartitionLimits()
+        # Few long rows are split over blocks (row-split): nothing per row stays on chip.
+        return PartitionLimits(long_rows_below=SPLIT_BELOW_ROWS if split_long_rows else 0, long_row=SPLIT_MIN_ROW)
     # On the CPU a row's intermediates live in L1/L2, not a 48 KB scratchpad.
     return PartitionLimits(parallel_rows=16, row_bytes_limit=1 << 20)
 
@@ -163,7 +165,7 @@ class _Stitcher:
             if tvm_ffi.structural_equal(other, fused):
                 return name, plan
         name = f"stitch_{self.count}_{'_'.join(ops[:3])}"[:60]
-        rule = plan_row_resident(fused, self.plan_target, name)
+        rule = plan_kernel(fused, self.plan_target, name)
         plan = self.choose(fused, rule, self.plan_target) if self.choose is not None else rule
         try:
             scheduled = self._scheduled(fused, plan)
@@ -195,12 +197,21 @@ class _Stitcher:
             if not node.stitchable:
                 self.report.opaque.append((node.var.name, node.reason))
         stitched = []
-        for members in partition(graph, _limits(self.family)):
+        for members, parts in self._groups(graph):
             if _only_reshapes(graph, members):
                 continue  # TVM turns these into views that launch nothing
             result = self.stitch_group(func_name, graph, members)
             if result is not None:
                 stitched.append((members, result))
+                continue
+            if parts:
+                failed = self.report.groups.pop()
+                self.report.notes.append(f"[{','.join(failed.ops)}] stitched as {len(parts)} groups with rows "
+                                         f"kept on chip: {failed.fallback}")
+                for part in parts:
+                    part_result = self.stitch_group(func_name, graph, part)
+                    if part_result is not None:
+                        stitched.append((part, part_result))
         if not stitched:
             return block
         by_first = {members[0]: (members, result) for members, result in stitched}
@@ -222,6 +233,20 @@ class _Stitcher:
                 raise StitchError(f"cannot pack independent kernels: {err}") from err
             self.report.notes.append(f"independent kernels left unpacked: {type(err).__name__}: {err}")
         return relax.DataflowBlock(bindings)
+
+    def _groups(self, graph: Graph) -> list:
+        """(group, parts) pairs: a group whose rows may be split (see _limits) has as parts the
+        groups that keep rows on chip, tried when the group itself cannot be stitched."""
+        groups = partition(graph, _limits(self.family))
+        if self.family != "cuda":
+            return [(g, []) for g in groups]
+        on_chip = partition(graph, _limits(self.family, split_long_rows=False))
+        out = []
+        for members in groups:
+            parts = [p for p in on_chip if set(p) <= set(members)]
+            complete = sum(len(p) for p in parts) == len(members) and len(parts) > 1
+            out.append((members, parts if complete else []))
+        return out
 
     def _call_bindings(self, name: str, outlined, calls: dict) -> list:
         out_ty = outlined.out_types if len(outlined.out_types) > 1 else outlined.out_types[0]

@@ -9,12 +9,32 @@ back to TVM's default path instead of failing the user's build.
 from __future__ import annotations
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.target import Target
 
 
+class UnboundBlockError(RuntimeError):
+    """A block of a GPU kernel is outside every thread-bound loop: it would run on the host."""
+
+
+def check_bound(func: tirx.PrimFunc) -> None:
+    """Every block of a GPU PrimFunc sits under a loop bound to blockIdx.* or threadIdx.*."""
+    sch = s_tir.Schedule(func)
+    stack = list(sch.get_child_blocks(get_root_block(sch)))
+    while stack:
+        block = stack.pop()
+        loops = sch.get_loops(block)
+        if not any(sch.get(loop).kind == tirx.ForKind.THREAD_BINDING for loop in loops):
+            raise UnboundBlockError(f"block {sch.get(block).name_hint} is not under a thread-bound loop")
+        stack.extend(sch.get_child_blocks(block))
+
+
 def check_builds(func: tirx.PrimFunc, target: Target) -> None:
-    """Raise (TVM raises RuntimeError subclasses) if `func` does not build for `target`."""
+    """Raise (TVM raises RuntimeError subclasses) if `func` does not build for `target`,
+    or, for a GPU, if some block would run on the host."""
+    if target.kind.name == "cuda":
+        check_bound(func)
     name = "stitch_check"
     mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
     tvm.tirx.build(mod, target=target)

@@ -93,8 +93,13 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
                 sch.annotate(outer, "pragma_auto_unroll_max_step", UNROLL)
                 sch.annotate(outer, "pragma_unroll_explicit", 1)
         elif spatial:
-            # One output per thread; its reduction, if any, runs serially in the thread.
+            # One output per thread (or `vector` consecutive ones, as one 128-bit access);
+            # its reduction, if any, runs serially in the thread.
             loop = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+            lanes = plan.mapping.vector
+            if not reduce and lanes > 1 and (spatial_extent or 0) % (threads * lanes) == 0:
+                loop, vector_loop = sch.split(loop, [None, lanes])
+                sch.vectorize(vector_loop)
             _split_over_threads(sch, loop, threads, bind)
         else:
             _split_over_threads(sch, sch.add_unit_loop(block), threads, bind)

@@ -1,0 +1,159 @@
+"""Row-split global stitching on CUDA: few long rows, one thread block per (row, chunk).
+
+Realises a "row-split" plan (tvm_stitch/split_planner.py). Every reduction
+is split into `split` chunks and rfactored: its partials are computed in the
+reduction's kernel, one block per (row, chunk), as a cross-thread reduction.
+The combine of the partials (`split` values per row) joins the kernel of
+its first reader, outside the thread loops, so every thread combines them
+itself, in a register; a copy goes to global memory when a later kernel or
+the caller reads it. Element-wise outputs are cut into the same chunks, with
+128-bit vector accesses where the chunk allows; per-row outputs (one value
+per row) are computed by every thread, like combines. Each kernel is one merged
+row loop (`blockIdx.y`, or `blockIdx.x` when rows are not split) holding
+its blocks' chunk loops (`blockIdx.x`) and thread loops (`threadIdx.x`).
+A plan with one thread per row (column walks) splits the row loop over
+threads instead and walks each chunk serially in its thread.
+
+Applied for an llvm target, the same loops run without thread bindings, so
+the index arithmetic and the combine order are checked on the CPU.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from tvm_stitch.plan import GLOBAL, StitchPlan
+
+from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds
+
+COMBINE = ":combine"
+
+
+def _fuse(sch: s_tir.Schedule, loops: list):
+    return loops[0] if len(loops) == 1 else sch.fuse(*loops)
+
+
+def _split_reduction(sch: s_tir.Schedule, block, rank: int, split: int):
+    """rfactor the block's reduction into `split` chunks; returns the partial (rf) block."""
+    reduce = [loop for loop, kind in loop_kinds(sch, block)[rank:] if kind == tirx.IterVar.CommReduce]
+    chunks, _ = sch.split(_fuse(sch, reduce), [split, None])
+    return sch.rfactor(chunks, rank)
+
+
+def _extent(sch: s_tir.Schedule, loops: list) -> int:
+    total = 1
+    for loop in loops:
+        total *= int(sch.get(loop).extent)
+    return total
+
+
+def _row_loop(sch: s_tir.Schedule, block, rank: int):
+    return _fuse(sch, sch.get_loops(block)[:rank])
+
+
+def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
+    bind = target.kind.name == "cuda"
+    rank, split = plan.rank, plan.mapping.split
+    threads, vector = plan.mapping.threads, plan.mapping.vector
+    columns = threads == 1
+    level = {name: lvl for name, lvl in plan.phases if not name.endswith(COMBINE)}
+    combine_level = {name[: -len(COMBINE)]: lvl for name, lvl in plan.phases if name.endswith(COMBINE)}
+    sch = s_tir.Schedule(func)
+    inline_cheap_blocks(sch, plan)
+
+    chunked = []  # (block name, is a partial reduction)
+    for name, block in blocks_by_name(sch).items():
+        if name in combine_level:
+            chunked.append((sch.get(_split_reduction(sch, block, rank, split)).name_hint, True))
+        elif _extent(sch, sch.get_loops(block)[rank:]) > 1:
+            within = sch.get_loops(block)[rank:]
+            sch.split(_fuse(sch, within), [split, None])
+            chunked.append((name, False))
+
+    # Root loop nests in kernel order, then each kernel's row loops merged into one.
+    sch = _in_kernel_order(sch, lambda name: _kernel_of(name, level, combine_level))
+    kernels = [[] for _ in range(plan.kernels)]
+    for name, block in blocks_by_name(sch).items():
+        kernels[_kernel_of(name, level, combine_level)].append(_row_loop(sch, block, rank))
+    rows = [loops[0] if len(loops) == 1 else sch.merge(*loops) for loops in kernels]
+    row_block = "blockIdx.y" if split > 1 else "blockIdx.x"
+    if columns:
+        # A thread per row (column walk): rows across the threads of a block.
+        anchors = []
+        for row in rows:
+            outer, inner = sch.split(row, [None, plan.mapping.rows_per_task])
+            if bind:
+                sch.bind(outer, row_block)
+                sch.bind(inner, "threadIdx.x")
+            anchors.append(inner)
+        rows = anchors
+    elif bind:
+        for row in rows:
+            sch.bind(row, row_block)
+
+    for name, partial in chunked:
+        block = sch.get_sblock(name)
+        loops = sch.get_loops(block)
+        chunk_loop, inner = loops[-2], loops[-1]
+        if bind and split > 1:
+            sch.bind(chunk_loop, "blockIdx.x")
+        if columns:
+            continue  # the thread walks its chunk of the column serially
+        if partial:
+            outer, thread = sch.split(inner, [None, threads])
+            sch.reorder(thread, outer)
+        elif vector > 1:
+            _, thread, lanes = sch.split(inner, [None, threads, vector])
+            sch.vectorize(lanes)
+        else:
+            _, thread = sch.split(inner, [None, threads])
+        if bind:
+            sch.bind(thread, "threadIdx.x")
+
+    if bind:
+        global_combines = {i.name for i in plan.intermediates if i.level == GLOBAL}
+        for name, lvl in combine_level.items():
+            block = sch.get_sblock(name)
+            if name in global_combines:
+                # Accumulate in a register; the copy to global memory writes the final value only.
+                readers = [c for c in sch.get_consumers(block)
+                           if _kernel_of(sch.get(c).name_hint, level, combine_level) == lvl]
+                copy = sch.cache_write(block, 0, "local", consumer_blocks=readers)
+                sch.reverse_compute_at(copy, rows[lvl])
+            else:
+                sch.set_scope(block, 0, "local")
+    return sch
+
+
+def _in_kernel_order(sch: s_tir.Schedule, kernel_of) -> s_tir.Schedule:
+    """A schedule of the same function with its root loop nests stably sorted by kernel.
+
+    A valid order: every value flows from a kernel to a later one (a combine
+    follows its partial; readers are in the combine's kernel or later).
+    `sch.merge` moves merged loops to the last one's place without checking
+    dependences, so each kernel's loops must be adjacent before merging.
+    """
+    func = sch.mod["main"]
+    realize = func.body
+    root = realize.block
+    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+
+    def block_name(stmt) -> str:
+        while isinstance(stmt, tirx.For):
+            stmt = stmt.body
+        return stmt.block.name_hint
+
+    ordered = sorted(nests, key=lambda nest: kernel_of(block_name(nest)))
+    body = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(ordered), root.init,
+                        root.alloc_buffers, root.match_buffers, root.annotations)
+    return s_tir.Schedule(func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, body)))
+
+
+def _kernel_of(name: str, level: dict, combine_level: dict) -> int:
+    """The kernel a block runs in: a combine in its reader's, a partial (`<name>_rf`) in its reduction's."""
+    if name in combine_level:
+        return combine_level[name]
+    if name.endswith("_rf") and name[:-3] in combine_level:
+        return level[name[:-3]]
+    return level[name]

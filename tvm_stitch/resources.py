@@ -1,0 +1,57 @@
+"""Per-kernel resources on an H100/H200-class GPU: a register estimate and the occupancy it allows.
+
+Registers are estimated from the plan, not compiled: a base for indices,
+pointers and the predicate, plus the values each thread keeps live: every
+intermediate computed once (an accumulator, a broadcast value or a stored
+element), the lanes of 128-bit accesses, and for a thread that walks a row
+alone (column access) the unrolled serial loop. tests/test_resources.py
+checks the estimate against ptxas on the suite kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .plan import StitchPlan
+
+
+@dataclass(frozen=True)
+class SM:
+    """Limits of one streaming multiprocessor (sm_90: H100, H200)."""
+
+    threads: int = 2048
+    registers: int = 65536
+    shared_bytes: int = 228 * 1024
+    blocks: int = 32
+    register_granule: int = 256  # registers are allocated per warp in units of this
+
+
+H200_SM = SM()
+
+BASE_REGISTERS = 16
+PER_KEPT_VALUE = 2
+PER_VECTOR_LANE = 2
+THREAD_PER_ROW_REDUCTION = 48  # a serial, unrolled walk down a column
+
+
+def estimate_registers(plan: StitchPlan) -> int:
+    kept = sum(1 for i in plan.intermediates if not i.inlined)
+    registers = BASE_REGISTERS + PER_KEPT_VALUE * kept
+    if plan.mapping.vector > 1:
+        registers += PER_VECTOR_LANE * plan.mapping.vector
+    if plan.mapping.threads == 1 and plan.reductions:
+        registers += THREAD_PER_ROW_REDUCTION
+    return registers
+
+
+def occupancy(threads_per_block: int, registers: int, shared_bytes: int, sm: SM = H200_SM) -> float:
+    """Resident warps over the SM's maximum, limited by threads, registers, shared memory and blocks."""
+    warps = -(-threads_per_block // 32)
+    per_warp = -(-registers * 32 // sm.register_granule) * sm.register_granule
+    blocks = min(
+        sm.blocks,
+        sm.threads // (warps * 32),
+        sm.registers // (per_warp * warps),
+        sm.shared_bytes // shared_bytes if shared_bytes else sm.blocks,
+    )
+    return blocks * warps * 32 / sm.threads
