@@ -1,12 +1,14 @@
 """The learned cost model: picks one of a group's candidate configurations.
 
-One XGBoost regression model per target family, trained by `tvm-stitch
-train` on the records of `tvm-stitch tune`, shipped as XGBoost's JSON model
-in schedules/cost_models/<family>.json. Its target is the log of a
-candidate's time over the median time of its group's candidates (a
-steadier reference than the fastest one, on a noisy machine), so the model
-ranks candidates of one group; the candidate with the lowest prediction is
-chosen.
+One XGBoost ranking model (pairwise, each stitched group a query) per
+target family, trained by `tvm-stitch train` on the records of `tvm-stitch
+tune`, shipped as XGBoost's JSON model in schedules/cost_models/<family>.json.
+A candidate's relevance is minus the log of its time over the median time
+of its group's candidates; the candidate with the highest score is chosen.
+Ranking rather than regressing times: only the order inside a group
+matters, and pairs of candidates timed in the same rounds are steadier than
+times on a shared machine (leave-one-shape-out on the training records:
+more groups within 10% of their best than regression).
 
 At compile time the trees are walked here, in Python (importing xgboost
 alone costs about a second, more than most compilations), and the model is
@@ -33,8 +35,9 @@ from .features import FEATURES, features, group_facts
 from .plan import StitchPlan
 
 MODELS = Path(schedules.__file__).resolve().parent / "cost_models"
-TRAIN_PARAMS = {"max_depth": 6, "eta": 0.1, "subsample": 1.0, "min_child_weight": 1.0,
-                "objective": "reg:squarederror", "nthread": 1, "seed": 0, "tree_method": "exact"}
+OBJECTIVE = "rank:pairwise"  # within a group, order pairs of candidates by their times
+TRAIN_PARAMS = {"max_depth": 4, "eta": 0.05, "objective": OBJECTIVE, "nthread": 1, "seed": 0,
+                "tree_method": "exact"}
 ROUNDS = 200
 
 
@@ -66,8 +69,8 @@ class Model:
             booster = learner["gradient_booster"]
             if booster["name"] != "gbtree":
                 raise ModelError(f"booster {booster['name']!r}, expected gbtree")
-            if learner["objective"]["name"] != "reg:squarederror":
-                raise ModelError(f"objective {learner['objective']['name']!r}, expected reg:squarederror")
+            if learner["objective"]["name"] != OBJECTIVE:
+                raise ModelError(f"objective {learner['objective']['name']!r}, expected {OBJECTIVE}")
             base = float(learner["learner_model_param"]["base_score"].strip("[]"))
             trees = booster["model"]["trees"]
             if not trees:
@@ -91,7 +94,12 @@ class Model:
             raise ModelError("a split uses a feature the model does not name")
         return model
 
+    def costs(self, rows: list) -> list:
+        """Lower is faster: the negated ranking scores."""
+        return [-score for score in self.predict(rows)]
+
     def predict(self, rows: list) -> list:
+        """The raw scores, as XGBoost's predict gives them (higher ranks first)."""
         x = np.asarray(rows, dtype=np.float32)  # XGBoost compares float32 features with float32 splits
         trees = np.arange(self.left.shape[0])[:, None]
         node = np.zeros((self.left.shape[0], x.shape[0]), dtype=np.int32)
@@ -140,7 +148,7 @@ def choose(model: Model, fused: tirx.PrimFunc, rule: StitchPlan, target: tvm.tar
     if len(plans) == 1:
         return rule
     facts = group_facts(fused)
-    scores = model.predict([features(facts, plan, rule) for plan in plans])
+    scores = model.costs([features(facts, plan, rule) for plan in plans])
     best = min(range(len(plans)), key=lambda i: (scores[i], i))
     if best == 0:
         return rule
@@ -163,7 +171,7 @@ def train(records: list, out: Path) -> dict:
     """Train the model on tune records (see tune.py) and write it; returns a summary."""
     import xgboost as xgb
 
-    rows, labels = [], []
+    rows, labels, sizes = [], [], []
     for record in records:
         timed = [c for c in record["candidates"] if c.get("ms") is not None and c.get("agrees", True)]
         if len(timed) < 2:
@@ -173,11 +181,13 @@ def train(records: list, out: Path) -> dict:
             if len(c["features"]) != len(FEATURES):
                 raise ValueError(f"record {record['group']}: {len(c['features'])} features, expected {len(FEATURES)}")
             rows.append(c["features"])
-            labels.append(math.log2(c["ms"] / middle))
+            labels.append(-math.log2(c["ms"] / middle))  # relevance: higher is faster
+        sizes.append(len(timed))
     if not rows:
         raise ValueError("no group with two or more timed candidates in the records")
     data = xgb.DMatrix(np.asarray(rows, dtype=np.float32), label=np.asarray(labels, dtype=np.float32),
                        feature_names=list(FEATURES))
+    data.set_group(sizes)
     booster = xgb.train(TRAIN_PARAMS, data, num_boost_round=ROUNDS)
     out.parent.mkdir(parents=True, exist_ok=True)
     booster.save_model(str(out))

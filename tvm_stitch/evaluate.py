@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .cost_model import load_model, model_path
-from .tune import HELD_OUT_SHAPES, machine, read_records
+from .tune import HELD_OUT_SHAPES, REPEAT, machine, read_records
 
 WITHIN = 1.10  # the model's choice counts as good within 10% of the best candidate
 GOOD_SHARE = 0.80  # ... for at least this share of the held-out groups
@@ -41,7 +41,7 @@ def choices(records: list, model) -> list:
         rule = next((e for e in entries if e["rule"]), None)
         if rule is None or rule["ms"] is None or len(timed) < 2:
             continue
-        scores = model.predict([e["features"] for e in entries])
+        scores = model.costs([e["features"] for e in entries])
         pick = entries[min(range(len(entries)), key=lambda i: (scores[i], i))]
         if pick["ms"] is None or not pick["agrees"]:
             pick = rule  # as at compile time: a choice that does not build gives way to the rules
@@ -116,7 +116,8 @@ def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, progress=pr
         done = done and with_model / rules_only <= COMPILE_SLACK
     summary["done"] = done
     meta = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "held_out_records": str(held_out),
-            "model": str(model_path("cpu")), "shapes": sorted({r["group"].split("/")[2] for r in records})}
+            "model": str(model_path("cpu")), "shapes": sorted({r["group"].split("/")[2] for r in records}),
+            "rounds": sorted({r.get("rounds", REPEAT) for r in records})}
     out.mkdir(parents=True, exist_ok=True)
     (out / "evaluation.json").write_text(json.dumps({"meta": meta, "summary": summary, "groups": rows,
                                                      "compile": compile_rows}, indent=1) + "\n", encoding="utf-8")
@@ -131,7 +132,9 @@ def _markdown(meta: dict, summary: dict, rows: list, compile_rows: list) -> str:
         "",
         f"Machine: {meta['machine']}; {meta['date']}. Held-out shapes: {', '.join(meta['shapes'])} "
         f"(not in the training records). Every candidate of a group was timed in the same run "
-        f"(TVM time evaluator, median of 5); ratios are to the best candidate measured.",
+        f"(TVM time evaluator, median of {'/'.join(map(str, meta['rounds']))} rounds visiting the candidates "
+        f"in turn); ratios are to the "
+        f"best candidate measured.",
         "",
         f"- groups: {summary['groups']}",
         f"- model's choice within 10% of the best: {summary['share_within_10pct_of_best']:.0%} of groups "

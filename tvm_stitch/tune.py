@@ -39,6 +39,9 @@ TRAIN_SHAPES = {
     "r64c4096": dict(_BASE, rows=64, cols=4096, vocab=32768, batch=1, heads=4, seq=256),
     "r512c2048": dict(_BASE, rows=512, cols=2048, vocab=4096, batch=4, heads=8, seq=192),
     "r4096c48": dict(_BASE, rows=4096, cols=48, vocab=512, batch=32, heads=2, seq=16),
+    # rows that half, full or double vector widths do not divide
+    "r1536c200": dict(_BASE, rows=1536, cols=200, vocab=1800, batch=6, heads=5, seq=40),
+    "r768c100": dict(_BASE, rows=768, cols=100, vocab=900, batch=3, heads=10, seq=36),
 }
 HELD_OUT_SHAPES = {
     "r1000c1000": dict(_BASE, rows=1000, cols=1000, vocab=5000, batch=4, heads=6, seq=96),
@@ -48,8 +51,8 @@ HELD_OUT_SHAPES = {
 DTYPES = ("float32", "float16")
 MAX_GROUPS = 3  # groups measured per graph instance (Adam's twelve differ only in shape)
 MAX_INPUT_BYTES = 256 << 20  # larger graph instances are skipped (e.g. Adam at a wide shape)
-REPEAT = 5  # timing rounds per candidate (the median is kept)
-REPEAT_MS = 10.0  # each round runs a candidate for about this long
+REPEAT = 10  # timing rounds per candidate (the median is kept)
+REPEAT_MS = 5.0  # each round runs a candidate for about this long
 TOLERANCE = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-2), "bfloat16": (5e-2, 5e-2)}
 
 
@@ -185,7 +188,7 @@ def tune(out: Path, shapes: dict, graphs: list, dtypes: tuple, target: tvm.targe
                 continue
             entries = measure_group(fused, rule, target, seed=k)
             record = {"group": group, "graph": graph, "dtype": dtype, "shape": shape, "dims": shapes[shape],
-                      "target": family, "kernel": rule.kernel, "ops": list(rule.ops), "machine": machine(),
+                      "target": family, "kernel": rule.kernel, "ops": list(rule.ops), "machine": machine(), "rounds": REPEAT,
                       "candidates": entries}
             with out.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")
