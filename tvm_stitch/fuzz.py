@@ -135,13 +135,18 @@ class _Generator:
 
     def base_shape(self) -> list:
         rank = int(self.rng.integers(1, 5))
-        kind = self.pick(["any", "short_rows", "long_rows"])
+        kind = self.pick(["any", "any", "short_rows", "long_rows", "split_rows", "columns"])
         shape = [self.pick(DIMS[:10]) for _ in range(rank)]
         if kind == "short_rows":
             shape[-1] = self.pick([1, 2, 3, 5, 7, 8])
         elif kind == "long_rows":
             shape[-1] = self.pick([1000, 3001, 4096])
             shape[:-1] = [self.pick([1, 2, 3, 5]) for _ in shape[:-1]]
+        elif kind == "split_rows":  # few rows too long for one block: CUDA row-split
+            shape[-1] = self.pick([16384, 20000, 30011])
+            shape[:-1] = [self.pick([1, 2, 3]) for _ in shape[:-1]]
+        elif kind == "columns":  # long leading axis, few columns: column walks split over blocks
+            shape = [self.pick([512, 1000, 2048])] + [self.pick([1, 3, 8, 33]) for _ in shape[1:]]
         return shape
 
     def spec(self, symbolic: bool = False) -> Spec:
