@@ -1,15 +1,33 @@
 """The tvm-stitch command."""
 
+import importlib.util
+import json
+
 from tvm_stitch.cli import main
 
 
-def test_bench_prints_the_table(capsys):
-    assert main(["bench", "--size", "test", "--graphs", "layernorm,softmax", "--dtype", "float32,float16"]) == 0
-    out = capsys.readouterr().out
+def test_bench_prints_the_table_and_writes_results(capsys, tmp_path):
+    assert main(["bench", "--size", "test", "--graphs", "layernorm,softmax", "--dtype", "float32,float16",
+                 "--results", str(tmp_path), "--machine", "here"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
     assert "CUDA launches (default -> stitched)" in out
-    assert "stitched correct" in out
+    assert "stitched correct" in out and "of copy BW" in out and "numpy ms" in out
     assert "| layernorm " in out and "| softmax " in out
-    assert "geomean speedup" in out
+    assert "geomean speedup" in out and "copy bandwidth" in out
+    assert captured.err.count("] layernorm (") == 2, "a progress line per graph and dtype"
+    written = sorted(p.name for p in (tmp_path / "here").iterdir())
+    stems = {name.split(".")[0].removesuffix("-graphs") for name in written}
+    assert len(stems) == 1 and {s + ".json" for s in stems} <= set(written)
+    date = stems.pop()
+    rows = json.loads((tmp_path / "here" / f"{date}.json").read_text())["rows"]
+    assert [r["graph"] for r in rows] == ["layernorm", "softmax"] * 2
+    assert all(0 < r["copy_fraction"] and r["io_bytes"] > 0 for r in rows)
+    assert "| softmax " in (tmp_path / "here" / f"{date}.md").read_text()
+    has_plot = importlib.util.find_spec("matplotlib") is not None
+    assert (f"{date}-graphs.png" in written) == has_plot
+    if not has_plot:
+        assert "no PNG plots" in captured.err
 
 
 def test_bench_rejects_unknown_graphs(capsys):

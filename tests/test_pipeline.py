@@ -181,3 +181,18 @@ def test_softmax_and_log_sum_exp_stay_finite_near_1e4(name, target_kind, rng):
     for out, ref in zip(outs, reference(graph, inputs)):
         assert np.all(np.isfinite(out))
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_float16_graphs_match_numpy_on_this_cpu(rng):
+    # The host CPU target: with F16C (x86) float16 rows are vectorised, not converted lane by lane.
+    from tvm_stitch.target import host_target
+
+    d = dims("test")
+    for name, graph in SUITE.items():
+        if "float16" not in graph.dtypes:
+            continue
+        inputs = graph.inputs(rng, "float16", d)
+        built = build(graph.build("float16", d), host_target(), stitched=True, strict=True)
+        rtol, atol = TOLERANCE["float16"]
+        for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
+            np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol, err_msg=name)

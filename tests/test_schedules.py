@@ -8,7 +8,7 @@ from tvm_stitch.plan import StitchPlan
 from tvm_stitch.suite import SUITE, dims
 from tvm_stitch.tir_view import expensive_ops
 
-from conftest import CUDA, LLVM
+from conftest import CUDA, LLVM, make_module, tensor
 
 
 def _stitched_funcs(name, target):
@@ -73,3 +73,55 @@ def test_traffic_model_counts_rereads():
     modeled, ideal = program_traffic(default.lowered)
     # TVM's default: three kernels, x read in several passes, intermediates round-trip.
     assert modeled > 3 * ideal
+
+
+def test_cpu_column_reductions_stream_adjacent_rows_in_vector_lanes():
+    # dgamma and dbeta reduce over rows: a task takes adjacent columns, vectorised, and walks the rows
+    # once for both sums (contiguous loads), instead of a strided walk per column.
+    streamed = [(f, StitchPlan.from_json(str(f.attrs["tvm_stitch.plan"])))
+                for f in _stitched_funcs("layernorm_backward", LLVM)]
+    streamed = [(f, p) for f, p in streamed if p.mapping.rows_per_task > 1]
+    assert len(streamed) == 1
+    func, plan = streamed[0]
+    assert plan.mapping.grid * plan.mapping.rows_per_task == plan.mapping.rows == 768
+    walks, vectorized = [], []
+
+    def on_for(loop):
+        if loop.kind == tvm.tirx.ForKind.VECTORIZED:
+            vectorized.append(int(loop.extent))
+        elif loop.kind == tvm.tirx.ForKind.SERIAL and int(loop.extent) == 4096:
+            walks.append(loop)
+            assert isinstance(loop.body, tvm.tirx.For) and loop.body.kind == tvm.tirx.ForKind.VECTORIZED
+
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, on_for), order="pre")
+    assert len(walks) == 1 and vectorized == [plan.mapping.rows_per_task]
+
+
+def test_cpu_rows_hold_one_reduction_each_so_reductions_use_vector_lanes():
+    # attention scores 8x12x128x128: rows of 128 (12288 of them), not 96 rows of 128 reductions each,
+    # and every reduction is split into vector lanes (an rfactor block per reduction).
+    (func,) = _stitched_funcs("attention_softmax", LLVM)
+    plan = StitchPlan.from_json(str(func.attrs["tvm_stitch.plan"]))
+    assert plan.rank == 3 and plan.mapping.rows == 8 * 12 * 128
+    names = []
+    tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, lambda b: names.append(b.name_hint)), order="pre")
+    assert sum(n.endswith("_rf") for n in names) == plan.reductions == 2
+
+
+def test_cpu_long_column_sums_are_cut_into_parallel_partials(rng):
+    # 10001 rows: more than one chunk of 4096, not a multiple of the chunk count (a partial last chunk).
+    import numpy as np
+    from tvm import relax
+
+    from tvm_stitch.build import run_cpu
+
+    x, y = tensor("x", (10001, 48)), tensor("y", (10001, 48))
+    mod = make_module([x, y], lambda bb, x, y: relax.Tuple([
+        bb.emit(relax.op.sum(relax.op.multiply(x, y), axis=[0])), bb.emit(relax.op.sum(x, axis=[0]))]))
+    built = build(mod, LLVM, stitched=True, strict=True)
+    (plan,) = built.report.plans
+    assert plan.mapping.rows_per_task > 1 and plan.mapping.split == 3
+    a, b = rng.standard_normal((10001, 48)).astype("float32"), rng.standard_normal((10001, 48)).astype("float32")
+    dot, total = run_cpu(built.executable, [a, b])
+    np.testing.assert_allclose(dot, (a.astype("float64") * b).sum(0), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(total, a.astype("float64").sum(0), rtol=1e-4, atol=1e-3)

@@ -1,10 +1,13 @@
 """`tvm-stitch bench`: the suite built with TVM's default pipeline and with tvm-stitch.
 
-Per graph: both builds run on the CPU (llvm) on the same random inputs and
-are checked against numpy and each other; CUDA kernel launches per forward
-come from the CUDA builds (no GPU needed); CPU times of both builds are
-measured in the same run and reported with their ratio. With a GPU present
-and `--target cuda`, the CUDA builds are timed too.
+Per graph: both builds run on the CPU (llvm for this machine's CPU model)
+on the same random inputs and are checked against numpy; CUDA kernel
+launches per forward come from the CUDA builds (no GPU needed); CPU times
+of both builds, of numpy and (optionally) of PyTorch eager and
+torch.compile are measured in the same run and reported as ratios, with the
+stitched build's effective bandwidth (inputs read once, outputs written
+once) as a fraction of this machine's copy bandwidth, measured in the same
+run too. With a GPU present and `--target cuda`, the CUDA builds are timed.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import numpy as np
 
 from .build import build, run_cpu, time_cpu
 from .kernels import count_launches
-from .traffic import program_traffic
 from .suite import SUITE, dims, reference
+from .target import host_target
+from .traffic import program_traffic
 
 TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2)}
 
@@ -41,15 +45,32 @@ class BenchRow:
     cpu_ms_stitched: float
     max_error: float  # stitched vs numpy (float64), max abs over outputs
     default_error: float  # TVM's default build vs numpy, the same way
-    agree: bool  # the stitched build is within the dtype's tolerance of numpy
+    agree: bool  # within the dtype's tolerance of numpy, or (float32 sums too long for it) closer than TVM's default
     gpu_ms_default: float = float("nan")
     gpu_ms_stitched: float = float("nan")
     torch_eager_ms: float = float("nan")  # PyTorch eager on the CPU, same inputs
     torch_compile_ms: float = float("nan")  # torch.compile (Inductor) on the CPU
+    numpy_ms: float = float("nan")  # the numpy reference, in the inputs' dtype
+    io_bytes: int = 0  # inputs read once + outputs written once
+    copy_gbps: float = float("nan")  # this machine's copy bandwidth, measured in the same run
 
     @property
     def speedup(self) -> float:
         return self.cpu_ms_default / self.cpu_ms_stitched
+
+    @property
+    def vs_torch_compile(self) -> float:
+        """torch.compile time / tvm-stitch time (above 1: tvm-stitch faster)."""
+        return self.torch_compile_ms / self.cpu_ms_stitched
+
+    @property
+    def gbps_stitched(self) -> float:
+        """Effective bandwidth of the stitched build: inputs read once + outputs written once."""
+        return self.io_bytes / self.cpu_ms_stitched / 1e6
+
+    @property
+    def copy_fraction(self) -> float:
+        return self.gbps_stitched / self.copy_gbps
 
 
 def machine_name() -> str:
@@ -112,6 +133,34 @@ def _time_call(fn, min_ms: float = 200.0) -> float:
     return float(np.median(results))
 
 
+def copy_bandwidth(target=None, elements: int = 1 << 26) -> float:
+    """GB/s of a parallel, vectorised float32 copy of `elements` (256 MB) built with TVM:
+    bytes read + bytes written per second, the STREAM convention."""
+    import tvm
+    from tvm import s_tir, te
+
+    target = target or host_target()
+    src = te.placeholder((elements,), "float32", name="src")
+    dst = te.compute((elements,), lambda i: src[i], name="dst")
+    sch = s_tir.Schedule(te.create_prim_func([src, dst]))
+    (loop,) = sch.get_loops(sch.get_sblock("dst"))
+    outer, inner = sch.split(loop, [None, 64])
+    sch.parallel(outer)
+    sch.vectorize(inner)
+    lib = tvm.compile(sch.mod, target=target).jit()
+    dev = tvm.cpu()
+    a = tvm.runtime.tensor(np.ones(elements, "float32"), dev)
+    b = tvm.runtime.tensor(np.zeros(elements, "float32"), dev)
+    timer = lib.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=200)
+    seconds = float(np.median(timer(a, b).results))
+    return 2 * 4 * elements / seconds / 1e9
+
+
+def _numpy_ms(graph, inputs: list) -> float:
+    """The graph's numpy reference on the inputs in their own dtype (erf: math.erf per element)."""
+    return _time_call(lambda: graph.reference(*inputs), min_ms=100.0)
+
+
 def _torch_times(name: str, inputs: list) -> tuple:
     """(eager ms, torch.compile ms) of the graph in PyTorch on the CPU, NaNs without torch."""
     try:
@@ -134,9 +183,14 @@ def _torch_times(name: str, inputs: list) -> tuple:
 
 
 def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target: str = "llvm",
-              progress=sys.stderr, seed: int = 0, with_torch: bool = False) -> list:
+              progress=None, seed: int = 0, with_torch: bool = False, copy_gbps: float | None = None) -> list:
+    """One BenchRow per graph of `graphs` that has `dtype`; a progress line per graph on `progress`
+    (default: the current sys.stderr)."""
+    progress = progress or sys.stderr
     rows = []
     d = dims(size)
+    cpu = host_target()
+    copy_gbps = copy_bandwidth(cpu) if copy_gbps is None else copy_gbps
     for i, name in enumerate(graphs, 1):
         graph = SUITE[name]
         if dtype not in graph.dtypes:
@@ -149,8 +203,8 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
             cuda[key] = (count_launches(built.lowered, built.executable), program_traffic(built.lowered))
         inputs = graph.inputs(np.random.default_rng(seed), dtype, d)
         refs = reference(graph, inputs)
-        default = build(mod, {"kind": "llvm"}, stitched=False)
-        stitched = build(mod, {"kind": "llvm"}, stitched=True)
+        default = build(mod, cpu, stitched=False)
+        stitched = build(mod, cpu, stitched=True)
         outs = run_cpu(stitched.executable, inputs)
         default_outs = run_cpu(default.executable, inputs)
         row = BenchRow(
@@ -166,55 +220,68 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
             cpu_ms_stitched=time_cpu(stitched.executable, inputs),
             max_error=_max_error(outs, refs),
             default_error=_max_error(default_outs, refs),
-            agree=_agree(outs, refs, dtype),
+            agree=_agree(outs, refs, dtype) or _max_error(outs, refs) <= _max_error(default_outs, refs),
+            numpy_ms=_numpy_ms(graph, inputs),
+            io_bytes=sum(a.nbytes for a in inputs) + sum(o.nbytes for o in outs),
+            copy_gbps=copy_gbps,
         )
         if target == "cuda":
             row.gpu_ms_default, row.gpu_ms_stitched = _gpu_times(mod, inputs)
         if with_torch:
             row.torch_eager_ms, row.torch_compile_ms = _torch_times(name, inputs)
+        print(f"    default {row.cpu_ms_default:.3f} ms, stitched {row.cpu_ms_stitched:.3f} ms "
+              f"({row.speedup:.2f}x), {row.gbps_stitched:.1f} GB/s = {100 * row.copy_fraction:.0f}% of copy"
+              + (f", torch.compile {row.torch_compile_ms:.3f} ms" if with_torch else "")
+              + ("" if row.agree else ", WRONG RESULT"), file=progress, flush=True)
         rows.append(row)
     return rows
+
+
+def _geomean(values: list) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def format_table(rows: list) -> str:
     header = ("graph", "dtype", "shape", "CUDA launches (default -> stitched)",
               "CUDA modeled MB (default -> stitched / ideal)",
-              "CPU ms default", "CPU ms stitched", "speedup", "max abs err default", "max abs err stitched",
-              "stitched correct")
+              "CPU ms default", "CPU ms stitched", "speedup", "numpy ms", "stitched GB/s", "of copy BW",
+              "max abs err default", "max abs err stitched", "stitched correct")
     has_gpu = any(not math.isnan(r.gpu_ms_default) for r in rows)
     has_torch = any(not math.isnan(r.torch_eager_ms) for r in rows)
     if has_gpu:
         header += ("GPU ms default", "GPU ms stitched")
     if has_torch:
-        header += ("torch eager ms", "torch.compile ms", "stitched vs torch.compile")
+        header += ("torch eager ms", "torch.compile ms", "torch.compile ms / stitched ms")
     lines = [header]
     for r in rows:
         line = (r.graph, r.dtype, r.shape, f"{r.launches_default} -> {r.launches_stitched}",
                 f"{r.mb_default:.1f} -> {r.mb_stitched:.1f} / {r.mb_ideal:.1f}",
-                f"{r.cpu_ms_default:.3f}", f"{r.cpu_ms_stitched:.3f}", f"{r.speedup:.2f}x",
+                f"{r.cpu_ms_default:.3f}", f"{r.cpu_ms_stitched:.3f}", f"{r.speedup:.2f}x", f"{r.numpy_ms:.3f}",
+                f"{r.gbps_stitched:.1f}", f"{100 * r.copy_fraction:.0f}%",
                 f"{r.default_error:.1e}", f"{r.max_error:.1e}", "yes" if r.agree else "NO")
         if has_gpu:
             line += (f"{r.gpu_ms_default:.4f}", f"{r.gpu_ms_stitched:.4f}")
         if has_torch:
-            line += (f"{r.torch_eager_ms:.3f}", f"{r.torch_compile_ms:.3f}",
-                     f"{r.torch_compile_ms / r.cpu_ms_stitched:.2f}x")
+            line += (f"{r.torch_eager_ms:.3f}", f"{r.torch_compile_ms:.3f}", f"{r.vs_torch_compile:.2f}x")
         lines.append(line)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths)) + " |" for line in lines]
     out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     if rows:
-        geo = math.exp(sum(math.log(r.speedup) for r in rows) / len(rows))
         ld = sum(r.launches_default for r in rows)
         ls = sum(r.launches_stitched for r in rows)
         md = sum(r.mb_default for r in rows)
         ms = sum(r.mb_stitched for r in rows)
         out.append("")
+        out.append(f"copy bandwidth of this machine, measured in the same run: {rows[0].copy_gbps:.1f} GB/s")
         if has_torch:
             valid = [r for r in rows if not math.isnan(r.torch_compile_ms)]
-            vs = math.exp(sum(math.log(r.torch_compile_ms / r.cpu_ms_stitched) for r in valid) / max(1, len(valid)))
-            out.append(f"CPU geomean of torch.compile time / tvm-stitch time: {vs:.2f}x over {len(valid)} graphs")
-        out.append(f"CPU geomean speedup {geo:.2f}x over TVM's default pipeline (llvm); "
-                   f"CUDA launches {ld} -> {ls} ({100.0 * (ld - ls) / ld:.0f}% fewer); "
+            out.append(f"CPU geomean of torch.compile time / tvm-stitch time: "
+                       f"{_geomean([r.vs_torch_compile for r in valid]):.2f}x over {len(valid)} graphs "
+                       "(above 1: tvm-stitch faster)")
+        out.append(f"CPU geomean speedup {_geomean([r.speedup for r in rows]):.2f}x over TVM's default pipeline "
+                   f"(llvm); CUDA launches {ld} -> {ls} ({100.0 * (ld - ls) / ld:.0f}% fewer); "
                    f"modeled CUDA traffic {md:.0f} -> {ms:.0f} MB ({100.0 * (md - ms) / md:.0f}% less)")
     return "\n".join(out)
 
@@ -222,7 +289,8 @@ def format_table(rows: list) -> str:
 def write_json(rows: list, path: str, extra: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     data = dict(extra)
-    data["rows"] = [dict(asdict(r), speedup=r.speedup) for r in rows]
+    data["rows"] = [dict(asdict(r), speedup=r.speedup, vs_torch_compile=r.vs_torch_compile,
+                         gbps_stitched=r.gbps_stitched, copy_fraction=r.copy_fraction) for r in rows]
     with open(path, "w", encoding="utf-8") as out:
         json.dump(data, out, indent=2, default=str)
 
@@ -232,6 +300,7 @@ def bench_metadata(size: str, dtype: str) -> dict:
 
     return {
         "machine": machine_name(),
+        "target": str(host_target()),
         "date": time.strftime("%Y-%m-%d"),
         "tvm": tvm.__version__,
         "size": size,
@@ -305,3 +374,19 @@ def format_models(rows: list) -> str:
         out.append(f"memory-intensive launches {md} -> {ms} ({100.0 * (md - ms) / md:.0f}% fewer) over "
                    f"{len(rows)} models")
     return "\n".join(out)
+
+
+def results_folder(root: str = "benchmarks/results", machine: str = "") -> str:
+    """root/<machine>: the machine named by `machine`, else cpu-<cores>core."""
+    return os.path.join(root, machine or f"cpu-{os.cpu_count()}core")
+
+
+def save_results(folder: str, rows: list, model_rows: list, meta: dict, text: str) -> list:
+    """<date>.json, <date>.md (the printed tables) and, with matplotlib, <date>-*.png; returns the paths."""
+    from .plots import plot_results
+
+    stem = os.path.join(folder, meta["date"])
+    write_json(rows, stem + ".json", dict(meta, models=[asdict(r) for r in model_rows]))
+    with open(stem + ".md", "w", encoding="utf-8") as out:
+        out.write(f"# tvm-stitch bench, {meta['date']}\n\n```\n{meta['command']}\n```\n\n{text}\n")
+    return [stem + ".json", stem + ".md"] + plot_results(rows, model_rows, stem)

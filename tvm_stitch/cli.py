@@ -7,7 +7,8 @@ import sys
 
 
 def _bench(args) -> int:
-    from .bench import bench_metadata, format_models, format_table, run_bench, run_models, write_json
+    from .bench import (bench_metadata, copy_bandwidth, format_models, format_table, results_folder, run_bench,
+                        run_models, save_results, write_json)
     from .suite import SUITE
 
     graphs = args.graphs.split(",") if args.graphs else list(SUITE)
@@ -18,21 +19,29 @@ def _bench(args) -> int:
     models = _model_names(args.models)
     if models is None:
         return 2
+    copy_gbps = copy_bandwidth()
+    print(f"copy bandwidth: {copy_gbps:.1f} GB/s", file=sys.stderr, flush=True)
     rows = []
     for dtype in args.dtype.split(","):
-        rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target, with_torch=args.torch)
+        rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target, with_torch=args.torch,
+                          copy_gbps=copy_gbps)
     meta = bench_metadata(args.size, args.dtype)
-    print(f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, {meta['threads']} threads, size {args.size})")
-    print(format_table(rows))
+    meta["command"] = "tvm-stitch " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
+    lines = [f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, target {meta['target']}, "
+             f"{meta['threads']} threads, size {args.size})", format_table(rows)]
     model_rows = run_models(models) if models else []
     if model_rows:
-        print()
-        print(format_models(model_rows))
+        lines += ["", format_models(model_rows)]
     elif not args.models:
-        print("\nreal models: add --models all (the torch extra: pip install torch==2.13.0 transformers)")
+        lines.append("\nreal models: add --models all (the torch extra: pip install torch==2.13.0 transformers)")
+    text = "\n".join(lines)
+    print(text)
     if args.json:
         write_json(rows, args.json, dict(meta, models=[vars(r) for r in model_rows]))
         print(f"wrote {args.json}")
+    if args.results != "none":
+        for path in save_results(results_folder(args.results, args.machine), rows, model_rows, meta, text):
+            print(f"wrote {path}")
     return 0 if all(r.agree for r in rows) else 1
 
 
@@ -62,7 +71,9 @@ def _explain(args) -> int:
     if args.graph not in SUITE:
         print(f"unknown graph {args.graph!r}; the suite has: {', '.join(SUITE)}", file=sys.stderr)
         return 2
-    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else {"kind": "llvm"}
+    from .target import host_target
+
+    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else host_target()
     report = explain(SUITE[args.graph].build(args.dtype, dims(args.size)), target)
     print(report.table())
     print()
@@ -120,9 +131,8 @@ RESULTS = "benchmarks/results/cost-model"
 def _tune(args) -> int:
     from pathlib import Path
 
-    import tvm
-
     from .suite import SUITE
+    from .target import host_target
     from .tune import HELD_OUT_SHAPES, TRAIN_SHAPES, tune
 
     graphs = args.graphs.split(",") if args.graphs else list(SUITE)
@@ -130,7 +140,7 @@ def _tune(args) -> int:
     if unknown:
         print(f"unknown graph(s): {', '.join(unknown)}; the suite has: {', '.join(SUITE)}", file=sys.stderr)
         return 2
-    target = tvm.target.Target({"kind": "llvm"})
+    target = host_target()
     sets = {"train": (TRAIN_SHAPES, args.records), "held-out": (HELD_OUT_SHAPES, args.held_out)}
     wanted = ["train", "held-out"] if args.shapes == "all" else [args.shapes]
     failures = 0
@@ -192,11 +202,15 @@ def main(argv=None) -> int:
                        help="real models too: 'all' or comma-separated (bert, gpt2, llama; needs the torch extra)")
     bench.add_argument("--torch", action="store_true",
                        help="also time PyTorch eager and torch.compile on the CPU (pip install torch==2.13.0)")
+    bench.add_argument("--results", default="benchmarks/results",
+                       help="write RESULTS/MACHINE/DATE.json, .md and PNG plots there ('none': do not write)")
+    bench.add_argument("--machine", default="", help="folder name of this machine (default: cpu-<cores>core)")
     bench.set_defaults(func=_bench)
 
     exp = sub.add_parser("explain", help="print the stitch plan of a suite graph")
     exp.add_argument("graph")
-    exp.add_argument("--target", choices=["llvm", "cuda"], default="cuda")
+    exp.add_argument("--target", choices=["llvm", "cuda"], default="cuda",
+                     help="cuda (default) or llvm (this machine's CPU model, as bench builds it)")
     exp.add_argument("--arch", default="sm_90")
     exp.add_argument("--dtype", default="float32")
     exp.add_argument("--size", choices=["bench", "test"], default="bench")
@@ -241,6 +255,7 @@ def main(argv=None) -> int:
     ev.set_defaults(func=_evaluate)
 
     args = parser.parse_args(argv)
+    args.argv = argv
     for dtype in getattr(args, "dtype", "float32").split(","):
         if dtype not in ("float32", "float16"):
             parser.error(f"--dtype must be float32 or float16, not {dtype!r}")

@@ -56,12 +56,12 @@ def choices(records: list, model) -> list:
 
 def compile_times(graphs: list, dims: dict, repeats: int = 2, progress=print) -> list:
     """Seconds to compile each suite graph (float32) with and without the model, alternating; min of repeats."""
-    import tvm
 
     from .build import build
     from .suite import SUITE
+    from .target import host_target
 
-    target = tvm.target.Target({"kind": "llvm"})
+    target = host_target()
     build(SUITE[graphs[0]].build("float32", dims), target, stitched=True)  # warm-up: caches, model load
     rows = []
     for name in graphs:

@@ -26,7 +26,10 @@ class ThreadMapping:
     """How row tasks map to the machine.
 
     CUDA: one thread block per `rows_per_task` rows, `threads` threads each.
-    CPU: row tasks spread over `threads` cores, `vector` lanes per loop.
+    CPU: row tasks spread over `threads` cores, `vector` lanes per loop;
+    rows that are columns of the inputs go `rows_per_task` per task, in
+    vector lanes, and a long reduced axis is cut into `split` chunks summed
+    in parallel, then combined.
     Row-split (CUDA): `split` blocks per row, `grid` = rows x split.
     """
 
@@ -35,7 +38,7 @@ class ThreadMapping:
     threads: int
     vector: int
     grid: int  # CUDA blocks, or CPU parallel iterations
-    split: int = 1  # row-split: chunks per row, one thread block each
+    split: int = 1  # chunks per row: one thread block each (CUDA row-split), parallel partials (CPU)
 
 
 @dataclass(frozen=True)

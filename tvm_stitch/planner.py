@@ -24,7 +24,7 @@ from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapp
 from .resources import estimate_registers, occupancy
 from .row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
 from .split_planner import SplitError, plan_row_split
-from .tir_view import block_views, static_int, static_product, vars_in
+from .tir_view import block_views, static_int, static_product
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
 CUDA_MAX_THREADS = 256
@@ -32,8 +32,12 @@ CUDA_VECTOR_BYTES = 16  # 128-bit loads and stores
 CUDA_MIN_THREADS = 8  # below a quarter warp, packing more rows beats more threads per row
 CUDA_MIN_ROWS = 264  # two thread blocks per SM of an H100/H200 (132 SMs)
 CPU_MIN_ROWS = 64  # row tasks for an even spread over cores
-CPU_PARALLEL_MIN_WORK = 1 << 15
-LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over  # elements below which a parallel launch costs more than it saves
+CPU_PARALLEL_MIN_WORK = 1 << 15  # elements below which a parallel launch costs more than it saves
+CPU_STREAM_MIN_ROWS = 16  # adjacent rows streamed together when rows are columns: a 64-byte line of float32
+CPU_STREAM_MAX_ROWS = 256  # at most 1 KB of float32 per step: a few cache lines, prefetched
+CPU_TASKS_PER_CORE = 4  # streamed tasks per core, for an even spread
+CPU_SPLIT_CHUNK = 4096  # longest reduction a streamed task sums in one go (accuracy; the rest: partials)
+LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over
 
 
 # Without native half-precision arithmetic, every float16/bfloat16 op on the CPU
@@ -73,6 +77,14 @@ def _next_pow2(n: int) -> int:
     while p < n:
         p *= 2
     return p
+
+
+def _has_feature(target: tvm.target.Target, feature: str) -> bool:
+    """Whether an llvm target's CPU has an instruction-set feature (False where LLVM cannot say)."""
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except Exception:  # noqa: BLE001 - a target LLVM has no feature table for
+        return False
 
 
 def cpu_threads() -> int:
@@ -165,6 +177,22 @@ def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial
     return per
 
 
+def _cpu_stream_rows(rows: int | None, threads: int) -> int:
+    """Adjacent rows per CPU task when rows are columns of the inputs (1: no streaming).
+
+    A power of two from CPU_STREAM_MIN_ROWS up to CPU_STREAM_MAX_ROWS that
+    divides the rows (no partial task, so the row loop vectorises) and leaves
+    CPU_TASKS_PER_CORE tasks per core where the rows allow.
+    """
+    if rows is None or rows % CPU_STREAM_MIN_ROWS:
+        return 1
+    per = CPU_STREAM_MIN_ROWS
+    while (per * 2 <= CPU_STREAM_MAX_ROWS and rows % (per * 2) == 0
+           and rows // (per * 2) >= threads * CPU_TASKS_PER_CORE):
+        per *= 2
+    return per
+
+
 def _widest_bytes(views: list) -> int:
     return max(max(8, a.buffer.dtype.bits) for v in views for a in v.reads + v.writes) // 8
 
@@ -194,8 +222,22 @@ def _choose_rank(views: list, depth: int, family: str) -> int:
     for rank in range(1, depth + 1):
         rows = static_product(views[0].extents[:rank])
         if rows is None or rows >= wanted:
-            return rank
+            return rank if family == "cuda" else _cpu_reduction_rank(views, rank, depth)
     return depth
+
+
+def _cpu_reduction_rank(views: list, rank: int, depth: int) -> int:
+    """On the CPU, rows deep enough that each reduction has nothing but its reduced axes inside a row.
+
+    A row then holds one reduction per block, which splits into vector lanes
+    (rfactor); with spatial axes left inside the row (attention scores: rows
+    of batch x heads, 128 reductions each) every reduction stays scalar.
+    """
+    for deeper in range(rank, depth + 1):
+        if all(static_int(e) == 1 for v in views if v.has_reduction
+               for e, r in zip(v.extents[deeper:], v.is_reduce[deeper:]) if not r):
+            return deeper
+    return rank
 
 
 def _consumers(views: list) -> dict:
@@ -290,7 +332,8 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
     if rank == 0 and work >= LARGE_WORK:
         raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
 
-    thread_per_row = family == "cuda" and (spatial_only or walks_columns(kept, params, rank))
+    columns = walks_columns(kept, params, rank)
+    thread_per_row = family == "cuda" and (spatial_only or columns)
     intermediates, shared, within_max = [], 0, 1
     for view in kept:
         within = static_product(view.extents[rank:])
@@ -332,7 +375,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
                                 [i.name for i in demotable])
 
     notes = []
-    rows_per_task = 1
+    rows_per_task, split = 1, 1
     if family == "cuda":
         if thread_per_row:
             # Consecutive rows are consecutive in memory: a thread per row keeps loads coalesced.
@@ -357,9 +400,22 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         threads = cpu_threads() if work >= CPU_PARALLEL_MIN_WORK else 1
         out_dtype = views[-1].writes[0].buffer.dtype
         lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(8, out_dtype.bits)
-        # Emulated half precision gains nothing from wide vectors: each lane converts alone.
-        vector = 1 if str(out_dtype) in EMULATED_ON_CPU else max(1, lanes)
-        grid = rows if rows is not None else -1
+        # Emulated half precision gains nothing from wide vectors: each lane converts alone,
+        # unless the CPU converts float16 vectors (x86 F16C).
+        emulated = str(out_dtype) in EMULATED_ON_CPU and not (
+            str(out_dtype) == "float16" and _has_feature(target, "f16c"))
+        vector = 1 if emulated else max(1, lanes)
+        if columns:
+            rows_per_task = _cpu_stream_rows(rows, threads)
+        grid = rows // rows_per_task if rows is not None else -1
+        if rows_per_task > 1:
+            notes.append(f"rows are columns of the inputs: {rows_per_task} adjacent rows per task, "
+                         "streamed down the reduction axis in vector lanes")
+            reduced = max(static_product(e for e, r in zip(v.extents[rank:], v.is_reduce[rank:]) if r) or 1
+                          for v in kept)
+            split = -(-reduced // CPU_SPLIT_CHUNK)
+            if split > 1:
+                notes.append(f"reduction of {reduced} cut into {split} chunks: partials in parallel, then combined")
 
     dominant = tuple(v.name for v in views if v.has_reduction) or tuple(
         v.name for v in views if v.expensive
@@ -374,7 +430,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         dominant=dominant,
         rank=rank,
         row_shape=tuple(str(static_int(e) if static_int(e) is not None else e) for e in row_extents),
-        mapping=ThreadMapping(rows if rows is not None else -1, rows_per_task, threads, vector, grid),
+        mapping=ThreadMapping(rows if rows is not None else -1, rows_per_task, threads, vector, grid, split),
         intermediates=tuple(intermediates),
         outputs=tuple(v.name for v in views if v.name in outputs),
         cached_inputs=tuple(cached_inputs),

@@ -14,7 +14,7 @@ from typing import Callable
 import tvm
 from tvm import relax
 
-from .suite_data import DATA, SIZES, dims, reference_of
+from .suite_data import DATA, SIZES, VARIANTS, dims, reference_of, variant_dims
 
 __all__ = ["SUITE", "SIZES", "SuiteGraph", "dims", "reference"]
 
@@ -243,6 +243,11 @@ BUILDERS = {
     "adam_update": _adam_graph,
     "chained_reductions": _chained_reductions_graph,
 }
+
+BUILDERS.update({
+    name: (lambda base, keys: lambda dtype, d: BUILDERS[base](dtype, variant_dims(d, keys)))(base, keys)
+    for name, (base, keys) in VARIANTS.items()
+})
 
 SUITE = {
     name: SuiteGraph(name, d.description, BUILDERS[name], d.inputs, d.reference, d.dtypes)

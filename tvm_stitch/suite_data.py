@@ -21,9 +21,21 @@ class GraphData:
     dtypes: tuple = ("float32", "float16")
 
 SIZES = {
-    # rows x columns of the main input per size class
-    "bench": {"rows": 4096, "cols": 768, "batch": 8, "heads": 12, "seq": 128, "vocab": 8192},
-    "test": {"rows": 64, "cols": 96, "batch": 2, "heads": 3, "seq": 16, "vocab": 200},
+    # rows x columns of the main input per size class; short_*, long_*, bn_*: the shape variants
+    "bench": {"rows": 4096, "cols": 768, "batch": 8, "heads": 12, "seq": 128, "vocab": 8192,
+              "short_rows": 750000, "short_cols": 32, "long_rows": 64, "long_cols": 30000,
+              "bn_batch": 32, "bn_heads": 4, "bn_seq": 224},
+    "test": {"rows": 64, "cols": 96, "batch": 2, "heads": 3, "seq": 16, "vocab": 200,
+             "short_rows": 300, "short_cols": 32, "long_rows": 4, "long_cols": 3000,
+             "bn_batch": 2, "bn_heads": 1, "bn_seq": 20},
+}
+
+# Shape variants: a suite graph with some of its dims taken from other keys of the size class.
+VARIANTS = {
+    "softmax_short_rows": ("softmax", {"rows": "short_rows", "cols": "short_cols"}),
+    "softmax_long_rows": ("softmax", {"rows": "long_rows", "cols": "long_cols"}),
+    "layernorm_backward_short_rows": ("layernorm_backward", {"rows": "short_rows", "cols": "short_cols"}),
+    "batchnorm_stats_resnet": ("batchnorm_stats", {"batch": "bn_batch", "heads": "bn_heads", "seq": "bn_seq"}),
 }
 
 
@@ -179,6 +191,20 @@ DATA = {
         _np_chained,
     ),
 }
+
+
+def variant_dims(d: dict, keys: dict) -> dict:
+    """The dims of a shape variant: d with each key of `keys` set to d[keys[key]]."""
+    return dict(d, **{key: d[source] for key, source in keys.items()})
+
+
+def _variant(base: GraphData, keys: dict) -> GraphData:
+    shape = ", ".join(f"{k} from {v}" for k, v in keys.items())
+    return GraphData(f"{base.description} ({shape})",
+                     lambda rng, dt, d: base.inputs(rng, dt, variant_dims(d, keys)), base.reference, base.dtypes)
+
+
+DATA.update({name: _variant(DATA[base], keys) for name, (base, keys) in VARIANTS.items()})
 
 
 def reference_of(fn, inputs: list) -> list:

@@ -26,6 +26,16 @@ def as_target(target) -> Target:
     return result
 
 
+def host_target() -> Target:
+    """llvm for this machine's CPU model, so code uses its vector ISA (AVX2, AVX-512, ...).
+
+    `{"kind": "llvm"}` alone compiles for generic x86-64 (SSE2): 4-lane
+    vectors, and no vector rounding instruction (SSE4.1) for the `floor`
+    of fast `exp`, which then calls libm once per lane.
+    """
+    return Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+
+
 def backend_passes(target: Target):
     """TVM's per-backend pipeline module (its dispatch, lowering and finalisation passes).
 

@@ -189,6 +189,7 @@ def tune(out: Path, shapes: dict, graphs: list, dtypes: tuple, target: tvm.targe
             entries = measure_group(fused, rule, target, seed=k)
             record = {"group": group, "graph": graph, "dtype": dtype, "shape": shape, "dims": shapes[shape],
                       "target": family, "kernel": rule.kernel, "ops": list(rule.ops), "machine": machine(), "rounds": REPEAT,
+                      "llvm": str(target),
                       "candidates": entries}
             with out.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record, sort_keys=True) + "\n")

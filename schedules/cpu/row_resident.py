@@ -5,16 +5,23 @@ is parallel across cores; each row's intermediates are computed once into a
 per-row buffer (TVM compacts the allocation to one row) that stays in cache,
 and cheap ones are inlined. Element-wise loops inside a row are vectorised
 by the plan's lane count where the row length allows.
+
+Rows that are columns of their inputs (a reduction over the leading axis:
+LayerNorm's dgamma, dbeta) are streamed: a task takes `rows_per_task`
+adjacent rows, walks the reduction axis once and accumulates its rows in
+vector lanes, so every load is contiguous.
 """
 
 from __future__ import annotations
+
+from math import prod
 
 from tvm import s_tir, tirx
 from tvm.target import Target
 
 from tvm_stitch.plan import StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, merge_row_loops, within_row_loops
+from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, merge_row_loops, within_row_loops
 
 
 def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
@@ -35,10 +42,16 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
         return None
     if within.index(reduce[0]) != len(spatial):
         return None
-    loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
-    extent = sch.get(loop).extent
-    if not isinstance(extent, tirx.IntImm) or extent.value % lanes or extent.value < 2 * lanes:
+    # The fewest innermost reduction loops whose extents make whole vectors: outer ones
+    # (BatchNorm's batch axis, strided in memory) stay loops around the lanes.
+    extents = [_extent(sch, l) for l in reduce]
+    if None in extents:
         return None
+    count = next((n for n in range(1, len(reduce) + 1)
+                  if prod(extents[-n:]) % lanes == 0 and prod(extents[-n:]) >= 2 * lanes), None)
+    if count is None:
+        return None
+    loop = sch.fuse(*reduce[-count:]) if count > 1 else reduce[-1]
     _, lane = sch.split(loop, [None, lanes])
     return sch.rfactor(lane, 0)
 
@@ -48,10 +61,85 @@ def _unit(sch: s_tir.Schedule, loop) -> bool:
     return isinstance(extent, tirx.IntImm) and extent.value == 1
 
 
+def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
+    """Tasks of `rows_per_task` adjacent rows, the rows innermost and vectorised, in parallel.
+
+    Per block: its row loops fused and split into (task, row in task), the
+    row-in-task loop moved below the block's own loops, so that a task
+    walks the reduction axis once for all its rows, each step one
+    contiguous vector load per input. A reduction keeps its initialisation
+    attached (on the first step): s_tir vectorises no loop over a
+    decomposed update block. Blocks that read nothing another block writes
+    share their walk (one pass over their common inputs).
+
+    With `split` > 1 the reduced axis is cut into that many chunks: each
+    (chunk, task) pair is a parallel iteration that sums its chunk into a
+    partial (rfactor), and a second parallel loop over tasks combines the
+    partials. Short sums are more accurate, and few columns still fill
+    the cores.
+    """
+    per_task, split = plan.mapping.rows_per_task, plan.mapping.split
+    names = list(blocks_by_name(sch))
+    partials = []
+    for name in names:
+        block = sch.get_sblock(name)
+        kinds = loop_kinds(sch, block)
+        row = sch.fuse(*[l for l, _ in kinds[: plan.rank]]) if plan.rank > 1 else kinds[0][0]
+        task, inner = sch.split(row, [None, per_task])
+        within = [l for l, _ in kinds[plan.rank:]]
+        if split > 1 and within and all(k == tirx.IterVar.CommReduce for _, k in kinds[plan.rank:]):
+            chunk, _ = sch.split(sch.fuse(*within) if len(within) > 1 else within[0], [split, None])
+            partial = sch.rfactor(chunk, 0)
+            task, inner, chunk, step = sch.get_loops(partial)
+            sch.reorder(chunk, task, step, inner)
+            sch.fuse(chunk, task)
+            partials.append(sch.get(partial).name_hint)
+            task, inner, chunk = sch.get_loops(block)
+            sch.reorder(chunk, inner)
+        elif within:
+            sch.reorder(*within, inner)
+    for group in (partials, names):
+        if not group:
+            continue
+        _merge_nests(sch, group)
+        if plan.mapping.threads > 1:
+            sch.parallel(sch.get_loops(sch.get_sblock(group[0]))[0])
+        for name in group:
+            sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
+
+
+def _merge_nests(sch: s_tir.Schedule, names: list) -> None:
+    """Merge the blocks' outer loops; deeper levels too while extents agree and the blocks are independent."""
+    levels = min(len(sch.get_loops(sch.get_sblock(n))) for n in names)
+    if not _independent(sch, names):
+        levels = 1
+    for level in range(levels):
+        loops = [sch.get_loops(sch.get_sblock(n))[level] for n in names]
+        if len({_extent(sch, l) for l in loops}) != 1:
+            break
+        if not all(sch.get(l).same_as(sch.get(loops[0])) for l in loops):
+            sch.merge(*loops)
+
+
+def _independent(sch: s_tir.Schedule, names: list) -> bool:
+    """No block reads a buffer another block writes."""
+    blocks = [sch.get(sch.get_sblock(n)) for n in names]
+    return not any(r.source.same_as(w.source) for a in blocks for b in blocks if a is not b
+                   for r in a.reads for w in b.writes)
+
+
+def _extent(sch: s_tir.Schedule, loop):
+    extent = sch.get(loop).extent
+    return extent.value if isinstance(extent, tirx.IntImm) else None
+
+
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     del target
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
+    if plan.mapping.rows_per_task > 1 and plan.rank > 0:
+        _stream_rows(sch, plan)
+        return sch
     lanes = plan.mapping.vector
     lane_blocks = []
     if lanes > 1 and plan.rank > 0:

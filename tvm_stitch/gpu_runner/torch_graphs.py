@@ -67,3 +67,9 @@ GRAPHS = {
     "adam_update": _adam,
     "chained_reductions": _chained,
 }
+GRAPHS.update({
+    "softmax_short_rows": GRAPHS["softmax"],
+    "softmax_long_rows": GRAPHS["softmax"],
+    "layernorm_backward_short_rows": _layernorm_backward,
+    "batchnorm_stats_resnet": GRAPHS["batchnorm_stats"],
+})
