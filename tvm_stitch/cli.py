@@ -133,9 +133,9 @@ def _tune(args) -> int:
 
     from .suite import SUITE
     from .target import host_target
-    from .tune import HELD_OUT_SHAPES, TRAIN_SHAPES, tune
+    from .tune import GRAPHS, HELD_OUT_SHAPES, TRAIN_SHAPES, tune
 
-    graphs = args.graphs.split(",") if args.graphs else list(SUITE)
+    graphs = args.graphs.split(",") if args.graphs else GRAPHS
     unknown = [g for g in graphs if g not in SUITE]
     if unknown:
         print(f"unknown graph(s): {', '.join(unknown)}; the suite has: {', '.join(SUITE)}", file=sys.stderr)
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     tn.add_argument("--shapes", choices=["train", "held-out", "all"], default="all")
     tn.add_argument("--records", default=f"{RESULTS}/records-cpu.jsonl", help="records of the training shapes")
     tn.add_argument("--held-out", default=f"{RESULTS}/held-out-cpu.jsonl", help="records of the held-out shapes")
-    tn.add_argument("--graphs", default="", help="comma-separated suite graphs (default: all)")
+    tn.add_argument("--graphs", default="", help="comma-separated suite graphs (default: all but the shape variants)")
     tn.add_argument("--dtype", default="float32", help="float32, float16 or both comma-separated")
     tn.add_argument("--fresh", action="store_true", help="delete the records first instead of resuming")
     tn.set_defaults(func=_tune)

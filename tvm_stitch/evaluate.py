@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .cost_model import load_model, model_path
-from .tune import HELD_OUT_SHAPES, REPEAT, machine, read_records
+from .tune import GRAPHS, HELD_OUT_SHAPES, REPEAT, machine, read_records
 
 WITHIN = 1.10  # the model's choice counts as good within 10% of the best candidate
 GOOD_SHARE = 0.80  # ... for at least this share of the held-out groups
@@ -105,9 +105,7 @@ def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, progress=pr
     done = share >= GOOD_SHARE and vs_rule <= RULE_SLACK
     compile_rows = []
     if compile_graphs:
-        from .suite import SUITE
-
-        compile_rows = compile_times(list(SUITE), next(iter(HELD_OUT_SHAPES.values())), progress=progress)
+        compile_rows = compile_times(GRAPHS, next(iter(HELD_OUT_SHAPES.values())), progress=progress)
         with_model = sum(r["with_model_s"] for r in compile_rows)
         rules_only = sum(r["rules_only_s"] for r in compile_rows)
         summary["compile_s_with_model"] = round(with_model, 2)

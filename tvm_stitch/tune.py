@@ -29,6 +29,7 @@ from .pipeline import stitch_passes
 from .planner import cpu_threads, target_family
 from .stitch_pass import stitch_module
 from .suite import SUITE
+from .suite_data import VARIANTS
 from .tir_view import block_views
 
 _BASE = {"batch": 8, "heads": 12, "seq": 128}
@@ -48,7 +49,7 @@ HELD_OUT_SHAPES = {
     "r3072c320": dict(_BASE, rows=3072, cols=320, vocab=3000, batch=16, heads=4, seq=64),
     "r160c1536": dict(_BASE, rows=160, cols=1536, vocab=12000, batch=2, heads=16, seq=160),
 }
-DTYPES = ("float32", "float16")
+GRAPHS = [name for name in SUITE if name not in VARIANTS]  # shape variants come from the shape sets here
 MAX_GROUPS = 3  # groups measured per graph instance (Adam's twelve differ only in shape)
 MAX_INPUT_BYTES = 256 << 20  # larger graph instances are skipped (e.g. Adam at a wide shape)
 REPEAT = 10  # timing rounds per candidate (the median is kept)
