@@ -138,6 +138,68 @@ def _gpu_kit(args) -> int:
     return 0
 
 
+RESULTS = "benchmarks/results/cost-model"
+
+
+def _tune(args) -> int:
+    from pathlib import Path
+
+    from .suite import SUITE
+    from .target import host_target
+    from .tune import GRAPHS, HELD_OUT_SHAPES, TRAIN_SHAPES, tune
+
+    graphs = args.graphs.split(",") if args.graphs else GRAPHS
+    unknown = [g for g in graphs if g not in SUITE]
+    if unknown:
+        print(f"unknown graph(s): {', '.join(unknown)}; the suite has: {', '.join(SUITE)}", file=sys.stderr)
+        return 2
+    target = host_target()
+    sets = {"train": (TRAIN_SHAPES, args.records), "held-out": (HELD_OUT_SHAPES, args.held_out)}
+    wanted = ["train", "held-out"] if args.shapes == "all" else [args.shapes]
+    failures = 0
+    for which in wanted:
+        shapes, path = sets[which]
+        if args.fresh and Path(path).is_file():
+            Path(path).unlink()
+        print(f"tune ({which} shapes: {', '.join(shapes)}) -> {path}", file=sys.stderr, flush=True)
+        summary = tune(Path(path), shapes, graphs, tuple(args.dtype.split(",")), target,
+                       progress=lambda m: print(m, file=sys.stderr, flush=True))
+        print(f"{which}: {summary['measured']} groups measured, {summary['skipped']} already in {path}, "
+              f"{summary['seconds']} s")
+        for line in summary["disagreeing"] + summary["failed"]:
+            print(f"  candidate problem: {line}")
+        failures += len(summary["disagreeing"]) + len(summary["failed"])
+    return 1 if failures else 0
+
+
+def _train(args) -> int:
+    from pathlib import Path
+
+    from .cost_model import model_path, train
+    from .tune import read_records
+
+    records = [r for r in read_records(Path(args.records)) if "candidates" in r]
+    if not records:
+        print(f"no records in {args.records}: run `tvm-stitch tune` first", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else model_path("cpu")
+    summary = train(records, out)
+    print(f"trained on {summary['candidates']} candidates of {summary['groups']} groups, "
+          f"{summary['rounds']} rounds -> {summary['path']}")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from pathlib import Path
+
+    from .evaluate import evaluate
+
+    result = evaluate(Path(args.held_out), Path(args.out), compile_graphs=not args.no_compile,
+                      progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(result["markdown"])
+    return 0 if result["done"] else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -189,6 +251,28 @@ def main(argv=None) -> int:
     kit.add_argument("--dtype", default="float32,float16")
     kit.add_argument("--no-wheel", action="store_true", help="do not download the apache-tvm-ffi wheel")
     kit.set_defaults(func=_gpu_kit)
+
+    tn = sub.add_parser("tune", help="time every candidate configuration of the suite's groups (CPU), "
+                                     "writing JSON-lines records; resumes an interrupted run")
+    tn.add_argument("--shapes", choices=["train", "held-out", "all"], default="all")
+    tn.add_argument("--records", default=f"{RESULTS}/records-cpu.jsonl", help="records of the training shapes")
+    tn.add_argument("--held-out", default=f"{RESULTS}/held-out-cpu.jsonl", help="records of the held-out shapes")
+    tn.add_argument("--graphs", default="", help="comma-separated suite graphs (default: all but the shape variants)")
+    tn.add_argument("--dtype", default="float32", help="float32, float16 or both comma-separated")
+    tn.add_argument("--fresh", action="store_true", help="delete the records first instead of resuming")
+    tn.set_defaults(func=_tune)
+
+    tr = sub.add_parser("train", help="train the CPU cost model from tune records")
+    tr.add_argument("--records", default=f"{RESULTS}/records-cpu.jsonl")
+    tr.add_argument("--out", default="", help="model file (default: the shipped schedules/cost_models/cpu.json)")
+    tr.set_defaults(func=_train)
+
+    ev = sub.add_parser("evaluate", help="the model's choices on held-out shapes vs the best and the rules; "
+                                         "compile time with and without the model")
+    ev.add_argument("--held-out", default=f"{RESULTS}/held-out-cpu.jsonl")
+    ev.add_argument("--out", default=RESULTS, help="folder for evaluation.json and evaluation.md")
+    ev.add_argument("--no-compile", action="store_true", help="skip the compile-time comparison")
+    ev.set_defaults(func=_evaluate)
 
     args = parser.parse_args(argv)
     args.argv = argv

@@ -85,15 +85,16 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
 
 
 def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport | None = None,
-                  emulate: str | None = None, fast_math: bool | None = None) -> list:
+                  emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True) -> list:
     """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
     return grouping_passes(target, fast_math=fast_math) + [
-        StitchFusion(target, strict=strict, report=report, emulate=emulate)
+        StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model)
     ]
 
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
-             emulate: str | None = None, fast_math: bool | None = None) -> tvm.transform.Pass:
+             emulate: str | None = None, fast_math: bool | None = None,
+             cost_model: bool = True) -> tvm.transform.Pass:
     """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
 
     `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
@@ -104,10 +105,14 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     exp, erf and tanh by TVM's vectorisable approximations (max relative
     error measured in tests/test_fast_math.py); the default is on for llvm
     targets, where libm's versions do not vectorise, and off for CUDA.
+    `cost_model=False` configures every kernel by the rules alone, without
+    the learned model (schedules/cost_models/) that otherwise picks among
+    the rule plan's variants.
     """
     target = as_target(target)
     passes = (
-        stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math)
+        stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math,
+                      cost_model=cost_model)
         + [relax.transform.FuseTIR()]
         + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [])
         + backend_passes(target).dataflow_lower_passes(target)

@@ -63,6 +63,7 @@ class StitchPlan:
     occupancy: float = -1.0  # CUDA: resident warps per SM over the maximum, from threads, registers, shared
     phases: tuple = ()  # row-split: (block, kernel index) pairs
     notes: tuple = field(default=())
+    aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

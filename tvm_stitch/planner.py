@@ -282,13 +282,14 @@ def _check_describable(views: list) -> None:
             raise PlanError(f"block {view.name}: non-point buffer access")
 
 
-def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
-                      recompute: tuple = ()) -> StitchPlan:
-    """The row-resident plan of a fused PrimFunc: levels first, then rows of what remains.
+_LAST_ANALYSIS: list = []  # [(func, family, recompute, analysis)]: the last one, re-planned at other ranks
 
-    `recompute`: blocks demoted from shared memory to recomputation in their consumers.
-    """
-    family = target_family(target)
+
+def _analyse(func: tirx.PrimFunc, family: str, recompute: tuple) -> tuple:
+    """(views, params, outputs, levels, kept, depth) of a fused PrimFunc; the part of a plan
+    that no rank changes, reused when the same function is planned again at another rank."""
+    if _LAST_ANALYSIS and _LAST_ANALYSIS[0][0].same_as(func) and _LAST_ANALYSIS[0][1:3] == (family, recompute):
+        return _LAST_ANALYSIS[0][3]
     views = block_views(s_tir.Schedule(func))
     _check_describable(views)
     params = list(func.params)
@@ -305,9 +306,26 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
     kept = block_views(trial)
     _check_describable(kept)
     depth = analyze_rows(trial.mod["main"], kept).depth
+    _LAST_ANALYSIS[:] = [(func, family, recompute, (views, params, outputs, levels, kept, depth))]
+    return _LAST_ANALYSIS[0][3]
+
+
+def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
+                      recompute: tuple = (), rank: int | None = None) -> StitchPlan:
+    """The row-resident plan of a fused PrimFunc: levels first, then rows of what remains.
+
+    `recompute`: blocks demoted from shared memory to recomputation in their consumers.
+    `rank` fixes the number of leading axes that form the rows (at most the
+    aligned depth); by default the rules choose it.
+    """
+    family = target_family(target)
+    views, params, outputs, levels, kept, depth = _analyse(func, family, tuple(recompute))
     spatial_only = not any(v.has_reduction for v in kept)
     # CUDA, element-wise only: a thread per element (all aligned axes are rows), no barriers.
-    rank = depth if family == "cuda" and spatial_only and depth else _choose_rank(kept, depth, family)
+    if rank is None:
+        rank = depth if family == "cuda" and spatial_only and depth else _choose_rank(kept, depth, family)
+    elif not min(1, depth) <= rank <= depth:
+        raise PlanError(f"rank {rank} is outside the aligned depth 1..{depth}")
     row_extents = kept[0].extents[:rank]
     rows = static_product(row_extents)
     work = max(static_product(v.extents) or LARGE_WORK for v in kept)
@@ -419,6 +437,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         shared_bytes=shared if family == "cuda" else 0,
         reductions=sum(1 for v in views if v.has_reduction),
         notes=tuple(notes),
+        aligned_depth=depth,
     )
 
 

@@ -20,6 +20,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.target import Target
 
+from .cost_model import chooser
 from .graph import Graph, analyses_for, build_graph
 from .outline import outline_group
 from .packing import pack_block
@@ -114,8 +115,9 @@ def _topological_units(graph: Graph, groups: list) -> list:
 
 class _Stitcher:
     def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, report: StitchReport,
-                 plan_target: Target):
+                 plan_target: Target, choose=None):
         self.mod = mod
+        self.choose = choose  # (fused, rule plan, plan target) -> the plan to use; None: the rule plan
         self.target = target
         self.plan_target = plan_target
         self.family = target_family(plan_target)
@@ -167,10 +169,16 @@ class _Stitcher:
             if tvm_ffi.structural_equal(other, fused):
                 return name, plan
         name = f"stitch_{self.count}_{'_'.join(ops[:3])}"[:60]
-        plan = plan_kernel(fused, self.plan_target, name)
-        sch = schedule_for(fused, plan, self.target)
-        scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-        check_builds(scheduled, self.target)
+        rule = plan_kernel(fused, self.plan_target, name)
+        plan = self.choose(fused, rule, self.plan_target) if self.choose is not None else rule
+        try:
+            scheduled = self._scheduled(fused, plan)
+        except Exception as err:  # noqa: BLE001 - the model's choice failed: the rules' plan is the fallback
+            if plan is rule:
+                raise
+            self.report.notes.append(f"{name}: the cost model's choice did not build "
+                                     f"({type(err).__name__}); the rule plan is used")
+            plan, scheduled = rule, self._scheduled(fused, rule)
         traffic = modeled_traffic(scheduled)
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
@@ -179,6 +187,12 @@ class _Stitcher:
         self.plans[name] = plan
         self.done.setdefault(key, []).append((fused, name, plan))
         return name, plan
+
+    def _scheduled(self, fused, plan):
+        sch = schedule_for(fused, plan, self.target)
+        scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        check_builds(scheduled, self.target)
+        return scheduled
 
     def rewrite_block(self, func_name: str, block_index: int, block: relax.DataflowBlock, used_after: set,
                       calls: dict) -> relax.DataflowBlock:
@@ -252,12 +266,17 @@ class _Stitcher:
 
 
 def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
-                  report: StitchReport | None = None, plan_target: Target | None = None) -> tvm.IRModule:
-    """Stitch `mod` for `target`; plans are made for `plan_target` (default: `target`)."""
+                  report: StitchReport | None = None, plan_target: Target | None = None,
+                  choose=None) -> tvm.IRModule:
+    """Stitch `mod` for `target`; plans are made for `plan_target` (default: `target`).
+
+    `choose(fused, rule_plan, plan_target)` returns the plan to build (e.g. the
+    cost model's pick among candidates.py's variants); None keeps the rule plan.
+    """
     report = report if report is not None else StitchReport()
     plan_target = plan_target if plan_target is not None else target
     report.target = str(plan_target.kind.name)
-    stitcher = _Stitcher(mod, target, strict, report, plan_target)
+    stitcher = _Stitcher(mod, target, strict, report, plan_target, choose)
     bb = relax.BlockBuilder(mod)
     calls = _LazyGlobals(bb, stitcher.new_funcs)
     for gv, func in list(mod.functions_items()):
@@ -306,7 +325,8 @@ class _LazyGlobals(dict):
 
 
 def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = False,
-                 report: StitchReport | None = None, emulate: str | None = None) -> tvm.transform.Pass:
+                 report: StitchReport | None = None, emulate: str | None = None,
+                 cost_model: bool = True) -> tvm.transform.Pass:
     """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
 
     `target` defaults to the current target scope. With `strict=True` a group
@@ -314,10 +334,15 @@ def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = Fa
     `StitchReport` passed as `report` receives the plan or the fallback
     reason of every group. `emulate="cuda"` with an llvm target plans and
     schedules every kernel as for CUDA, without thread bindings, so the CUDA
-    schedules run (and can be checked) on the CPU.
+    schedules run (and can be checked) on the CPU. With `cost_model=True`
+    the target family's learned model (cost_model.py) picks each kernel's
+    configuration among the rule plan's variants, where a model is shipped
+    for the family; `False` uses the rules only.
     """
     fixed = as_target(target) if target is not None else None
     plan_target = _emulated(emulate)
+    if not isinstance(cost_model, bool):
+        raise TypeError(f"cost_model must be True or False, not {cost_model!r}")
 
     @tvm.transform.module_pass(opt_level=0, name="StitchFusion")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -327,7 +352,9 @@ def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = Fa
         tgt = as_target(tgt)
         if plan_target is not None and tgt.kind.name != "llvm":
             raise ValueError(f"emulate={emulate!r} needs an llvm target, not {tgt.kind.name!r}")
-        return stitch_module(mod, tgt, strict, report, plan_target)
+        planned_for = plan_target if plan_target is not None else tgt
+        choose = chooser(target_family(planned_for)) if cost_model else None
+        return stitch_module(mod, tgt, strict, report, plan_target, choose)
 
     return _pass
 

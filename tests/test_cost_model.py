@@ -1,0 +1,175 @@
+"""Candidates, features and the learned cost model: valid choices, deterministic features, fallbacks."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tvm_stitch import cost_model, stitch_pass
+from tvm_stitch.bench import TOLERANCE
+from tvm_stitch.build import build, run_cpu
+from tvm_stitch.candidates import candidates, knobs
+from tvm_stitch.cli import main
+from tvm_stitch.evaluate import evaluate
+from tvm_stitch.features import FEATURES, features, group_facts
+from tvm_stitch.suite import SUITE, dims, reference
+from tvm_stitch.tune import fused_groups, read_records, tune
+
+from conftest import CUDA, LLVM
+
+
+def _forcing(index: int, seen: list):
+    """A chooser that builds candidate `index` (modulo the group's count) of every group."""
+
+    def choose(fused, rule, target):
+        plans = candidates(fused, rule, target)
+        seen.append(len(plans))
+        return plans[index % len(plans)]
+
+    return lambda family: choose
+
+
+def _check_graph(name: str, dtype: str, index: int, monkeypatch, rng, emulate=None) -> int:
+    graph = SUITE[name]
+    d = dims("test")
+    inputs = graph.inputs(rng, dtype, d)
+    seen = []
+    monkeypatch.setattr(stitch_pass, "chooser", _forcing(index, seen))
+    built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True, emulate=emulate)
+    rtol, atol = TOLERANCE[dtype]
+    for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
+    return max(seen)
+
+
+@pytest.mark.parametrize("name, dtype, step", [("layernorm_softmax", "float32", 1),
+                                               ("attention_softmax", "float32", 3),
+                                               ("bias_gelu", "float16", 2)])
+def test_every_cpu_candidate_builds_and_matches_numpy(name, dtype, step, monkeypatch, rng):
+    count = _check_graph(name, dtype, 0, monkeypatch, rng)
+    assert count >= 4
+    for index in range(step, count, step):
+        _check_graph(name, dtype, index, monkeypatch, rng)
+
+
+def test_cuda_candidates_run_without_thread_bindings(monkeypatch, rng):
+    count = _check_graph("softmax", "float32", 0, monkeypatch, rng, emulate="cuda")
+    assert count >= 4
+    for index in range(1, count, max(1, count // 4)):
+        _check_graph("softmax", "float32", index, monkeypatch, rng, emulate="cuda")
+
+
+def test_cpu_candidates_vary_cores_lanes_and_rows():
+    mod = SUITE["attention_softmax"].build("float32", dims("test"))
+    (fused, rule), = fused_groups(mod, LLVM)
+    plans = candidates(fused, rule, LLVM)
+    assert plans[0] is rule
+    seen = [tuple(sorted(knobs(p).items())) for p in plans]
+    assert len(seen) == len(set(seen))
+    assert {p.rank for p in plans} == {1, 2, 3}
+    assert {p.mapping.threads for p in plans} >= {1}
+    assert 1 in {p.mapping.vector for p in plans} and len({p.mapping.vector for p in plans}) == 4
+    for plan in plans:
+        assert plan.mapping.rows == math.prod(int(r) for r in plan.row_shape)
+
+
+@pytest.mark.parametrize("target", [LLVM, CUDA], ids=["cpu", "cuda"])
+def test_features_are_deterministic(target):
+    mod = SUITE["layernorm_backward"].build("float32", dims("test"))
+    for (fused, rule), (again, rule_again) in zip(fused_groups(mod, target), fused_groups(mod, target)):
+        first = [features(group_facts(fused), p, rule) for p in candidates(fused, rule, target)]
+        second = [features(group_facts(again), p, rule_again) for p in candidates(again, rule_again, target)]
+        assert first == second
+        assert all(len(row) == len(FEATURES) and all(math.isfinite(v) for v in row) for row in first)
+        assert sum(row[FEATURES.index("rule")] for row in first) == 1
+
+
+def _tiny_records(n_groups: int = 6, per_group: int = 5) -> list:
+    rng = np.random.default_rng(7)
+    records = []
+    for g in range(n_groups):
+        entries = []
+        for c in range(per_group):
+            x = rng.uniform(0, 4, size=len(FEATURES)).round(3).tolist()
+            entries.append({"knobs": {"rank": 1, "threads": 1, "vector": c, "rows_per_task": 1}, "features": x,
+                            "ms": float(0.1 + x[0] + 0.5 * x[5]), "agrees": True, "rule": c == 0})
+        records.append({"group": f"g{g}", "ops": ["op"], "candidates": entries})
+    return records
+
+
+def test_train_reproduces_the_model_and_the_python_walk_matches_xgboost(tmp_path):
+    import xgboost as xgb
+
+    records = _tiny_records()
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    cost_model.train(records, first)
+    cost_model.train(records, second)
+    assert first.read_bytes() == second.read_bytes()
+    model = cost_model.Model.from_json(first.read_text())
+    assert model.feature_names == FEATURES
+    rows = [c["features"] for r in records for c in r["candidates"]]
+    booster = xgb.Booster(model_file=str(first))
+    want = booster.predict(xgb.DMatrix(np.asarray(rows, dtype=np.float32), feature_names=list(FEATURES)))
+    np.testing.assert_allclose(model.predict(rows), want, rtol=1e-5, atol=1e-5)
+
+
+def test_shipped_model_loads_and_picks_a_candidate():
+    model = cost_model.load_model("cpu")
+    assert model is not None, f"no usable model at {cost_model.model_path('cpu')}"
+    mod = SUITE["softmax"].build("float32", dims("test"))
+    (fused, rule), = fused_groups(mod, LLVM)
+    chosen = cost_model.choose(model, fused, rule, LLVM)
+    assert knobs(chosen) in [knobs(p) for p in candidates(fused, rule, LLVM)]
+    assert cost_model.load_model("cuda") is None  # no CUDA model: the rules decide there
+
+
+@pytest.mark.parametrize("content", [None, "{not json", json.dumps({"learner": {}})])
+def test_rules_without_a_usable_model(content, tmp_path, monkeypatch, rng):
+    if content is not None:
+        (tmp_path / "cpu.json").write_text(content)
+    monkeypatch.setattr(cost_model, "MODELS", tmp_path)
+    cost_model.load_model.cache_clear()
+    try:
+        assert cost_model.chooser("cpu") is None
+        mod = SUITE["layernorm"].build("float32", dims("test"))
+        with_model = build(mod, LLVM, stitched=True, strict=True)
+        rules = build(mod, LLVM, stitched=True, strict=True, cost_model=False)
+        assert with_model.report.plans == rules.report.plans
+    finally:
+        cost_model.load_model.cache_clear()
+
+
+def test_the_model_adds_no_builds_at_compile_time(monkeypatch):
+    """Candidates are ranked from features: compiling with the model builds the same kernels as without."""
+    calls = []
+    original = stitch_pass.check_builds
+    monkeypatch.setattr(stitch_pass, "check_builds", lambda f, t: (calls.append(1), original(f, t)))
+    mod = SUITE["layernorm_backward"].build("float32", dims("test"))
+    build(mod, LLVM, stitched=True, cost_model=False)
+    without = len(calls)
+    build(mod, LLVM, stitched=True)
+    assert len(calls) - without == without
+    with pytest.raises(TypeError, match="cost_model"):
+        stitch_pass.StitchFusion(LLVM, cost_model="yes")
+
+
+def test_tune_writes_records_and_resumes(tmp_path):
+    path = tmp_path / "records.jsonl"
+    shapes = {"tiny": dims("test")}
+    first = tune(path, shapes, ["rmsnorm"], ("float32",), LLVM, progress=lambda m: None)
+    assert first["measured"] == 1 and not first["disagreeing"] and not first["failed"]
+    groups = [r for r in read_records(path) if "candidates" in r]
+    assert all(c["ms"] > 0 and c["agrees"] for c in groups[0]["candidates"])
+    assert sum(c["rule"] for c in groups[0]["candidates"]) == 1
+    again = tune(path, shapes, ["rmsnorm"], ("float32",), LLVM, progress=lambda m: None)
+    assert again["measured"] == 0 and len(read_records(path)) == 2
+
+    result = evaluate(path, tmp_path / "evaluation", compile_graphs=False, progress=lambda m: None)
+    assert result["summary"]["groups"] == 1
+    assert (tmp_path / "evaluation" / "evaluation.md").read_text().startswith("# Cost model evaluation")
+    assert json.loads((tmp_path / "evaluation" / "evaluation.json").read_text())["groups"][0]["model_over_best"] >= 1
+
+    model = tmp_path / "model.json"
+    assert main(["train", "--records", str(path), "--out", str(model)]) == 0
+    assert cost_model.Model.from_json(model.read_text()).feature_names == FEATURES
