@@ -44,6 +44,7 @@ MIN_COLUMN_WALK = 8192  # column access: shorter walks keep the fewest launches 
 MAX_THREADS = 256
 VECTOR_BYTES = 16  # 128-bit loads and stores
 MAX_CHOSEN_KERNELS = 3  # a split chosen for parallelism alone: at most this many launches
+STARVED_BLOCKS = 16  # below this many blocks, a launch that only combines partials pays for itself
 
 
 class SplitError(Exception):
@@ -152,6 +153,11 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
     kernels = max(list(levels.values()) + list(combine_level.values())) + 1
     if few_long_rows_only and kernels > MAX_CHOSEN_KERNELS:
         raise SplitError(f"{kernels} kernels: launches would cost more than idle SMs")
+    unsplit_blocks = row_blocks if columns else rows
+    chunked = {levels[v.name] for v in kept if v.has_reduction or _within(v, rank)[0] > 1}
+    if few_long_rows_only and unsplit_blocks >= STARVED_BLOCKS and len(chunked) < kernels:
+        raise SplitError(f"{unsplit_blocks} blocks without a split: not starved enough to pay a launch "
+                         "that only combines")
     dtype_bytes = max(1, max(v.writes[0].buffer.dtype.bits for v in kept) // 8)
     if columns:
         split = choose_split(row_blocks, length, MIN_COLUMN_CHUNK) if row_blocks < SPLIT_BELOW_ROWS else 1
