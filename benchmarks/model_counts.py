@@ -1,0 +1,49 @@
+"""CUDA launches, modeled traffic and CUDA compile time of every model step at bench size.
+
+The CUDA half of `tvm-stitch bench --models all` (no CPU builds or timings,
+which take long at bench size on a small CPU). Needs the torch extra.
+Usage: python benchmarks/model_counts.py [OUT.md]
+"""
+
+import sys
+
+from tvm_stitch.build import build
+from tvm_stitch.kernels import launches_by_kind
+from tvm_stitch.model_bench import import_step, model_steps
+from tvm_stitch.models import MODELS
+from tvm_stitch.traffic import program_traffic
+
+
+def main(out_path: str = "") -> None:
+    lines = ["| model | step | memory-intensive CUDA launches | compute-intensive | modeled MB | "
+             "CUDA compile s default / stitched | fallbacks |", "|---|---|---|---|---|---|---|"]
+    totals = {}
+    for name, step in model_steps(list(MODELS)):
+        print(f"model {name} {step}", file=sys.stderr, flush=True)
+        mod, _, _ = import_step(name, step, "bench")
+        cuda = {}
+        for stitched in (False, True):
+            built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
+            cuda[stitched] = (launches_by_kind(built.lowered, built.executable), program_traffic(built.lowered)[0],
+                              built.compile_seconds, built.report)
+        (md, cd), (ms, cs) = cuda[False][0], cuda[True][0]
+        before, after = totals.get(step, (0, 0))
+        totals[step] = (before + md, after + ms)
+        lines.append(f"| {name} | {step} | {md} -> {ms} | {cd} -> {cs} | {cuda[False][1] / 1e6:.0f} -> "
+                     f"{cuda[True][1] / 1e6:.0f} | {cuda[False][2]:.1f} / {cuda[True][2]:.1f} | "
+                     f"{len(cuda[True][3].fallbacks)} |")
+    lines.append("")
+    for step, (before, after) in totals.items():
+        lines.append(f"{step}: memory-intensive launches {before} -> {after} ({1 - after / before:.0%} fewer)")
+    before = sum(b for b, _ in totals.values())
+    after = sum(a for _, a in totals.values())
+    lines.append(f"all steps: {before} -> {after} ({1 - after / before:.0%} fewer)")
+    text = "\n".join(lines)
+    print(text)
+    if out_path:
+        with open(out_path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
