@@ -36,7 +36,7 @@ def _check_graph(name: str, dtype: str, index: int, monkeypatch, rng, emulate=No
     inputs = graph.inputs(rng, dtype, d)
     seen = []
     monkeypatch.setattr(stitch_pass, "chooser", _forcing(index, seen))
-    built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True, emulate=emulate)
+    built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True, emulate=emulate, cost_model=True)
     rtol, atol = TOLERANCE[dtype]
     for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
@@ -133,7 +133,7 @@ def test_rules_without_a_usable_model(content, tmp_path, monkeypatch, rng):
     try:
         assert cost_model.chooser("cpu") is None
         mod = SUITE["layernorm"].build("float32", dims("test"))
-        with_model = build(mod, LLVM, stitched=True, strict=True)
+        with_model = build(mod, LLVM, stitched=True, strict=True, cost_model=True)
         rules = build(mod, LLVM, stitched=True, strict=True, cost_model=False)
         assert with_model.report.plans == rules.report.plans
     finally:
@@ -148,7 +148,7 @@ def test_the_model_adds_no_builds_at_compile_time(monkeypatch):
     mod = SUITE["layernorm_backward"].build("float32", dims("test"))
     build(mod, LLVM, stitched=True, cost_model=False)
     without = len(calls)
-    build(mod, LLVM, stitched=True)
+    build(mod, LLVM, stitched=True, cost_model=True)
     assert len(calls) - without == without
     with pytest.raises(TypeError, match="cost_model"):
         stitch_pass.StitchFusion(LLVM, cost_model="yes")
