@@ -40,6 +40,17 @@ def merge_row_loops(sch: s_tir.Schedule, plan: StitchPlan):
     return sch.merge(*row_loops)
 
 
+def loops_extent(sch: s_tir.Schedule, loops) -> int | None:
+    """The product of the loops' extents; None if any is symbolic."""
+    total = 1
+    for loop in loops:
+        extent = sch.get(loop).extent
+        if not isinstance(extent, tirx.IntImm):
+            return None
+        total *= int(extent.value)
+    return total
+
+
 def loop_kinds(sch: s_tir.Schedule, block) -> list:
     """(loop, iter type) for each loop of a block: the type of the block iterator the loop
     is bound to directly, None for a loop no iterator is bound to alone."""

@@ -63,6 +63,23 @@ def _bert(size):
     return Encoder().eval(), (torch.randint(0, cfg.vocab_size, (batch, seq)),)
 
 
+def _block_stack(nn, make_block, layers: int, final_norm):
+    """`layers` blocks applied in turn, then `final_norm`: the GPT-2 and LLaMA-style stacks."""
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([make_block() for _ in range(layers)])
+            self.norm = final_norm
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.norm(x)
+
+    return Stack().eval()
+
+
 def _gpt2(size):
     torch = _require_torch()
     nn = torch.nn
@@ -84,18 +101,7 @@ def _gpt2(size):
             x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
             return x + self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
-    class GPT2(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
-            self.ln_f = nn.LayerNorm(d)
-
-        def forward(self, x):
-            for block in self.blocks:
-                x = block(x)
-            return self.ln_f(x)
-
-    return GPT2().eval(), (torch.randn(batch, seq, d),)
+    return _block_stack(nn, Block, layers, nn.LayerNorm(d)), (torch.randn(batch, seq, d),)
 
 
 def _llama(size):
@@ -138,18 +144,7 @@ def _llama(size):
             h = self.n2(x)
             return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
 
-    class Llama(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
-            self.norm = RMSNorm()
-
-        def forward(self, x):
-            for block in self.blocks:
-                x = block(x)
-            return self.norm(x)
-
-    return Llama().eval(), (torch.randn(batch, seq, d),)
+    return _block_stack(nn, Block, layers, RMSNorm()), (torch.randn(batch, seq, d),)
 
 
 def _convnext(size):

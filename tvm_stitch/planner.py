@@ -24,7 +24,7 @@ from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapp
 from .resources import estimate_registers, occupancy
 from .row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
 from .split_planner import SplitError, plan_row_split
-from .tir_view import block_views, static_int, static_product
+from .tir_view import block_consumers, block_views, static_int, static_product
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
 CUDA_MAX_THREADS = 256
@@ -240,22 +240,12 @@ def _cpu_reduction_rank(views: list, rank: int, depth: int) -> int:
     return rank
 
 
-def _consumers(views: list) -> dict:
-    out = {view.name: set() for view in views}
-    for view in views:
-        for read in view.reads:
-            for producer in views:
-                if producer.name != view.name and any(w.buffer.same_as(read.buffer) for w in producer.writes):
-                    out[producer.name].add(view.name)
-    return out
-
-
 def _levels(views: list, outputs: set, family: str, recompute: tuple = ()) -> dict:
     """Level and reason for every block whose result is read inside the kernel, last block first.
 
     Blocks in `recompute` are inlined although expensive: demoted from shared memory.
     """
-    consumers = _consumers(views)
+    consumers = block_consumers(views)
     by_name = {view.name: view for view in views}
     levels, evaluations = {}, {}
     for view in reversed(views):

@@ -32,7 +32,7 @@ from tvm import s_tir, tirx
 
 from .plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
 from .row_alignment import analyze_rows, walks_columns
-from .tir_view import block_views, static_int, static_product
+from .tir_view import block_consumers, block_views, static_int, static_product
 
 SPLIT_BELOW_ROWS = 132  # row tasks below one per SM of an H100/H200: split the rows
 SPLIT_MIN_ROW = 16384  # elements: 64 KB of float32, more than a block's shared memory
@@ -75,24 +75,13 @@ def _within(view, rank: int) -> tuple:
     return spatial, reduce
 
 
-def _levels(kept: list) -> dict:
-    """Kernel index of every kept block: one after the latest kept block it reads."""
+def _levels(kept: list, consumers: dict) -> dict:
+    """Kernel index of every kept block (program order): one after the latest kept block it reads."""
     level = {}
     for view in kept:
-        producers = [p for p in kept if p.name in level and
-                     any(w.buffer.same_as(r.buffer) for w in p.writes for r in view.reads)]
-        level[view.name] = max((level[p.name] + 1 for p in producers), default=0)
+        level[view.name] = max((level[p] + 1 for p, users in consumers.items() if view.name in users and p in level),
+                               default=0)
     return level
-
-
-def _consumer_levels(kept: list, levels: dict) -> dict:
-    out = {view.name: [] for view in kept}
-    for view in kept:
-        for producer in kept:
-            if producer.name != view.name and any(
-                    w.buffer.same_as(r.buffer) for w in producer.writes for r in view.reads):
-                out[producer.name].append(levels[view.name])
-    return out
 
 
 def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
@@ -145,8 +134,9 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
     elif few_long_rows_only and not wants_split(rows, length):
         raise SplitError(f"{rows} rows of {length} elements: row-resident fits")
 
-    levels = _levels(kept)
-    consumer_levels = _consumer_levels(kept, levels)
+    consumers = block_consumers(kept)
+    levels = _levels(kept, consumers)
+    consumer_levels = {name: [levels[c] for c in users] for name, users in consumers.items()}
     # A reduction's partials run in its own kernel, their combine in its first reader's kernel.
     combine_level = {view.name: min(consumer_levels[view.name], default=levels[view.name] + 1)
                      for view in kept if view.has_reduction}

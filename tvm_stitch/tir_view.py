@@ -197,3 +197,14 @@ def all_block_views(func: tirx.PrimFunc) -> list:
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: views.append(view_of_block(b))
                                         if b.name_hint != "root" else None), order="pre")
     return views
+
+
+def block_consumers(views: list) -> dict:
+    """Name of each block -> names of the other blocks that read what it writes."""
+    out = {view.name: set() for view in views}
+    for view in views:
+        for read in view.reads:
+            for producer in views:
+                if producer.name != view.name and any(w.buffer.same_as(read.buffer) for w in producer.writes):
+                    out[producer.name].add(view.name)
+    return out

@@ -21,7 +21,7 @@ from tvm.target import Target
 
 from tvm_stitch.plan import StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, merge_row_loops, within_row_loops
+from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent, merge_row_loops, within_row_loops
 
 
 def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
@@ -44,7 +44,7 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
         return None
     # The fewest innermost reduction loops whose extents make whole vectors: outer ones
     # (BatchNorm's batch axis, strided in memory) stay loops around the lanes.
-    extents = [_extent(sch, l) for l in reduce]
+    extents = [loops_extent(sch, [l]) for l in reduce]
     if None in extents:
         return None
     count = next((n for n in range(1, len(reduce) + 1)
@@ -115,7 +115,7 @@ def _merge_nests(sch: s_tir.Schedule, names: list) -> None:
         levels = 1
     for level in range(levels):
         loops = [sch.get_loops(sch.get_sblock(n))[level] for n in names]
-        if len({_extent(sch, l) for l in loops}) != 1:
+        if len({loops_extent(sch, [l]) for l in loops}) != 1:
             break
         if not all(sch.get(l).same_as(sch.get(loops[0])) for l in loops):
             sch.merge(*loops)
@@ -126,11 +126,6 @@ def _independent(sch: s_tir.Schedule, names: list) -> bool:
     blocks = [sch.get(sch.get_sblock(n)) for n in names]
     return not any(r.source.same_as(w.source) for a in blocks for b in blocks if a is not b
                    for r in a.reads for w in b.writes)
-
-
-def _extent(sch: s_tir.Schedule, loop):
-    extent = sch.get(loop).extent
-    return extent.value if isinstance(extent, tirx.IntImm) else None
 
 
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:

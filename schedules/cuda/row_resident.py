@@ -21,19 +21,9 @@ from tvm.target import Target
 
 from tvm_stitch.plan import REGISTER, SHARED, StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, merge_row_loops, within_row_loops
+from ..common import blocks_by_name, inline_cheap_blocks, loops_extent, merge_row_loops, within_row_loops
 
 UNROLL = 64
-
-
-def _extent(sch, loops) -> int | None:
-    total = 1
-    for loop in loops:
-        extent = sch.get(loop).extent
-        if not isinstance(extent, tirx.IntImm):
-            return None
-        total *= int(extent.value)
-    return total
 
 
 def _split_over_threads(sch: s_tir.Schedule, loop, threads: int, bind: bool):
@@ -81,7 +71,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
         spatial, reduce = within_row_loops(sch, block, row)
         if threads == 1:
             continue  # one thread per row: the row's loops run in that thread
-        spatial_extent = _extent(sch, spatial) if spatial else 1
+        spatial_extent = loops_extent(sch, spatial)
         if reduce and (spatial_extent is None or spatial_extent < threads):
             # Few outputs per row: the threads share each output's reduction.
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]

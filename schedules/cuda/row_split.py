@@ -25,7 +25,7 @@ from tvm.target import Target
 
 from tvm_stitch.plan import GLOBAL, StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds
+from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent
 
 COMBINE = ":combine"
 
@@ -39,13 +39,6 @@ def _split_reduction(sch: s_tir.Schedule, block, rank: int, split: int):
     reduce = [loop for loop, kind in loop_kinds(sch, block)[rank:] if kind == tirx.IterVar.CommReduce]
     chunks, _ = sch.split(_fuse(sch, reduce), [split, None])
     return sch.rfactor(chunks, rank)
-
-
-def _extent(sch: s_tir.Schedule, loops: list) -> int:
-    total = 1
-    for loop in loops:
-        total *= int(sch.get(loop).extent)
-    return total
 
 
 def _row_loop(sch: s_tir.Schedule, block, rank: int):
@@ -66,7 +59,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for name, block in blocks_by_name(sch).items():
         if name in combine_level:
             chunked.append((sch.get(_split_reduction(sch, block, rank, split)).name_hint, True))
-        elif _extent(sch, sch.get_loops(block)[rank:]) > 1:
+        elif loops_extent(sch, sch.get_loops(block)[rank:]) != 1:
             within = sch.get_loops(block)[rank:]
             sch.split(_fuse(sch, within), [split, None])
             chunked.append((name, False))
