@@ -184,3 +184,18 @@ def test_float16_graphs_match_numpy_on_this_cpu(rng):
         rtol, atol = TOLERANCE["float16"]
         for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
             np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layernorm_softmax", "bias_gelu"])
+def test_float16_graphs_compute_in_float32_on_the_cpu(name):
+    # The CPU has no float16 arithmetic: a stitched float16 chain reads and writes float16 once and
+    # keeps every intermediate (reduction results, per-row buffers) in float32.
+    built = build(SUITE[name].build("float16", dims("test")), LLVM, stitched=True, strict=True)
+    stitched = [f for f in built.lowered.functions.values()
+                if isinstance(f, tvm.tirx.PrimFunc) and "tvm_stitch.plan" in f.attrs]
+    assert stitched
+    for func in stitched:
+        sch = tvm.s_tir.Schedule(func)
+        buffers = sch.get(sch.get_sblock("root")).alloc_buffers
+        assert all(str(b.dtype) == "float32" for b in buffers), [(b.name, str(b.dtype)) for b in buffers]
+        assert {str(func.buffer_map[p].dtype) for p in func.params} == {"float16"}

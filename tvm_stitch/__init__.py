@@ -5,6 +5,10 @@
     print(tvm_stitch.explain(mod, target))
 """
 
+from .threads import use_all_cores
+
+use_all_cores()
+
 from .explain import explain
 from .pipeline import pipeline
 from .plan import Intermediate, StitchPlan, ThreadMapping

@@ -26,6 +26,7 @@ from .build import build, run_cpu, time_cpu
 from .kernels import count_launches
 from .suite import SUITE, dims, reference
 from .target import host_target
+from .threads import cpu_threads
 from .traffic import program_traffic
 
 TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2)}
@@ -169,7 +170,7 @@ def _torch_times(name: str, inputs: list) -> tuple:
         return float("nan"), float("nan")
     from .gpu_runner.torch_graphs import GRAPHS
 
-    torch.set_num_threads(int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1)))
+    torch.set_num_threads(cpu_threads())
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
     fn = GRAPHS[name]
     compiled = torch.compile(fn)
@@ -305,7 +306,7 @@ def bench_metadata(size: str, dtype: str) -> dict:
         "tvm": tvm.__version__,
         "size": size,
         "dtype": dtype,
-        "threads": os.environ.get("TVM_NUM_THREADS", str(os.cpu_count())),
+        "threads": cpu_threads(),
     }
 
 

@@ -19,8 +19,9 @@ import tvm
 from tvm import tirx
 
 from .plan import StitchPlan
-from .planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, cpu_threads, plan_row_resident
+from .planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, plan_row_resident
 from .resources import estimate_registers, occupancy
+from .threads import cpu_threads
 
 CUDA_THREADS = (32, 64, 128, 256)
 
@@ -47,8 +48,8 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target)
 
 
 def vector_choices(width_bits: int, dtype_bits: int) -> list:
-    """1, half, full and double the target's lanes for a dtype."""
-    lanes = max(1, width_bits // max(8, dtype_bits))
+    """1, half, full and double the target's lanes for a dtype (half precision computes in float32)."""
+    lanes = max(1, width_bits // max(32, dtype_bits))
     return sorted({1, max(1, lanes // 2), lanes, 2 * lanes})
 
 

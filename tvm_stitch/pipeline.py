@@ -2,7 +2,8 @@
 
     library dispatch (TVM)
     LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps (TVM)
-    AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32),
+    AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
+        all arithmetic),
     FastMathTransform on llvm (vectorisable exp, erf, tanh)
     StitchFusion: memory-bound groups -> stitched, scheduled kernels
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
@@ -73,7 +74,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
         raise TypeError(f"fast_math must be True, False or None, not {fast_math!r}")
     return (
         backend_passes(target).library_dispatch_passes(target)
-        + [AccumulateInFloat32()]
+        + [AccumulateInFloat32(arithmetic=target.kind.name == "llvm")]
         + ([relax.transform.FastMathTransform()] if fast_math else [])
         + [
             relax.transform.LegalizeOps(),

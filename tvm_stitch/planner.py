@@ -24,6 +24,7 @@ from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapp
 from .resources import estimate_registers, occupancy
 from .row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
 from .split_planner import SplitError, plan_row_split
+from .threads import cpu_threads
 from .tir_view import block_consumers, block_views, static_int, static_product
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
@@ -85,15 +86,6 @@ def _has_feature(target: tvm.target.Target, feature: str) -> bool:
         return bool(tvm.target.codegen.target_has_features(feature, target))
     except Exception:  # noqa: BLE001 - a target LLVM has no feature table for
         return False
-
-
-def cpu_threads() -> int:
-    import os
-
-    env = os.environ.get("TVM_NUM_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    return os.cpu_count() or 1
 
 
 def _level(view, consumers: list, levels: dict, evaluations: dict, is_output: bool,
@@ -389,7 +381,8 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         work = max(static_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
         threads = cpu_threads() if work >= CPU_PARALLEL_MIN_WORK else 1
         out_dtype = views[-1].writes[0].buffer.dtype
-        lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(8, out_dtype.bits)
+        # Half precision computes in float32 on the CPU (precision.py): lanes of float32 at least.
+        lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(32, out_dtype.bits)
         # Emulated half precision gains nothing from wide vectors: each lane converts alone,
         # unless the CPU converts float16 vectors (x86 F16C).
         emulated = str(out_dtype) in EMULATED_ON_CPU and not (

@@ -1,12 +1,21 @@
-"""Reductions and transcendentals over float16/bfloat16 compute in float32.
+"""Half-precision graphs compute in float32 where the hardware would not.
 
-A Relax pass run before legalization (and before the fast-math rewrite):
-every reducing op, and every exp, erf, tanh, sigmoid and log, whose tensor
-inputs are float16 or bfloat16 gets them cast to float32 and its result cast
-back. Sums accumulate in float32, and polynomial approximations are
-evaluated in float32 (in float16 their small coefficients underflow), while
-the graph's dtypes stay as they were. Inside a stitched kernel the casts are
-inlined: the float32 values live only in registers.
+A Relax pass run before legalization (and before the fast-math rewrite).
+Every op in its set whose tensor inputs are float16 or bfloat16 gets them
+cast to float32 and its result cast back, so the graph's dtypes stay as they
+were; inside a stitched kernel the casts are inlined and the float32 values
+live only in registers or per-row buffers.
+
+- `AccumulateInFloat32()` (every target): reducing ops and transcendentals.
+  Sums accumulate in float32, and polynomial approximations are evaluated in
+  float32 (in float16 their small coefficients underflow).
+- `AccumulateInFloat32(arithmetic=True)` (CPUs, which have no half-precision
+  arithmetic: each op converts through float32 anyway): element-wise
+  arithmetic too, and a cast to half precision that is only cast back to
+  float32 is dropped. A chain of ops then reads half precision once,
+  computes in float32 vectors and writes half precision once; its
+  intermediate roundings to half precision go, so results are as accurate as
+  or more accurate than the half-precision graph's.
 """
 
 from __future__ import annotations
@@ -24,6 +33,15 @@ ACCUMULATING_OPS = frozenset(
         "relax.exp", "relax.erf", "relax.tanh", "relax.sigmoid", "relax.log",
     }
 )
+ARITHMETIC_OPS = ACCUMULATING_OPS | frozenset(
+    {
+        "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.power",
+        "relax.maximum", "relax.minimum", "relax.negative", "relax.abs", "relax.square",
+        "relax.sqrt", "relax.rsqrt", "relax.clip", "relax.where", "relax.max", "relax.min",
+        "relax.sin", "relax.cos", "relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh",
+        "relax.nn.silu",
+    }
+)
 
 
 def _low_precision(expr) -> str | None:
@@ -33,12 +51,22 @@ def _low_precision(expr) -> str | None:
     return None
 
 
+def _float32(expr) -> bool:
+    ty = getattr(expr, "ty", None)
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32"
+
+
 @expr_functor.mutator
 class _Widen(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, ops: frozenset, drop_round_trips: bool):
+        super().__init__(mod)
+        self.ops = ops
+        self.drop_round_trips = drop_round_trips
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         op = call.op
-        if not isinstance(op, tvm.ir.Op) or op.name not in ACCUMULATING_OPS:
+        if not isinstance(op, tvm.ir.Op) or op.name not in self.ops:
             return call
         dtypes = [_low_precision(a) for a in call.args]
         if not any(dtypes):
@@ -46,20 +74,34 @@ class _Widen(PyExprMutator):
         out_dtype = _low_precision(call)
         if out_dtype is None:
             return call
-        args = [relax.op.astype(a, "float32") if d else a for a, d in zip(call.args, dtypes)]
+        args = [self._as_float32(a) if d else a for a, d in zip(call.args, dtypes)]
         wide = self.builder_.normalize(relax.Call(op, args, call.attrs, call.ty_args))
-        if not isinstance(wide.ty, relax.TensorType):
+        if not _float32(wide):
             return call
         return relax.op.astype(wide, out_dtype)
+
+    def _as_float32(self, value: relax.Expr) -> relax.Expr:
+        """astype(value, float32); with `drop_round_trips`, the float32 x itself if value = astype(x, half)."""
+        if self.drop_round_trips:
+            bound = self.lookup_binding(value) if isinstance(value, relax.Var) else value
+            if (isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op)
+                    and bound.op.name == "relax.astype" and _float32(bound.args[0])):
+                return bound.args[0]
+        return relax.op.astype(value, "float32")
 
 
 @tvm.transform.module_pass(opt_level=0, name="AccumulateInFloat32")
 class AccumulateInFloat32:
-    """Cast float16/bfloat16 inputs of reducing and transcendental ops to float32 and results back."""
+    """Cast float16/bfloat16 inputs of reducing and transcendental ops (with `arithmetic`: of every
+    element-wise arithmetic op too) to float32 and results back."""
+
+    def __init__(self, arithmetic: bool = False):
+        self.arithmetic = arithmetic
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        widen = _Widen(mod)
+        widen = _Widen(mod, ARITHMETIC_OPS if self.arithmetic else ACCUMULATING_OPS, self.arithmetic)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 widen.builder_.update_func(gv, widen.visit_expr(func))
-        return widen.builder_.get()
+        mod = widen.builder_.get()
+        return relax.transform.DeadCodeElimination()(mod) if self.arithmetic else mod

@@ -26,10 +26,11 @@ from schedules import schedule_for
 from .candidates import candidates, knobs
 from .features import features, group_facts
 from .pipeline import grouping_passes
-from .planner import cpu_threads, target_family
+from .planner import target_family
 from .stitch_pass import stitch_module
 from .suite import SUITE
 from .suite_data import VARIANTS
+from .threads import cpu_threads
 from .tir_view import block_views
 
 _BASE = {"batch": 8, "heads": 12, "seq": 128}

@@ -48,12 +48,23 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
     if None in extents:
         return None
     count = next((n for n in range(1, len(reduce) + 1)
-                  if prod(extents[-n:]) % lanes == 0 and prod(extents[-n:]) >= 2 * lanes), None)
+                  if vector_lanes(prod(extents[-n:]), lanes, 2)), None)
     if count is None:
         return None
     loop = sch.fuse(*reduce[-count:]) if count > 1 else reduce[-1]
-    _, lane = sch.split(loop, [None, lanes])
+    _, lane = sch.split(loop, [None, vector_lanes(prod(extents[-count:]), lanes, 2)])
     return sch.rfactor(lane, 0)
+
+
+def vector_lanes(extent: int, lanes: int, steps: int = 1) -> int | None:
+    """The widest power-of-two vector, at most `lanes` and at least 4 wide, that cuts `extent`
+    into `steps` or more whole vectors; None if there is none."""
+    width = lanes
+    while width >= 4:
+        if extent % width == 0 and extent >= steps * width:
+            return width
+        width //= 2
+    return None
 
 
 def _unit(sch: s_tir.Schedule, loop) -> bool:
@@ -158,7 +169,8 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             continue
         loop = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
         extent = sch.get(loop).extent
-        if lanes > 1 and isinstance(extent, tirx.IntImm) and extent.value % lanes == 0:
-            _, inner = sch.split(loop, [None, lanes])
+        width = vector_lanes(extent.value, lanes) if isinstance(extent, tirx.IntImm) else None
+        if width is not None:
+            _, inner = sch.split(loop, [None, width])
             sch.vectorize(inner)
     return sch
