@@ -165,7 +165,8 @@ def test_tune_writes_records_and_resumes(tmp_path):
     again = tune(path, shapes, ["rmsnorm"], ("float32",), LLVM, progress=lambda m: None)
     assert again["measured"] == 0 and len(read_records(path)) == 2
 
-    result = evaluate(path, tmp_path / "evaluation", compile_graphs=False, progress=lambda m: None)
+    result = evaluate(path, tmp_path / "evaluation", compile_graphs=False, bench_graphs=False,
+                      progress=lambda m: None)
     assert result["summary"]["groups"] == 1
     assert (tmp_path / "evaluation" / "evaluation.md").read_text().startswith("# Cost model evaluation")
     assert json.loads((tmp_path / "evaluation" / "evaluation.json").read_text())["groups"][0]["model_over_best"] >= 1

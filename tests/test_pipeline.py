@@ -200,3 +200,21 @@ def test_float16_graphs_compute_in_float32_on_the_cpu(name):
         assert all(str(b.dtype) == "float32" for b in buffers), [(b.name, str(b.dtype)) for b in buffers]
         tensors = [p for p in func.params if len(p.shape) > 0]  # scalars are folded constants
         assert {str(p.dtype) for p in tensors} == {"float16"}
+
+
+def test_cpu_packs_only_kernels_with_tasks_of_about_one_size(rng):
+    # The CPU thread pool splits a parallel loop's tasks evenly by count: rows of 1024 elements packed
+    # with rows of 8 would leave one core with most of the work.
+    shapes = [(64, 1024), (32, 1024), (2048, 8)]
+    xs = [tensor(f"x{i}", s) for i, s in enumerate(shapes)]
+
+    def body(bb, *xs):
+        return relax.Tuple([bb.emit(relax.op.multiply(relax.op.exp(x), x)) for x in xs])
+
+    built = build(make_module(xs, body), LLVM, stitched=True, strict=True)
+    assert len(built.report.packs) == 1
+    (_, members), = built.report.packs
+    assert len(members) == 2
+    inputs = [rng.standard_normal(s).astype("float32") for s in shapes]
+    for out, x in zip(run_cpu(built.executable, inputs), inputs):
+        np.testing.assert_allclose(out, np.exp(x) * x, rtol=1e-5, atol=1e-6)

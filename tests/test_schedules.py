@@ -125,3 +125,34 @@ def test_cpu_long_column_sums_are_cut_into_parallel_partials(rng):
     dot, total = run_cpu(built.executable, [a, b])
     np.testing.assert_allclose(dot, (a.astype("float64") * b).sum(0), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(total, a.astype("float64").sum(0), rtol=1e-4, atol=1e-3)
+
+
+def test_cpu_few_long_rows_are_cut_into_chunks_over_the_cores(rng, monkeypatch):
+    # Two rows of 65536 for four cores: each row in 8 chunks of 8192, every block a parallel loop,
+    # max and sum as per-chunk partials, then combined.
+    import numpy as np
+    from tvm import relax
+
+    from tvm_stitch import planner
+    from tvm_stitch.build import run_cpu
+
+    monkeypatch.setattr(planner, "cpu_threads", lambda: 4)
+    x = tensor("x", (2, 65536))
+
+    def softmax(bb, x):
+        e = bb.emit(relax.op.exp(relax.op.subtract(x, relax.op.max(x, axis=[-1], keepdims=True))))
+        return bb.emit(relax.op.divide(e, relax.op.sum(e, axis=[-1], keepdims=True)))
+
+    built = build(make_module([x], softmax), LLVM, stitched=True, strict=True)
+    (plan,) = built.report.plans
+    assert plan.mapping.split == 8
+    (func,) = [f for f in built.lowered.functions.values()
+               if isinstance(f, tvm.tirx.PrimFunc) and "tvm_stitch.plan" in f.attrs]
+    parallel = []
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, lambda l: parallel.append(int(l.extent))
+                                        if l.kind == tvm.tirx.ForKind.PARALLEL else None), order="pre")
+    assert parallel and all(extent == 2 * 8 for extent in parallel)
+    data = rng.standard_normal((2, 65536)).astype("float32") * 4
+    (out,) = run_cpu(built.executable, [data])
+    e = np.exp(data.astype("float64") - data.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-9)

@@ -4,7 +4,8 @@ The rules (planner.py) give one plan; the cost model chooses among the
 variants listed here, over the knobs the schedules honour:
 - CPU: cores (parallel over rows, or serial), vector lanes (1, half, full
   and double the target's width for the output dtype) and the row axes
-  (every rank within the aligned depth, each planned by the planner itself);
+  (every rank within the aligned depth whose row tasks hold a vector or
+  more, each planned by the planner itself);
 - CUDA: threads per block and rows per block, within the thread and shared
   memory limits (features only: no GPU model is trained yet).
 Every variant keeps the rule plan's levels and outputs, so it computes the
@@ -14,6 +15,7 @@ same values; the first candidate is always the rule plan.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import tvm
 from tvm import tirx
@@ -24,6 +26,7 @@ from .resources import estimate_registers, occupancy
 from .threads import cpu_threads
 
 CUDA_THREADS = (32, 64, 128, 256)
+MIN_TASK_ELEMENTS = 4  # the narrowest CPU vector the schedules use
 
 
 def knobs(plan: StitchPlan) -> dict:
@@ -53,11 +56,23 @@ def vector_choices(width_bits: int, dtype_bits: int) -> list:
     return sorted({1, max(1, lanes // 2), lanes, 2 * lanes})
 
 
+def _elements_per_task(func: tirx.PrimFunc, rank: int) -> int:
+    """Elements of the largest parameter under `rank` row axes (those of one row task)."""
+    sizes = [1]
+    for param in func.params:
+        dims = [int(d) for d in param.shape if isinstance(d, tirx.IntImm)]
+        if len(dims) == len(param.shape) and len(dims) >= rank:
+            sizes.append(math.prod(dims[rank:]))
+    return max(sizes)
+
+
 def _by_rank(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> list:
-    """The rule plan and the planner's plans for the other ranks within the aligned depth."""
+    """The rule plan and the planner's plans for the other ranks within the aligned depth whose
+    row tasks hold at least one vector (a task of single elements leaves nothing to vectorise and
+    one branch per element where kernels share a launch)."""
     plans = [rule]
     for rank in range(1, rule.aligned_depth + 1):
-        if rank == rule.rank:
+        if rank == rule.rank or _elements_per_task(func, rank) < MIN_TASK_ELEMENTS:
             continue
         try:
             plans.append(plan_row_resident(func, target, rule.kernel, rank=rank))

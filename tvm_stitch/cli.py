@@ -195,7 +195,7 @@ def _evaluate(args) -> int:
     from .evaluate import evaluate
 
     result = evaluate(Path(args.held_out), Path(args.out), compile_graphs=not args.no_compile,
-                      progress=lambda m: print(m, file=sys.stderr, flush=True))
+                      bench_graphs=not args.no_bench, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(result["markdown"])
     return 0 if result["done"] else 1
 
@@ -272,6 +272,8 @@ def main(argv=None) -> int:
     ev.add_argument("--held-out", default=f"{RESULTS}/held-out-cpu.jsonl")
     ev.add_argument("--out", default=RESULTS, help="folder for evaluation.json and evaluation.md")
     ev.add_argument("--no-compile", action="store_true", help="skip the compile-time comparison")
+    ev.add_argument("--no-bench", action="store_true",
+                    help="skip timing the suite at bench shapes with the model and with rules")
     ev.set_defaults(func=_evaluate)
 
     args = parser.parse_args(argv)

@@ -7,7 +7,10 @@ candidate. The model's choice is made exactly as at compile time: the
 lowest prediction over the candidates in candidates.py's order, the rule
 plan on ties, and the rule plan when the choice did not build. It also
 compiles the suite with and without the model, alternating, for the
-compile-time overhead. Writes evaluation.json and evaluation.md.
+compile-time overhead, and times the whole suite at its bench shapes (the
+graphs users run, larger than most training shapes) built both ways,
+alternating: the guard for using the model by default. Writes
+evaluation.json and evaluation.md.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import tvm
+from tvm import relax
 
 from .cost_model import load_model, model_path
 from .tune import GRAPHS, HELD_OUT_SHAPES, REPEAT, machine, read_records
@@ -26,6 +31,7 @@ WITHIN = 1.10  # the model's choice counts as good within 10% of the best candid
 GOOD_SHARE = 0.80  # ... for at least this share of the held-out groups
 RULE_SLACK = 1.05  # geomean of model / rules at most this
 COMPILE_SLACK = 1.20  # compile time with the model / without, at most this
+BENCH_WORST = 1.10  # at bench shapes no graph may run more than this slower with the model than with rules
 
 
 def _geomean(values: list) -> float:
@@ -76,12 +82,45 @@ def compile_times(graphs: list, dims: dict, repeats: int = 2, progress=print) ->
     return rows
 
 
+def bench_times(graphs: list, rounds: int = 7, progress=print) -> list:
+    """Each suite graph (float32, bench shapes) built with the model and with rules only, timed in
+    alternating rounds on the same input arrays; milliseconds are medians over the rounds."""
+    from .build import build
+    from .suite import SUITE, dims
+    from .target import host_target
+
+    target = host_target()
+    d = dims("bench")
+    rows = []
+    for name in graphs:
+        graph = SUITE[name]
+        mod = graph.build("float32", d)
+        dev = tvm.cpu()
+        args = [tvm.runtime.tensor(a, dev) for a in graph.inputs(np.random.default_rng(0), "float32", d)]
+        timers = {}
+        for with_model in (True, False):
+            vm = relax.VirtualMachine(build(mod, target, stitched=True, cost_model=with_model).executable, dev)
+            vm["main"](*args)
+            timers[with_model] = vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=100)
+        times = {True: [], False: []}
+        for _ in range(rounds):
+            for with_model, timer in timers.items():
+                times[with_model].append(timer(*args).mean * 1e3)
+        row = {"graph": name, "model_ms": float(np.median(times[True])), "rules_ms": float(np.median(times[False]))}
+        row["model_over_rule"] = row["model_ms"] / row["rules_ms"]
+        rows.append(row)
+        progress(f"bench shape {name}: {row['model_ms']:.3f} ms with the model, {row['rules_ms']:.3f} ms rules "
+                 f"({row['model_over_rule']:.2f}x)")
+    return rows
+
+
 def _quantiles(values: list) -> dict:
     q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 0.9, 1.0]) if values else [float("nan")] * 6
     return dict(zip(("min", "p25", "median", "p75", "p90", "max"), (round(float(v), 3) for v in q)))
 
 
-def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, progress=print) -> dict:
+def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, bench_graphs: bool = True,
+             progress=print) -> dict:
     model = load_model("cpu")
     if model is None:
         raise FileNotFoundError(f"no usable CPU model at {model_path('cpu')}: run `tvm-stitch train`")
@@ -113,18 +152,28 @@ def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, progress=pr
         summary["compile_ratio"] = round(with_model / rules_only, 3)
         done = done and with_model / rules_only <= COMPILE_SLACK
     summary["done"] = done
+    bench_rows = []
+    if bench_graphs:
+        from .suite import SUITE
+
+        bench_rows = bench_times(list(SUITE), progress=progress)
+        ratios = [r["model_over_rule"] for r in bench_rows]
+        summary["bench_geomean_model_over_rule"] = round(_geomean(ratios), 4)
+        summary["bench_worst_model_over_rule"] = round(max(ratios), 4)
+        summary["bench_guard"] = max(ratios) <= BENCH_WORST and _geomean(ratios) <= 1.0
     meta = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "held_out_records": str(held_out),
             "model": str(model_path("cpu")), "shapes": sorted({r["group"].split("/")[2] for r in records}),
             "rounds": sorted({r.get("rounds", REPEAT) for r in records})}
     out.mkdir(parents=True, exist_ok=True)
     (out / "evaluation.json").write_text(json.dumps({"meta": meta, "summary": summary, "groups": rows,
-                                                     "compile": compile_rows}, indent=1) + "\n", encoding="utf-8")
-    markdown = _markdown(meta, summary, rows, compile_rows)
+                                                     "compile": compile_rows, "bench": bench_rows},
+                                                    indent=1) + "\n", encoding="utf-8")
+    markdown = _markdown(meta, summary, rows, compile_rows, bench_rows)
     (out / "evaluation.md").write_text(markdown, encoding="utf-8")
     return {"summary": summary, "markdown": markdown, "done": done}
 
 
-def _markdown(meta: dict, summary: dict, rows: list, compile_rows: list) -> str:
+def _markdown(meta: dict, summary: dict, rows: list, compile_rows: list, bench_rows: list) -> str:
     lines = [
         "# Cost model evaluation (CPU, held-out shapes)",
         "",
@@ -147,6 +196,11 @@ def _markdown(meta: dict, summary: dict, rows: list, compile_rows: list) -> str:
                      f"{summary['compile_s_with_model']} s / {summary['compile_s_rules_only']} s = "
                      f"{summary['compile_ratio']:.3f} (target: at most {COMPILE_SLACK})")
     lines.append(f"- done-when met: {summary['done']}")
+    if bench_rows:
+        lines.append(f"- suite at bench shapes (float32), model / rules: geomean "
+                     f"{summary['bench_geomean_model_over_rule']:.3f}, worst {summary['bench_worst_model_over_rule']:.3f} "
+                     f"(guard for the default: geomean at most 1, worst at most {BENCH_WORST}): "
+                     f"{'met' if summary['bench_guard'] else 'NOT met'}")
     lines += ["", "| group | ops | candidates | best ms | rules / best | model / best | model knobs |",
               "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -157,4 +211,8 @@ def _markdown(meta: dict, summary: dict, rows: list, compile_rows: list) -> str:
     if compile_rows:
         lines += ["", "| graph | compile s with model | rules only |", "|---|---|---|"]
         lines += [f"| {r['graph']} | {r['with_model_s']:.2f} | {r['rules_only_s']:.2f} |" for r in compile_rows]
+    if bench_rows:
+        lines += ["", "| graph (bench shape, float32) | ms with model | ms rules | model / rules |", "|---|---|---|---|"]
+        lines += [f"| {r['graph']} | {r['model_ms']:.3f} | {r['rules_ms']:.3f} | {r['model_over_rule']:.3f} |"
+                  for r in bench_rows]
     return "\n".join(lines) + "\n"

@@ -142,8 +142,8 @@ class _Generator:
         elif kind == "long_rows":
             shape[-1] = self.pick([1000, 3001, 4096])
             shape[:-1] = [self.pick([1, 2, 3, 5]) for _ in shape[:-1]]
-        elif kind == "split_rows":  # few rows too long for one block: CUDA row-split
-            shape[-1] = self.pick([16384, 20000, 30011])
+        elif kind == "split_rows":  # few rows too long for one block (CUDA) or for one core (CPU): split
+            shape[-1] = self.pick([16384, 20000, 30011, 40000, 65536])
             shape[:-1] = [self.pick([1, 2, 3]) for _ in shape[:-1]]
         elif kind == "columns":  # long leading axis, few columns: column walks split over blocks
             shape = [self.pick([512, 1000, 2048])] + [self.pick([1, 3, 8, 33]) for _ in shape[1:]]

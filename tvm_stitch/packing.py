@@ -2,13 +2,15 @@
 
 Within one dataflow block, calls of stitched kernels that have no data path
 between them (directly or through any other binding) and the same launch
-shape are packed — up to `MAX_PACK` per launch — into one kernel built by
+shape (on the CPU also tasks of about the same size) are packed — up to `MAX_PACK` per launch — into one kernel built by
 `schedules.independent.pack`. Kernels with barriers (shared memory,
 cross-thread reductions) are left alone: TVM cannot place barriers under the
 branch that selects a member.
 """
 
 from __future__ import annotations
+
+import math
 
 import tvm
 from tvm import relax
@@ -22,8 +24,23 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def packable(plan: StitchPlan) -> bool:
-    """Kernels without barriers: CPU kernels, and CUDA kernels with one thread per row."""
-    return plan.target == "cpu" or plan.mapping.threads == 1
+    """Kernels that are one loop over their tasks, without barriers: CPU kernels whose rows are
+    not cut into chunks (one loop nest per block), and CUDA kernels with one thread per row."""
+    if plan.target == "cpu":
+        return plan.mapping.split == 1
+    return plan.mapping.threads == 1
+
+
+def _task_size(plan: StitchPlan) -> int:
+    """CPU: bytes per row task, to the nearest power of two; CUDA: 0 (every kernel alike).
+
+    A CPU thread pool splits a parallel loop's tasks evenly by count, so members
+    whose tasks differ in size would load the cores unevenly (a row of 768
+    elements packed with single-element tasks: one core does the rows).
+    """
+    if plan.target != "cpu":
+        return 0
+    return round(math.log2(max(1, plan.ideal_bytes // max(1, plan.mapping.rows))))
 
 
 def _path_masks(bindings: list) -> list:
@@ -60,8 +77,9 @@ def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
     packs: list = []
     for i in candidates:
         name = bindings[i].value.args[0].name_hint
-        signature = (kernels[name][1].target, kernels[name][1].mapping.threads,
-                     kernels[name][1].mapping.rows_per_task, loop_signature(kernels[name][0]))
+        plan = kernels[name][1]
+        signature = (plan.target, plan.mapping.threads, plan.mapping.rows_per_task, _task_size(plan),
+                     loop_signature(kernels[name][0]))
         for group in packs:
             if group["signature"] != signature or len(group["members"]) >= MAX_PACK:
                 continue

@@ -33,11 +33,14 @@ CUDA_VECTOR_BYTES = 16  # 128-bit loads and stores
 CUDA_MIN_THREADS = 8  # below a quarter warp, packing more rows beats more threads per row
 CUDA_MIN_ROWS = 264  # two thread blocks per SM of an H100/H200 (132 SMs)
 CPU_MIN_ROWS = 64  # row tasks for an even spread over cores
+CPU_MIN_TASK = 64  # elements a row task keeps at least (whole vectors), even below CPU_MIN_ROWS rows
 CPU_PARALLEL_MIN_WORK = 1 << 15  # elements below which a parallel launch costs more than it saves
 CPU_STREAM_MIN_ROWS = 16  # adjacent rows streamed together when rows are columns: a 64-byte line of float32
 CPU_STREAM_MAX_ROWS = 256  # at most 1 KB of float32 per step: a few cache lines, prefetched
 CPU_TASKS_PER_CORE = 4  # streamed tasks per core, for an even spread
 CPU_SPLIT_CHUNK = 4096  # longest reduction a streamed task sums in one go (accuracy; the rest: partials)
+CPU_SPLIT_MIN_ROW = 1 << 15  # rows at least this long are cut into chunks when there are too few for the cores
+CPU_SPLIT_MIN_CHUNK = 4096  # elements per chunk at least: a chunk's parallel task outweighs its launch share
 LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over
 
 
@@ -169,6 +172,23 @@ def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial
     return per
 
 
+def _cpu_row_chunks(rows: int, row_length: int, threads: int) -> int:
+    """Chunks per row for few long rows on the CPU (1: rows alone spread over the cores).
+
+    With fewer rows than CPU_TASKS_PER_CORE per core and rows of at least
+    CPU_SPLIT_MIN_ROW elements: the smallest power of two that gives every core
+    CPU_TASKS_PER_CORE chunks, dividing the row, chunks of CPU_SPLIT_MIN_CHUNK
+    elements or more.
+    """
+    if rows >= threads * CPU_TASKS_PER_CORE or row_length < CPU_SPLIT_MIN_ROW:
+        return 1
+    split = 1
+    while (rows * split < threads * CPU_TASKS_PER_CORE and row_length % (split * 2) == 0
+           and row_length // (split * 2) >= CPU_SPLIT_MIN_CHUNK):
+        split *= 2
+    return split
+
+
 def _cpu_stream_rows(rows: int | None, threads: int) -> int:
     """Adjacent rows per CPU task when rows are columns of the inputs (1: no streaming).
 
@@ -208,12 +228,16 @@ def _choose_rank(views: list, depth: int, family: str) -> int:
     """The fewest leading axes that still give enough row tasks (at most the aligned depth).
 
     Fewer row axes keep whole rows inside a task: contiguous inner loops to
-    vectorise (CPU) or to spread over a block's threads (CUDA).
+    vectorise (CPU) or to spread over a block's threads (CUDA). On the CPU a
+    row task keeps at least CPU_MIN_TASK elements: 32 rows
+    of 1024 stay 32 vectorised tasks rather than 32768 single elements.
     """
     wanted = CUDA_MIN_ROWS if family == "cuda" else CPU_MIN_ROWS
     for rank in range(1, depth + 1):
         rows = static_product(views[0].extents[:rank])
-        if rows is None or rows >= wanted:
+        deeper_task = static_product(views[0].extents[rank + 1:])
+        if (rows is None or rows >= wanted
+                or (family == "cpu" and rank < depth and deeper_task is not None and deeper_task < CPU_MIN_TASK)):
             return rank if family == "cuda" else _cpu_reduction_rank(views, rank, depth)
     return depth
 
@@ -390,6 +414,12 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         vector = 1 if emulated else max(1, lanes)
         if columns:
             rows_per_task = _cpu_stream_rows(rows, threads)
+        elif rows is not None and threads > 1:
+            split = _cpu_row_chunks(rows, within_max, threads)
+            if split > 1:
+                notes.append(f"few long rows: each row cut into {split} chunks over the cores, one parallel "
+                             "loop per block, reductions as per-chunk partials then combined; "
+                             "intermediates between blocks in memory")
         grid = rows // rows_per_task if rows is not None else -1
         if rows_per_task > 1:
             notes.append(f"rows are columns of the inputs: {rows_per_task} adjacent rows per task, "

@@ -25,11 +25,12 @@ from .graph import Graph, analyses_for, build_graph
 from .outline import outline_group
 from .packing import pack_block
 from .partition import PartitionLimits, partition
-from .planner import plan_kernel, target_family
+from .planner import CPU_SPLIT_MIN_ROW, CPU_TASKS_PER_CORE, plan_kernel, target_family
 from .split_planner import SPLIT_BELOW_ROWS, SPLIT_MIN_ROW
 from schedules import schedule_for
 from .report import GroupRecord, StitchReport
 from .target import as_target
+from .threads import cpu_threads
 from .traffic import modeled_traffic
 from .verify import check_builds
 
@@ -47,8 +48,11 @@ def _limits(family: str, split_long_rows: bool = True) -> PartitionLimits:
     if family == "cuda":
         # Few long rows are split over blocks (row-split): nothing per row stays on chip.
         return PartitionLimits(long_rows_below=SPLIT_BELOW_ROWS if split_long_rows else 0, long_row=SPLIT_MIN_ROW)
-    # On the CPU a row's intermediates live in L1/L2, not a 48 KB scratchpad.
-    return PartitionLimits(parallel_rows=16, row_bytes_limit=1 << 20)
+    # On the CPU a row's intermediates live in L1/L2, not a 48 KB scratchpad; too few long rows
+    # for the cores are cut into chunks (planner: _cpu_row_chunks), nothing kept per row.
+    return PartitionLimits(parallel_rows=16, row_bytes_limit=1 << 20,
+                           long_rows_below=cpu_threads() * CPU_TASKS_PER_CORE if split_long_rows else 0,
+                           long_row=CPU_SPLIT_MIN_ROW)
 
 
 def _used_after(func: relax.Function, block_index: int) -> set:

@@ -44,6 +44,8 @@ TRAIN_SHAPES = {
     # rows that half, full or double vector widths do not divide
     "r1536c200": dict(_BASE, rows=1536, cols=200, vocab=1800, batch=6, heads=5, seq=40),
     "r768c100": dict(_BASE, rows=768, cols=100, vocab=900, batch=3, heads=10, seq=36),
+    # the size of a BERT-base layer: large enough that threads and cache matter
+    "r4096c768": dict(_BASE, rows=4096, cols=768, vocab=8192),
 }
 HELD_OUT_SHAPES = {
     "r1000c1000": dict(_BASE, rows=1000, cols=1000, vocab=5000, batch=4, heads=6, seq=96),

@@ -10,6 +10,9 @@ Rows that are columns of their inputs (a reduction over the leading axis:
 LayerNorm's dgamma, dbeta) are streamed: a task takes `rows_per_task`
 adjacent rows, walks the reduction axis once and accumulates its rows in
 vector lanes, so every load is contiguous.
+
+Few long rows (fewer than the cores can share) are cut into chunks: each
+block runs its chunks in parallel, reductions as per-chunk partials.
 """
 
 from __future__ import annotations
@@ -47,8 +50,7 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
     extents = [loops_extent(sch, [l]) for l in reduce]
     if None in extents:
         return None
-    count = next((n for n in range(1, len(reduce) + 1)
-                  if vector_lanes(prod(extents[-n:]), lanes, 2)), None)
+    count = next((n for n in range(1, len(reduce) + 1) if vector_lanes(prod(extents[-n:]), lanes, 2)), None)
     if count is None:
         return None
     loop = sch.fuse(*reduce[-count:]) if count > 1 else reduce[-1]
@@ -119,6 +121,48 @@ def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
             sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
 
 
+def _split_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
+    """Few long rows: every block's row cut into `split` chunks, one parallel loop per block.
+
+    A block whose loops inside the row all reduce sums (max, min...) each
+    chunk's vector lanes into partials (rfactor over chunk x lane), in
+    parallel over (chunk, row), and the block itself then combines a row's
+    partials; a block whose loops inside the row are all spatial runs its
+    chunks in parallel, vectorised. Blocks stay in their own loop nests, in
+    producer order: the intermediates between them live in memory, as in
+    global stitching on CUDA. A block that mixes kinds, or whose row the
+    chunks do not divide, keeps its serial loops (correct, unsplit).
+    """
+    split, lanes, rank = plan.mapping.split, plan.mapping.vector, plan.rank
+    for name in list(blocks_by_name(sch)):
+        block = sch.get_sblock(name)
+        kinds = loop_kinds(sch, block)
+        rows = [l for l, _ in kinds[:rank]]
+        within = kinds[rank:]
+        if not within or len({k for _, k in within}) != 1:
+            continue
+        loop = sch.fuse(*[l for l, _ in within]) if len(within) > 1 else within[0][0]
+        extent = loops_extent(sch, [loop])
+        if extent is None or extent % split:
+            continue
+        width = vector_lanes(extent // split, lanes) or 1
+        chunk, step, lane = sch.split(loop, [split, None, width])
+        if within[0][1] == tirx.IterVar.CommReduce:
+            sch.reorder(chunk, lane, step)
+            block = sch.rfactor(sch.fuse(chunk, lane), 0)
+            loops = sch.get_loops(block)  # the partial's own nest: the old row loops hold the combine
+            rows, chunk_lane, step = loops[:rank], loops[-2], loops[-1]
+            chunk, lane = sch.split(chunk_lane, [split, width])
+            sch.reorder(chunk, *rows, step, lane)
+        else:
+            sch.reorder(chunk, *rows)
+        parallel = sch.fuse(chunk, *rows) if rows else chunk
+        if plan.mapping.threads > 1:
+            sch.parallel(parallel)
+        if width > 1:
+            sch.vectorize(lane)
+
+
 def _merge_nests(sch: s_tir.Schedule, names: list) -> None:
     """Merge the blocks' outer loops; deeper levels too while extents agree and the blocks are independent."""
     levels = min(len(sch.get_loops(sch.get_sblock(n))) for n in names)
@@ -145,6 +189,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     inline_cheap_blocks(sch, plan)
     if plan.mapping.rows_per_task > 1 and plan.rank > 0:
         _stream_rows(sch, plan)
+        return sch
+    if plan.mapping.split > 1:
+        _split_rows(sch, plan)
         return sch
     lanes = plan.mapping.vector
     lane_blocks = []
