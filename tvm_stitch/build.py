@@ -24,7 +24,7 @@ class Built:
 
 
 def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False,
-          emulate: str | None = None, cost_model: bool = False) -> Built:
+          emulate: str | None = None, cost_model: bool = True) -> Built:
     """Compile `mod` with the stitch pipeline (stitched=True) or TVM's default one.
 
     `emulate="cuda"` (llvm only): the CUDA schedules, without thread bindings.

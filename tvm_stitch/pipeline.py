@@ -86,7 +86,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
 
 
 def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport | None = None,
-                  emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = False) -> list:
+                  emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True) -> list:
     """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
     return grouping_passes(target, fast_math=fast_math) + [
         StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model)
@@ -95,7 +95,7 @@ def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport 
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
              emulate: str | None = None, fast_math: bool | None = None,
-             cost_model: bool = False) -> tvm.transform.Pass:
+             cost_model: bool = True) -> tvm.transform.Pass:
     """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
 
     `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
@@ -106,10 +106,9 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     exp, erf and tanh by TVM's vectorisable approximations (max relative
     error measured in tests/test_fast_math.py); the default is on for llvm
     targets, where libm's versions do not vectorise, and off for CUDA.
-    `cost_model=True` lets the learned model (schedules/cost_models/) pick
-    each kernel's configuration among the rule plan's variants; the default
-    is the rules alone (at bench shapes larger than its training shapes the
-    CPU model chose 2.5x slower configurations for bias+GELU and Adam).
+    `cost_model=True` (the default) lets the learned model
+    (schedules/cost_models/, CPU only) pick each kernel's configuration among
+    the rule plan's variants; `False` keeps the rules alone.
     """
     target = as_target(target)
     passes = (

@@ -330,7 +330,7 @@ class _LazyGlobals(dict):
 
 def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = False,
                  report: StitchReport | None = None, emulate: str | None = None,
-                 cost_model: bool = False) -> tvm.transform.Pass:
+                 cost_model: bool = True) -> tvm.transform.Pass:
     """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
 
     `target` defaults to the current target scope. With `strict=True` a group
@@ -339,9 +339,9 @@ def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = Fa
     reason of every group. `emulate="cuda"` with an llvm target plans and
     schedules every kernel as for CUDA, without thread bindings, so the CUDA
     schedules run (and can be checked) on the CPU. With `cost_model=True`
-    the target family's learned model (cost_model.py) picks each kernel's
-    configuration among the rule plan's variants, where a model is shipped
-    for the family; the default, `False`, uses the rules only.
+    (the default) the target family's learned model (cost_model.py) picks
+    each kernel's configuration among the rule plan's variants, where a
+    model is shipped for the family (the CPU); `False` uses the rules only.
     """
     fixed = as_target(target) if target is not None else None
     plan_target = _emulated(emulate)
