@@ -50,15 +50,15 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
     extents = [loops_extent(sch, [l]) for l in reduce]
     if None in extents:
         return None
-    count = next((n for n in range(1, len(reduce) + 1) if vector_lanes(prod(extents[-n:]), lanes, 2)), None)
+    count = next((n for n in range(1, len(reduce) + 1) if _vector_lanes(prod(extents[-n:]), lanes, 2)), None)
     if count is None:
         return None
     loop = sch.fuse(*reduce[-count:]) if count > 1 else reduce[-1]
-    _, lane = sch.split(loop, [None, vector_lanes(prod(extents[-count:]), lanes, 2)])
+    _, lane = sch.split(loop, [None, _vector_lanes(prod(extents[-count:]), lanes, 2)])
     return sch.rfactor(lane, 0)
 
 
-def vector_lanes(extent: int, lanes: int, steps: int = 1) -> int | None:
+def _vector_lanes(extent: int, lanes: int, steps: int = 1) -> int | None:
     """The widest power-of-two vector, at most `lanes` and at least 4 wide, that cuts `extent`
     into `steps` or more whole vectors; None if there is none."""
     width = lanes
@@ -124,11 +124,10 @@ def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
 def _split_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
     """Few long rows: every block's row cut into `split` chunks, one parallel loop per block.
 
-    A block whose loops inside the row all reduce sums (max, min...) each
-    chunk's vector lanes into partials (rfactor over chunk x lane), in
-    parallel over (chunk, row), and the block itself then combines a row's
-    partials; a block whose loops inside the row are all spatial runs its
-    chunks in parallel, vectorised. Blocks stay in their own loop nests, in
+    A reduction block (every loop inside the row reduces) gets partials per
+    chunk and vector lane (rfactor over chunk x lane), computed in parallel
+    over (chunk, row); the block itself then combines a row's partials. An
+    element-wise block runs its chunks in parallel, vectorised. Blocks stay in their own loop nests, in
     producer order: the intermediates between them live in memory, as in
     global stitching on CUDA. A block that mixes kinds, or whose row the
     chunks do not divide, keeps its serial loops (correct, unsplit).
@@ -145,7 +144,7 @@ def _split_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
         extent = loops_extent(sch, [loop])
         if extent is None or extent % split:
             continue
-        width = vector_lanes(extent // split, lanes) or 1
+        width = _vector_lanes(extent // split, lanes) or 1
         chunk, step, lane = sch.split(loop, [split, None, width])
         if within[0][1] == tirx.IterVar.CommReduce:
             sch.reorder(chunk, lane, step)
@@ -216,7 +215,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             continue
         loop = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
         extent = sch.get(loop).extent
-        width = vector_lanes(extent.value, lanes) if isinstance(extent, tirx.IntImm) else None
+        width = _vector_lanes(extent.value, lanes) if isinstance(extent, tirx.IntImm) else None
         if width is not None:
             _, inner = sch.split(loop, [None, width])
             sch.vectorize(inner)
