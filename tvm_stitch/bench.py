@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .build import build, run_cpu, time_cpu
+from .build import alternating_times, build, python_round, run_cpu, vm_round
 from .kernels import count_launches
 from .suite import SUITE, dims, reference
 from .target import host_target
@@ -117,23 +117,6 @@ def _gpu_times(mod, inputs):
     return times[0], times[1]
 
 
-def _time_call(fn, min_ms: float = 200.0) -> float:
-    """Median milliseconds per call over 5 repeats of at least `min_ms` each."""
-    for _ in range(3):
-        fn()
-    results = []
-    for _ in range(5):
-        calls, start = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = (time.perf_counter() - start) * 1e3
-            if elapsed >= min_ms:
-                break
-        results.append(elapsed / calls)
-    return float(np.median(results))
-
-
 def copy_bandwidth(target=None, elements: int = 1 << 26) -> float:
     """GB/s of a parallel, vectorised float32 copy of `elements` (256 MB) built with TVM:
     bytes read + bytes written per second, the STREAM convention."""
@@ -157,30 +140,26 @@ def copy_bandwidth(target=None, elements: int = 1 << 26) -> float:
     return 2 * 4 * elements / seconds / 1e9
 
 
-def _numpy_ms(graph, inputs: list) -> float:
-    """The graph's numpy reference on the inputs in their own dtype (erf: math.erf per element)."""
-    return _time_call(lambda: graph.reference(*inputs), min_ms=100.0)
-
-
-def _torch_times(name: str, inputs: list) -> tuple:
-    """(eager ms, torch.compile ms) of the graph in PyTorch on the CPU, NaNs without torch."""
+def _torch_rounds(name: str, inputs: list) -> dict:
+    """Round functions of PyTorch eager and torch.compile (Inductor) on the graph, on the CPU;
+    none without torch."""
     try:
         import torch
     except ImportError:
-        return float("nan"), float("nan")
+        return {}
     from .gpu_runner.torch_graphs import GRAPHS
 
     torch.set_num_threads(cpu_threads())
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
-    fn = GRAPHS[name]
-    compiled = torch.compile(fn)
-    with torch.no_grad():
-        eager = _time_call(lambda: fn(*args))
-        try:
-            inductor = _time_call(lambda: compiled(*args))
-        except Exception:  # noqa: BLE001 - Inductor failing on a graph is a result, shown as NaN
-            inductor = float("nan")
-    return eager, inductor
+    fn, compiled = GRAPHS[name], torch.compile(GRAPHS[name])
+
+    def call(f):
+        def run():
+            with torch.no_grad():
+                return f(*args)
+        return python_round(run)
+
+    return {"torch_eager": call(fn), "torch_compile": call(compiled)}
 
 
 def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target: str = "llvm",
@@ -208,6 +187,12 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
         stitched = build(mod, cpu, stitched=True)
         outs = run_cpu(stitched.executable, inputs)
         default_outs = run_cpu(default.executable, inputs)
+        contenders = {"default": vm_round(default.executable, inputs),
+                      "stitched": vm_round(stitched.executable, inputs),
+                      "numpy": python_round(lambda: graph.reference(*inputs))}
+        if with_torch:
+            contenders.update(_torch_rounds(name, inputs))
+        ms = alternating_times(contenders)
         row = BenchRow(
             graph=name,
             dtype=dtype,
@@ -217,19 +202,19 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
             mb_default=cuda[False][1][0] / 1e6,
             mb_stitched=cuda[True][1][0] / 1e6,
             mb_ideal=cuda[True][1][1] / 1e6,
-            cpu_ms_default=time_cpu(default.executable, inputs),
-            cpu_ms_stitched=time_cpu(stitched.executable, inputs),
+            cpu_ms_default=ms["default"],
+            cpu_ms_stitched=ms["stitched"],
             max_error=_max_error(outs, refs),
             default_error=_max_error(default_outs, refs),
             agree=_agree(outs, refs, dtype) or _max_error(outs, refs) <= _max_error(default_outs, refs),
-            numpy_ms=_numpy_ms(graph, inputs),
+            numpy_ms=ms["numpy"],
             io_bytes=sum(a.nbytes for a in inputs) + sum(o.nbytes for o in outs),
             copy_gbps=copy_gbps,
+            torch_eager_ms=ms.get("torch_eager", float("nan")),
+            torch_compile_ms=ms.get("torch_compile", float("nan")),
         )
         if target == "cuda":
             row.gpu_ms_default, row.gpu_ms_stitched = _gpu_times(mod, inputs)
-        if with_torch:
-            row.torch_eager_ms, row.torch_compile_ms = _torch_times(name, inputs)
         print(f"    default {row.cpu_ms_default:.3f} ms, stitched {row.cpu_ms_stitched:.3f} ms "
               f"({row.speedup:.2f}x), {row.gbps_stitched:.1f} GB/s = {100 * row.copy_fraction:.0f}% of copy"
               + (f", torch.compile {row.torch_compile_ms:.3f} ms" if with_torch else "")

@@ -1,4 +1,4 @@
-"""Building a Relax module with the default or the stitch pipeline, and running it on the CPU."""
+"""Building a Relax module with the default or the stitch pipeline, and running and timing it on the CPU."""
 
 from __future__ import annotations
 
@@ -58,11 +58,48 @@ def run_cpu(executable, inputs: list) -> list:
     return _flatten(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
 
 
-def time_cpu(executable, inputs: list, min_ms: int = 200) -> float:
-    """Median milliseconds per call of `main` on the CPU."""
+ROUNDS = 5  # timing rounds per contender, alternating between contenders
+ROUND_MS = 200.0  # each round calls a contender for at least this long
+
+
+def python_round(fn, min_ms: float = ROUND_MS):
+    """A round function for a Python callable: milliseconds per call over at least `min_ms`."""
+    def one_round() -> float:
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = (time.perf_counter() - start) * 1e3
+            if elapsed >= min_ms:
+                return elapsed / calls
+    return one_round
+
+
+def vm_round(executable, inputs: list, min_ms: float = ROUND_MS):
+    """A round function for `main` of a CPU executable: TVM's time evaluator, one repeat of at
+    least `min_ms` (no Python call overhead)."""
     dev = tvm.cpu()
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
-    vm["main"](*args)
-    timer = vm.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=min_ms)
-    return float(np.median(timer(*args).results) * 1e3)
+    timer = vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=int(min_ms))
+    return lambda: timer(*args).mean * 1e3
+
+
+def alternating_times(rounds_of: dict, rounds: int = ROUNDS) -> dict:
+    """Median milliseconds per call of each contender (name -> round function returning the
+    milliseconds per call of one round), over `rounds` rounds that visit the contenders in
+    turn after one warm-up round each: a change of the machine's load or memory bandwidth
+    touches every contender alike. A contender that raises gets NaN (Inductor failing on a
+    graph is a result)."""
+    live = {}
+    for name, one_round in rounds_of.items():
+        try:
+            one_round()
+            live[name] = one_round
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+    times = {name: [] for name in live}
+    for _ in range(rounds):
+        for name, one_round in live.items():
+            times[name].append(one_round())
+    return {name: float(np.median(times[name])) if name in times else float("nan") for name in rounds_of}

@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import tvm
-from tvm import relax
 
 from .cost_model import load_model, model_path
 from .tune import GRAPHS, HELD_OUT_SHAPES, REPEAT, machine, read_records
@@ -84,8 +82,8 @@ def compile_times(graphs: list, dims: dict, repeats: int = 2, progress=print) ->
 
 def bench_times(graphs: list, rounds: int = 7, progress=print) -> list:
     """Each suite graph (float32, bench shapes) built with the model and with rules only, timed in
-    alternating rounds on the same input arrays; milliseconds are medians over the rounds."""
-    from .build import build
+    alternating rounds; milliseconds are medians over the rounds."""
+    from .build import alternating_times, build, vm_round
     from .suite import SUITE, dims
     from .target import host_target
 
@@ -95,18 +93,10 @@ def bench_times(graphs: list, rounds: int = 7, progress=print) -> list:
     for name in graphs:
         graph = SUITE[name]
         mod = graph.build("float32", d)
-        dev = tvm.cpu()
-        args = [tvm.runtime.tensor(a, dev) for a in graph.inputs(np.random.default_rng(0), "float32", d)]
-        timers = {}
-        for with_model in (True, False):
-            vm = relax.VirtualMachine(build(mod, target, stitched=True, cost_model=with_model).executable, dev)
-            vm["main"](*args)
-            timers[with_model] = vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=100)
-        times = {True: [], False: []}
-        for _ in range(rounds):
-            for with_model, timer in timers.items():
-                times[with_model].append(timer(*args).mean * 1e3)
-        row = {"graph": name, "model_ms": float(np.median(times[True])), "rules_ms": float(np.median(times[False]))}
+        inputs = graph.inputs(np.random.default_rng(0), "float32", d)
+        ms = alternating_times({with_model: vm_round(build(mod, target, stitched=True, cost_model=with_model).executable,
+                                                     inputs) for with_model in (True, False)}, rounds=rounds)
+        row = {"graph": name, "model_ms": ms[True], "rules_ms": ms[False]}
         row["model_over_rule"] = row["model_ms"] / row["rules_ms"]
         rows.append(row)
         progress(f"bench shape {name}: {row['model_ms']:.3f} ms with the model, {row['rules_ms']:.3f} ms rules "
