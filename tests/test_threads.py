@@ -12,8 +12,10 @@ def _runtime_threads(env: dict) -> int:
 
 
 def test_default_is_every_core():
+    from tvm_stitch.threads import machine_cores
+
     env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
-    assert _runtime_threads(env) == os.cpu_count()
+    assert _runtime_threads(env) == machine_cores() == len(os.sched_getaffinity(0))
 
 
 def test_tvm_num_threads_is_respected():
