@@ -88,8 +88,8 @@ def vm_round(executable, inputs: list, min_ms: float = ROUND_MS):
 def alternating_times(rounds_of: dict, rounds: int = ROUNDS) -> dict:
     """Median milliseconds per call of each contender (name -> round function returning the
     milliseconds per call of one round), over `rounds` rounds that visit the contenders in
-    turn after one warm-up round each: a change of the machine's load or memory bandwidth
-    touches every contender alike. A contender that raises gets NaN (Inductor failing on a
+    turn, in reverse order every other round, after one warm-up round each: a change of the
+    machine's load or memory bandwidth touches every contender alike. A contender that raises gets NaN (Inductor failing on a
     graph is a result)."""
     live = {}
     for name, one_round in rounds_of.items():
@@ -99,7 +99,8 @@ def alternating_times(rounds_of: dict, rounds: int = ROUNDS) -> dict:
         except Exception:  # noqa: BLE001 - see the docstring
             pass
     times = {name: [] for name in live}
-    for _ in range(rounds):
-        for name, one_round in live.items():
+    order = list(live.items())
+    for k in range(rounds):
+        for name, one_round in order if k % 2 == 0 else reversed(order):
             times[name].append(one_round())
     return {name: float(np.median(times[name])) if name in times else float("nan") for name in rounds_of}
