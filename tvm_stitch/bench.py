@@ -223,7 +223,8 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
     return rows
 
 
-def _geomean(values: list) -> float:
+def geomean(values: list) -> float:
+    """The geometric mean of `values`, NaNs (contenders that failed) left out; NaN if none is left."""
     values = [v for v in values if not math.isnan(v)]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -264,9 +265,9 @@ def format_table(rows: list) -> str:
         if has_torch:
             valid = [r for r in rows if not math.isnan(r.torch_compile_ms)]
             out.append(f"CPU geomean of torch.compile time / tvm-stitch time: "
-                       f"{_geomean([r.vs_torch_compile for r in valid]):.2f}x over {len(valid)} graphs "
+                       f"{geomean([r.vs_torch_compile for r in valid]):.2f}x over {len(valid)} graphs "
                        "(above 1: tvm-stitch faster)")
-        out.append(f"CPU geomean speedup {_geomean([r.speedup for r in rows]):.2f}x over TVM's default pipeline "
+        out.append(f"CPU geomean speedup {geomean([r.speedup for r in rows]):.2f}x over TVM's default pipeline "
                    f"(llvm); CUDA launches {ld} -> {ls} ({100.0 * (ld - ls) / ld:.0f}% fewer); "
                    f"modeled CUDA traffic {md:.0f} -> {ms:.0f} MB ({100.0 * (md - ms) / md:.0f}% less)")
     return "\n".join(out)

@@ -89,8 +89,8 @@ def alternating_times(rounds_of: dict, rounds: int = ROUNDS) -> dict:
     """Median milliseconds per call of each contender (name -> round function returning the
     milliseconds per call of one round), over `rounds` rounds that visit the contenders in
     turn, in reverse order every other round, after one warm-up round each: a change of the
-    machine's load or memory bandwidth touches every contender alike. A contender that raises gets NaN (Inductor failing on a
-    graph is a result)."""
+    machine's load or memory bandwidth touches every contender alike. A contender that raises
+    gets NaN (Inductor failing on a graph is a result)."""
     live = {}
     for name, one_round in rounds_of.items():
         try:

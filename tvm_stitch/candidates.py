@@ -15,18 +15,19 @@ same values; the first candidate is always the rule plan.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import tvm
 from tvm import tirx
+
+from schedules.cpu.row_resident import MIN_LANES
 
 from .plan import StitchPlan
 from .planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, plan_row_resident
 from .resources import estimate_registers, occupancy
 from .threads import cpu_threads
+from .tir_view import static_product
 
 CUDA_THREADS = (32, 64, 128, 256)
-MIN_TASK_ELEMENTS = 4  # the narrowest CPU vector the schedules use
 
 
 def knobs(plan: StitchPlan) -> dict:
@@ -58,12 +59,8 @@ def vector_choices(width_bits: int, dtype_bits: int) -> list:
 
 def _elements_per_task(func: tirx.PrimFunc, rank: int) -> int:
     """Elements of the largest parameter under `rank` row axes (those of one row task)."""
-    sizes = [1]
-    for param in func.params:
-        dims = [int(d) for d in param.shape if isinstance(d, tirx.IntImm)]
-        if len(dims) == len(param.shape) and len(dims) >= rank:
-            sizes.append(math.prod(dims[rank:]))
-    return max(sizes)
+    sizes = [static_product(p.shape[rank:]) for p in func.params if len(p.shape) >= rank]
+    return max([1] + [n for n in sizes if n is not None])
 
 
 def _by_rank(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> list:
@@ -72,7 +69,7 @@ def _by_rank(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -
     one branch per element where kernels share a launch)."""
     plans = [rule]
     for rank in range(1, rule.aligned_depth + 1):
-        if rank == rule.rank or _elements_per_task(func, rank) < MIN_TASK_ELEMENTS:
+        if rank == rule.rank or _elements_per_task(func, rank) < MIN_LANES:
             continue
         try:
             plans.append(plan_row_resident(func, target, rule.kernel, rank=rank))

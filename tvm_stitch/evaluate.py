@@ -16,12 +16,12 @@ evaluation.json and evaluation.md.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .bench import geomean
 from .cost_model import load_model, model_path
 from .tune import GRAPHS, HELD_OUT_SHAPES, REPEAT, machine, read_records
 
@@ -30,10 +30,6 @@ GOOD_SHARE = 0.80  # ... for at least this share of the held-out groups
 RULE_SLACK = 1.05  # geomean of model / rules at most this
 COMPILE_SLACK = 1.20  # compile time with the model / without, at most this
 BENCH_WORST = 1.10  # at bench shapes no graph may run more than this slower with the model than with rules
-
-
-def _geomean(values: list) -> float:
-    return float(math.exp(sum(math.log(v) for v in values) / len(values))) if values else float("nan")
 
 
 def choices(records: list, model) -> list:
@@ -126,13 +122,13 @@ def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, bench_graph
     rows = choices(records, model)
     good = sum(1 for r in rows if r["model_over_best"] <= WITHIN)
     share = good / len(rows) if rows else 0.0
-    vs_rule = _geomean([r["model_over_rule"] for r in rows])
+    vs_rule = geomean([r["model_over_rule"] for r in rows])
     summary = {
         "groups": len(rows),
         "share_within_10pct_of_best": round(share, 3),
         "geomean_model_over_rule": round(vs_rule, 4),
-        "geomean_model_over_best": round(_geomean([r["model_over_best"] for r in rows]), 4),
-        "geomean_rule_over_best": round(_geomean([r["rule_over_best"] for r in rows]), 4),
+        "geomean_model_over_best": round(geomean([r["model_over_best"] for r in rows]), 4),
+        "geomean_rule_over_best": round(geomean([r["rule_over_best"] for r in rows]), 4),
         "rule_within_10pct_of_best": round(sum(1 for r in rows if r["rule_over_best"] <= WITHIN) / max(1, len(rows)), 3),
         "model_over_best": _quantiles([r["model_over_best"] for r in rows]),
         "rule_over_best": _quantiles([r["rule_over_best"] for r in rows]),
@@ -154,9 +150,9 @@ def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, bench_graph
 
         bench_rows = bench_times(list(SUITE), progress=progress)
         ratios = [r["model_over_rule"] for r in bench_rows]
-        summary["bench_geomean_model_over_rule"] = round(_geomean(ratios), 4)
+        summary["bench_geomean_model_over_rule"] = round(geomean(ratios), 4)
         summary["bench_worst_model_over_rule"] = round(max(ratios), 4)
-        summary["bench_guard"] = max(ratios) <= BENCH_WORST and _geomean(ratios) <= 1.0
+        summary["bench_guard"] = max(ratios) <= BENCH_WORST and geomean(ratios) <= 1.0
     meta = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "held_out_records": str(held_out),
             "model": str(model_path("cpu")), "shapes": sorted({r["group"].split("/")[2] for r in records}),
             "rounds": sorted({r.get("rounds", REPEAT) for r in records})}

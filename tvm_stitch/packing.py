@@ -2,10 +2,11 @@
 
 Within one dataflow block, calls of stitched kernels that have no data path
 between them (directly or through any other binding) and the same launch
-shape (on the CPU also tasks of about the same size) are packed — up to `MAX_PACK` per launch — into one kernel built by
-`schedules.independent.pack`. Kernels with barriers (shared memory,
-cross-thread reductions) are left alone: TVM cannot place barriers under the
-branch that selects a member.
+shape (on the CPU also tasks of about the same size) are packed — up to
+`MAX_PACK` per launch — into one kernel built by `schedules.independent.pack`.
+Only kernels that are one loop over their tasks can be packed; kernels with
+barriers (shared memory, cross-thread reductions) are left alone: TVM cannot
+place barriers under the branch that selects a member.
 """
 
 from __future__ import annotations
@@ -24,11 +25,18 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def packable(plan: StitchPlan) -> bool:
-    """Kernels that are one loop over their tasks, without barriers: CPU kernels whose rows are
-    not cut into chunks (one loop nest per block), and CUDA kernels with one thread per row."""
-    if plan.target == "cpu":
-        return plan.mapping.split == 1
-    return plan.mapping.threads == 1
+    """Kernels without barriers: CPU kernels, and CUDA kernels with one thread per row."""
+    return plan.target == "cpu" or plan.mapping.threads == 1
+
+
+def _one_task_loop(func) -> bool:
+    """Whether the kernel is one loop over its tasks (what `pack` concatenates); a kernel with a
+    loop nest per block (CPU chunks of few long rows, partials then their combine) is not."""
+    try:
+        loop_signature(func)
+    except ValueError:
+        return False
+    return True
 
 
 def _task_size(plan: StitchPlan) -> int:
@@ -69,7 +77,7 @@ def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
         value = binding.value
         if isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR):
             name = value.args[0].name_hint
-            if name in kernels and packable(kernels[name][1]):
+            if name in kernels and packable(kernels[name][1]) and _one_task_loop(kernels[name][0]):
                 candidates.append(i)
     if len(candidates) < 2:
         return bindings

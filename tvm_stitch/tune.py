@@ -23,6 +23,7 @@ from tvm import s_tir, tirx
 
 from schedules import schedule_for
 
+from .build import alternating_times
 from .candidates import candidates, knobs
 from .features import features, group_facts
 from .pipeline import grouping_passes
@@ -117,9 +118,10 @@ def measure_group(fused: tirx.PrimFunc, rule, target: tvm.target.Target, seed: i
     """One entry per candidate: knobs, features, median ms, and whether it matches the rule plan's kernel.
 
     Every candidate is built and run once (its outputs checked against the
-    rule plan's), then timed in `repeat` rounds that visit the candidates in
-    turn, each run often enough to last about `repeat_ms`: a change of load
-    on a shared machine then touches every candidate alike.
+    rule plan's), then timed by `alternating_times` in `repeat` rounds that
+    visit the candidates in turn, each run often enough to last about
+    `repeat_ms`: a change of load on a shared machine then touches every
+    candidate alike.
     """
     facts = group_facts(fused)
     arrays, outputs = _arrays(fused, np.random.default_rng(seed))
@@ -143,13 +145,11 @@ def measure_group(fused: tirx.PrimFunc, rule, target: tvm.target.Target, seed: i
             reference = got
         entry["agrees"] = _agrees(got, reference, dtype)
         number = max(1, min(1000, int(repeat_ms / max(once_ms, 1e-3))))
-        timers.append((entry, lib.time_evaluator(name, dev, number=number, repeat=1)))
-    times = {id(entry): [] for entry, _ in timers}
-    for _ in range(repeat):
-        for entry, timer in timers:
-            times[id(entry)].append(timer(*args).mean * 1e3)
-    for entry, _ in timers:
-        entry["ms"] = float(np.median(times[id(entry)]))
+        timer = lib.time_evaluator(name, dev, number=number, repeat=1)
+        timers.append((entry, lambda timer=timer: timer(*args).mean * 1e3))
+    ms = alternating_times({k: one_round for k, (_, one_round) in enumerate(timers)}, rounds=repeat)
+    for k, (entry, _) in enumerate(timers):
+        entry["ms"] = ms[k]
     return entries
 
 

@@ -58,11 +58,14 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
     return sch.rfactor(lane, 0)
 
 
+MIN_LANES = 4  # the narrowest vector these schedules emit
+
+
 def _vector_lanes(extent: int, lanes: int, steps: int = 1) -> int | None:
-    """The widest power-of-two vector, at most `lanes` and at least 4 wide, that cuts `extent`
-    into `steps` or more whole vectors; None if there is none."""
+    """The widest power-of-two vector, at most `lanes` and at least MIN_LANES wide, that cuts
+    `extent` into `steps` or more whole vectors; None if there is none."""
     width = lanes
-    while width >= 4:
+    while width >= MIN_LANES:
         if extent % width == 0 and extent >= steps * width:
             return width
         width //= 2
