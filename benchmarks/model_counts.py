@@ -7,11 +7,11 @@ Usage: python benchmarks/model_counts.py [OUT.md]
 
 import sys
 
-from tvm_stitch.build import build
-from tvm_stitch.kernels import launches_by_kind
-from tvm_stitch.model_bench import import_step, model_steps
-from tvm_stitch.models import MODELS
-from tvm_stitch.traffic import program_traffic
+from tvm_stitch.tools.build import build
+from tvm_stitch.tools.launches import launches_by_kind
+from tvm_stitch.tools.model_bench import import_step, model_steps
+from tvm_stitch.tools.models import MODELS
+from tvm_stitch.check.traffic import program_traffic
 
 
 def main(out_path: str = "") -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.planning.plan import StitchPlan
 
 from .cpu import row_resident as cpu_row_resident
 from .cuda import row_resident as cuda_row_resident

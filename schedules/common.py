@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.planning.plan import StitchPlan
 
 
 def blocks_by_name(sch: s_tir.Schedule) -> dict:

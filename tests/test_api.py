@@ -6,8 +6,8 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
-from tvm_stitch.plan import StitchPlan
-from tvm_stitch.suite import SUITE, dims
+from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.tools.suite import SUITE, dims
 
 from conftest import LLVM
 

@@ -3,7 +3,7 @@
 import pytest
 from tvm import relax
 
-from tvm_stitch.classify import OpKind, classify_primfunc
+from tvm_stitch.analysis.classify import OpKind, classify_primfunc
 
 from conftest import legalized, make_module, tensor
 

@@ -3,7 +3,7 @@
 import importlib.util
 import json
 
-from tvm_stitch.cli import main
+from tvm_stitch.tools.cli import main
 
 
 def test_bench_prints_the_table_and_writes_results(capsys, tmp_path):

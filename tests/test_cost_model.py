@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from tvm_stitch import cost_model, stitch_pass
-from tvm_stitch.bench import TOLERANCE
-from tvm_stitch.build import build, run_cpu
-from tvm_stitch.candidates import candidates, knobs
-from tvm_stitch.cli import main
-from tvm_stitch.evaluate import evaluate
-from tvm_stitch.features import FEATURES, features, group_facts
-from tvm_stitch.suite import SUITE, dims, reference
-from tvm_stitch.tune import fused_groups, read_records, tune
+from tvm_stitch.tools.bench import TOLERANCE
+from tvm_stitch.tools.build import build, run_cpu
+from tvm_stitch.planning.candidates import candidates, knobs
+from tvm_stitch.tools.cli import main
+from tvm_stitch.tools.evaluate import evaluate
+from tvm_stitch.planning.features import FEATURES, features, group_facts
+from tvm_stitch.tools.suite import SUITE, dims, reference
+from tvm_stitch.tools.tune import fused_groups, read_records, tune
 
 from conftest import CUDA, LLVM
 

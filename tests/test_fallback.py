@@ -6,7 +6,7 @@ import tvm
 from tvm import relax, tirx
 
 import tvm_stitch
-from tvm_stitch.build import build, cuda_launches, run_cpu
+from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 
 from conftest import CUDA, LLVM, make_module, tensor
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tvm import relax
 
-from tvm_stitch.build import run_cpu
+from tvm_stitch.tools.build import run_cpu
 from tvm_stitch.pipeline import pipeline
 
 from conftest import LLVM, make_module, tensor

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tvm_stitch.fuzz import Spec, Step, build_module, check_spec, fuzz, random_spec, shrink
+from tvm_stitch.tools.fuzz import Spec, Step, build_module, check_spec, fuzz, random_spec, shrink
 
 REGRESSIONS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "regressions", "*.json")))
 CI_GRAPHS = int(os.environ.get("TVM_STITCH_FUZZ_GRAPHS", "200"))

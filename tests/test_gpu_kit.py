@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from tvm_stitch.gpu_kit import LIMIT_BYTES, build_kit, folder_bytes
+from tvm_stitch.tools.gpu_kit import LIMIT_BYTES, build_kit, folder_bytes
 
 
 def test_kit_builds_packs_and_dry_runs(tmp_path):

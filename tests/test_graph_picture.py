@@ -6,10 +6,10 @@ import shutil
 import pytest
 from tvm import relax
 
-from tvm_stitch.cli import main
+from tvm_stitch.tools.cli import main
 from tvm_stitch.explain import explain_with_graph
-from tvm_stitch.graph_picture import FALLBACK, to_dot
-from tvm_stitch.sources import SourceError, load_module
+from tvm_stitch.tools.graph_picture import FALLBACK, to_dot
+from tvm_stitch.tools.sources import SourceError, load_module
 
 from conftest import CUDA, make_module, tensor
 

@@ -6,9 +6,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tvm_stitch.build import build, run_cpu  # noqa: E402
-from tvm_stitch.kernels import launches_by_kind  # noqa: E402
-from tvm_stitch.models import import_model  # noqa: E402
+from tvm_stitch.tools.build import build, run_cpu  # noqa: E402
+from tvm_stitch.tools.launches import launches_by_kind  # noqa: E402
+from tvm_stitch.tools.models import import_model  # noqa: E402
 
 
 @pytest.mark.parametrize("name, size", [("gpt2", "bench"), ("llama", "bench"), ("convnext", "test")])
@@ -26,7 +26,7 @@ def test_model_forward_is_correct_with_fewer_memory_intensive_launches(name, siz
 
 
 def test_unknown_models_and_sizes_are_refused():
-    from tvm_stitch.models import make_model
+    from tvm_stitch.tools.models import make_model
 
     with pytest.raises(KeyError, match="unknown model 'resnet'"):
         make_model("resnet")

@@ -2,9 +2,9 @@
 
 from tvm import relax
 
-from tvm_stitch.graph import analyses_for, build_graph
-from tvm_stitch.partition import partition
-from tvm_stitch.suite import SUITE, dims
+from tvm_stitch.analysis.graph import analyses_for, build_graph
+from tvm_stitch.fusion.partition import partition
+from tvm_stitch.tools.suite import SUITE, dims
 
 from conftest import fused, make_module, tensor
 

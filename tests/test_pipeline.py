@@ -6,9 +6,9 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
-from tvm_stitch.bench import TOLERANCE
-from tvm_stitch.build import build, cuda_launches, run_cpu
-from tvm_stitch.suite import SUITE, dims, reference
+from tvm_stitch.tools.bench import TOLERANCE
+from tvm_stitch.tools.build import build, cuda_launches, run_cpu
+from tvm_stitch.tools.suite import SUITE, dims, reference
 
 from conftest import CUDA, LLVM, make_module, static_shape, tensor
 

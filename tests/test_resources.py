@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
-from tvm_stitch.build import build
-from tvm_stitch.kernels import cuda_source
-from tvm_stitch.resources import SM, occupancy
-from tvm_stitch.suite import SUITE, dims
+from tvm_stitch.tools.build import build
+from tvm_stitch.tools.launches import cuda_source
+from tvm_stitch.planning.resources import SM, occupancy
+from tvm_stitch.tools.suite import SUITE, dims
 
 from conftest import CUDA
 

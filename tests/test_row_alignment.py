@@ -2,7 +2,7 @@
 
 from tvm import relax
 
-from tvm_stitch.row_alignment import ALIGNED, CROSSING, INVARIANT, analyze_rows
+from tvm_stitch.analysis.row_alignment import ALIGNED, CROSSING, INVARIANT, analyze_rows
 
 from conftest import legalized, make_module, tensor
 

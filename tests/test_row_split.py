@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_stitch.build import build, run_cpu
-from tvm_stitch.kernels import count_launches, cuda_source
-from tvm_stitch.split_planner import choose_split
-from tvm_stitch.suite import SUITE, reference
+from tvm_stitch.tools.build import build, run_cpu
+from tvm_stitch.tools.launches import count_launches, cuda_source
+from tvm_stitch.planning.row_split import choose_split
+from tvm_stitch.tools.suite import SUITE, reference
 
 from conftest import CUDA, LLVM
 

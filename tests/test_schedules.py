@@ -3,10 +3,10 @@
 import tvm
 import tvm_ffi
 
-from tvm_stitch.build import build
-from tvm_stitch.plan import StitchPlan
-from tvm_stitch.suite import SUITE, dims
-from tvm_stitch.tir_view import expensive_ops
+from tvm_stitch.tools.build import build
+from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.analysis.tir_view import expensive_ops
 
 from conftest import CUDA, LLVM, make_module, tensor
 
@@ -56,7 +56,7 @@ def test_cuda_plan_fits_shared_memory_and_binds_threads():
 
 
 def test_row_resident_kernels_move_the_ideal_bytes():
-    from tvm_stitch.traffic import modeled_traffic
+    from tvm_stitch.check.traffic import modeled_traffic
 
     for name in ("layernorm", "layernorm_stats", "rmsnorm", "softmax", "attention_softmax", "bias_gelu",
                  "residual_layernorm", "layernorm_softmax", "chained_reductions"):
@@ -66,7 +66,7 @@ def test_row_resident_kernels_move_the_ideal_bytes():
 
 
 def test_traffic_model_counts_rereads():
-    from tvm_stitch.traffic import program_traffic
+    from tvm_stitch.check.traffic import program_traffic
 
     mod = SUITE["layernorm"].build("float32", dims("bench"))
     default = build(mod, CUDA, stitched=False)
@@ -113,7 +113,7 @@ def test_cpu_long_column_sums_are_cut_into_parallel_partials(rng):
     import numpy as np
     from tvm import relax
 
-    from tvm_stitch.build import run_cpu
+    from tvm_stitch.tools.build import run_cpu
 
     x, y = tensor("x", (10001, 48)), tensor("y", (10001, 48))
     mod = make_module([x, y], lambda bb, x, y: relax.Tuple([
@@ -134,7 +134,7 @@ def test_cpu_few_long_rows_are_cut_into_chunks_over_the_cores(rng, monkeypatch):
     from tvm import relax
 
     from tvm_stitch import planner
-    from tvm_stitch.build import run_cpu
+    from tvm_stitch.tools.build import run_cpu
 
     monkeypatch.setattr(planner, "cpu_threads", lambda: 4)
     x = tensor("x", (2, 65536))

@@ -6,10 +6,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tvm_stitch.build import build, run_cpu  # noqa: E402
-from tvm_stitch.kernels import launches_by_kind  # noqa: E402
-from tvm_stitch.model_bench import relative_error  # noqa: E402
-from tvm_stitch.training import (  # noqa: E402
+from tvm_stitch.tools.build import build, run_cpu  # noqa: E402
+from tvm_stitch.tools.launches import launches_by_kind  # noqa: E402
+from tvm_stitch.tools.model_bench import relative_error  # noqa: E402
+from tvm_stitch.tools.training import (  # noqa: E402
     LayerNormTrapError,
     check_layer_norm_stats,
     decompositions,

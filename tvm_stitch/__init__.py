@@ -5,15 +5,15 @@
     print(tvm_stitch.explain(mod, target))
 """
 
-from .threads import use_all_cores
+from tvm_stitch.threads import use_all_cores
 
 use_all_cores()
 
-from .explain import explain
-from .pipeline import pipeline
-from .plan import Intermediate, StitchPlan, ThreadMapping
-from .report import StitchReport
-from .stitch_pass import StitchError, StitchFusion
+from tvm_stitch.explain import explain
+from tvm_stitch.pipeline import pipeline
+from tvm_stitch.planning.plan import Intermediate, StitchPlan, ThreadMapping
+from tvm_stitch.report import StitchReport
+from tvm_stitch.stitch_pass import StitchError, StitchFusion
 
 __all__ = [
     "pipeline",

@@ -1,5 +1,5 @@
 """`python -m tvm_stitch ...`: the same as the `tvm-stitch` command."""
 
-from .cli import main
+from tvm_stitch.tools.cli import main
 
 raise SystemExit(main())

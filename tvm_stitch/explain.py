@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import tvm
 
-from .pipeline import grouping_passes
-from .report import StitchReport
-from .stitch_pass import StitchFusion
-from .target import as_target
+from tvm_stitch.pipeline import grouping_passes
+from tvm_stitch.report import StitchReport
+from tvm_stitch.stitch_pass import StitchFusion
+from tvm_stitch.target import as_target
 
 
 def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,

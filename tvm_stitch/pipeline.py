@@ -21,10 +21,10 @@ from tvm.target import Target
 
 from schedules.cuda import per_block
 
-from .precision import AccumulateInFloat32
-from .report import StitchReport
-from .stitch_pass import StitchFusion
-from .target import as_target, backend_passes
+from tvm_stitch.fusion.precision import AccumulateInFloat32
+from tvm_stitch.report import StitchReport
+from tvm_stitch.stitch_pass import StitchFusion
+from tvm_stitch.target import as_target, backend_passes
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .plan import StitchPlan
+from tvm_stitch.planning.plan import StitchPlan
 
 
 @dataclass

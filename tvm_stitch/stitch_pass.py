@@ -20,19 +20,19 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.target import Target
 
-from .cost_model import chooser
-from .graph import Graph, analyses_for, build_graph
-from .outline import outline_group
-from .packing import pack_block
-from .partition import PartitionLimits, partition
-from .planner import CPU_SPLIT_MIN_ROW, CPU_TASKS_PER_CORE, plan_kernel, target_family
-from .split_planner import SPLIT_BELOW_ROWS, SPLIT_MIN_ROW
+from tvm_stitch.planning.cost_model import chooser
+from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
+from tvm_stitch.fusion.outline import outline_group
+from tvm_stitch.fusion.packing import pack_block
+from tvm_stitch.fusion.partition import PartitionLimits, partition
+from tvm_stitch.planning.planner import CPU_SPLIT_MIN_ROW, CPU_TASKS_PER_CORE, plan_kernel, target_family
+from tvm_stitch.planning.row_split import SPLIT_BELOW_ROWS, SPLIT_MIN_ROW
 from schedules import schedule_for
-from .report import GroupRecord, StitchReport
-from .target import as_target
-from .threads import cpu_threads
-from .traffic import modeled_traffic
-from .verify import check_builds
+from tvm_stitch.report import GroupRecord, StitchReport
+from tvm_stitch.target import as_target
+from tvm_stitch.threads import cpu_threads
+from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.check.builds import check_builds
 
 
 @tvm.error.register_error

@@ -22,7 +22,7 @@ from math import prod
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from tvm_stitch.plan import StitchPlan
+from tvm_stitch.planning.plan import StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent, merge_row_loops, within_row_loops
 

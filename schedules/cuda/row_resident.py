@@ -19,7 +19,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from tvm_stitch.plan import REGISTER, SHARED, StitchPlan
+from tvm_stitch.planning.plan import REGISTER, SHARED, StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, loops_extent, merge_row_loops, within_row_loops
 

@@ -1,6 +1,6 @@
 """Row-split global stitching on CUDA: few long rows, one thread block per (row, chunk).
 
-Realises a "row-split" plan (tvm_stitch/split_planner.py). Every reduction
+Realises a "row-split" plan (tvm_stitch/planning/row_split.py). Every reduction
 is split into `split` chunks and rfactored: its partials are computed in the
 reduction's kernel, one block per (row, chunk), as a cross-thread reduction.
 The combine of the partials (`split` values per row) joins the kernel of
@@ -23,7 +23,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from tvm_stitch.plan import GLOBAL, StitchPlan
+from tvm_stitch.planning.plan import GLOBAL, StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent
 

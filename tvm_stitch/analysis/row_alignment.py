@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .tir_view import Access, BlockView, block_views, vars_in
+from tvm_stitch.analysis.tir_view import Access, BlockView, block_views, vars_in
 
 ALIGNED = "aligned"
 INVARIANT = "invariant"

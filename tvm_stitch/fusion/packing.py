@@ -18,7 +18,7 @@ from tvm import relax
 
 from schedules.independent import loop_signature, pack
 
-from .plan import StitchPlan
+from tvm_stitch.planning.plan import StitchPlan
 
 MAX_PACK = 32
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")

@@ -20,7 +20,7 @@ from enum import Enum
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .tir_view import BlockView, block_views, vars_in
+from tvm_stitch.analysis.tir_view import BlockView, block_views, vars_in
 
 
 class OpKind(str, Enum):
@@ -138,7 +138,7 @@ def classify_views(views: list) -> OpClass:
 
 def is_compute_kernel(func: tirx.PrimFunc) -> bool:
     """Whether a (possibly scheduled) PrimFunc contracts two tensors somewhere (matmul, conv)."""
-    from .tir_view import all_block_views
+    from tvm_stitch.analysis.tir_view import all_block_views
 
     return any(view.has_reduction and _is_matmul_like(view) for view in all_block_views(func))
 

@@ -14,7 +14,7 @@ from typing import Callable
 import tvm
 from tvm import relax
 
-from .suite_data import DATA, SIZES, VARIANTS, dims, reference_of, variant_dims
+from tvm_stitch.tools.suite_data import DATA, SIZES, VARIANTS, dims, reference_of, variant_dims
 
 __all__ = ["SUITE", "SIZES", "SuiteGraph", "dims", "reference"]
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from .plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
-from .row_alignment import analyze_rows, walks_columns
-from .tir_view import block_consumers, block_views, static_int, static_product
+from tvm_stitch.planning.plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
+from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
+from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
 
 SPLIT_BELOW_ROWS = 132  # row tasks below one per SM of an H100/H200: split the rows
 SPLIT_MIN_ROW = 16384  # elements: 64 KB of float32, more than a block's shared memory

@@ -327,7 +327,7 @@ class Outcome:
 def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0) -> Outcome:
     """Stitched llvm builds (native CPU schedules, and the CUDA schedules without thread
     bindings) vs TVM's default llvm build; optionally the CUDA build compiles."""
-    from .build import build, run_cpu
+    from tvm_stitch.tools.build import build, run_cpu
 
     try:
         mod = build_module(spec)
@@ -384,7 +384,7 @@ def _nvcc_check(executable) -> None:
     import subprocess
     import tempfile
 
-    from .kernels import cuda_source
+    from tvm_stitch.tools.launches import cuda_source
 
     nvcc = shutil.which("nvcc")
     source = cuda_source(executable)

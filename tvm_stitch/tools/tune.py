@@ -23,16 +23,16 @@ from tvm import s_tir, tirx
 
 from schedules import schedule_for
 
-from .build import alternating_times
-from .candidates import candidates, knobs
-from .features import features, group_facts
-from .pipeline import grouping_passes
-from .planner import target_family
-from .stitch_pass import stitch_module
-from .suite import SUITE
-from .suite_data import VARIANTS
-from .threads import cpu_threads
-from .tir_view import block_views
+from tvm_stitch.tools.build import alternating_times
+from tvm_stitch.planning.candidates import candidates, knobs
+from tvm_stitch.planning.features import features, group_facts
+from tvm_stitch.pipeline import grouping_passes
+from tvm_stitch.planning.planner import target_family
+from tvm_stitch.stitch_pass import stitch_module
+from tvm_stitch.tools.suite import SUITE
+from tvm_stitch.tools.suite_data import VARIANTS
+from tvm_stitch.threads import cpu_threads
+from tvm_stitch.analysis.tir_view import block_views
 
 _BASE = {"batch": 8, "heads": 12, "seq": 128}
 TRAIN_SHAPES = {

@@ -20,12 +20,12 @@ import dataclasses
 import tvm
 from tvm import s_tir, tirx
 
-from .plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
-from .resources import estimate_registers, occupancy
-from .row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
-from .split_planner import SplitError, plan_row_split
-from .threads import cpu_threads
-from .tir_view import block_consumers, block_views, static_int, static_product
+from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
+from tvm_stitch.planning.resources import estimate_registers, occupancy
+from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
+from tvm_stitch.planning.row_split import SplitError, plan_row_split
+from tvm_stitch.threads import cpu_threads
+from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
 CUDA_MAX_THREADS = 256

@@ -9,10 +9,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .kernels import count_launches
-from .pipeline import pipeline
-from .report import StitchReport
-from .target import as_target, default_pipeline
+from tvm_stitch.tools.launches import count_launches
+from tvm_stitch.pipeline import pipeline
+from tvm_stitch.report import StitchReport
+from tvm_stitch.target import as_target, default_pipeline
 
 
 @dataclass

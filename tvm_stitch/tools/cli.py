@@ -7,9 +7,9 @@ import sys
 
 
 def _bench(args) -> int:
-    from .bench import bench_metadata, copy_bandwidth, format_table, results_folder, run_bench, save_results, write_json
-    from .model_bench import format_models, run_models
-    from .suite import SUITE
+    from tvm_stitch.tools.bench import bench_metadata, copy_bandwidth, format_table, results_folder, run_bench, save_results, write_json
+    from tvm_stitch.tools.model_bench import format_models, run_models
+    from tvm_stitch.tools.suite import SUITE
 
     graphs = args.graphs.split(",") if args.graphs else list(SUITE)
     unknown = [g for g in graphs if g not in SUITE]
@@ -19,7 +19,7 @@ def _bench(args) -> int:
     models = _model_names(args.models)
     if models is None:
         return 2
-    from .model_bench import STEPS
+    from tvm_stitch.tools.model_bench import STEPS
 
     bad_steps = [s for s in args.steps.split(",") if s not in STEPS]
     if bad_steps:
@@ -56,7 +56,7 @@ def _model_names(text: str):
     if not text:
         return []
     try:
-        from .models import MODELS, _require_torch
+        from tvm_stitch.tools.models import MODELS, _require_torch
 
         _require_torch()
     except RuntimeError as err:
@@ -71,15 +71,15 @@ def _model_names(text: str):
 
 
 def _explain(args) -> int:
-    from .explain import explain_with_graph
-    from .sources import SourceError, load_module
+    from tvm_stitch.explain import explain_with_graph
+    from tvm_stitch.tools.sources import SourceError, load_module
 
     try:
         mod, description = load_module(args.graph, dtype=args.dtype, size=args.size)
     except SourceError as err:
         print(str(err), file=sys.stderr)
         return 2
-    from .target import host_target
+    from tvm_stitch.target import host_target
 
     target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else host_target()
     report, grouped = explain_with_graph(mod, target)
@@ -88,7 +88,7 @@ def _explain(args) -> int:
     print()
     print(report.details())
     if args.dot:
-        from .graph_picture import to_dot, write_picture
+        from tvm_stitch.tools.graph_picture import to_dot, write_picture
 
         print(write_picture(to_dot(grouped, report, title=f"{description}, {args.target}"), args.dot))
     return 0
@@ -98,7 +98,7 @@ def _fuzz(args) -> int:
     import json
     import os
 
-    from .fuzz import fuzz
+    from tvm_stitch.tools.fuzz import fuzz
 
     if args.n < 1:
         print("--n must be at least 1", file=sys.stderr)
@@ -127,7 +127,7 @@ def _fuzz(args) -> int:
 
 
 def _gpu_kit(args) -> int:
-    from .gpu_kit import build_kit
+    from tvm_stitch.tools.gpu_kit import build_kit
 
     graphs = args.graphs.split(",") if args.graphs else None
     manifest = build_kit(args.out, size=args.size, graphs=graphs, dtypes=tuple(args.dtype.split(",")),
@@ -144,9 +144,9 @@ RESULTS = "benchmarks/results/cost-model"
 def _tune(args) -> int:
     from pathlib import Path
 
-    from .suite import SUITE
-    from .target import host_target
-    from .tune import GRAPHS, HELD_OUT_SHAPES, TRAIN_SHAPES, tune
+    from tvm_stitch.tools.suite import SUITE
+    from tvm_stitch.target import host_target
+    from tvm_stitch.tools.tune import GRAPHS, HELD_OUT_SHAPES, TRAIN_SHAPES, tune
 
     graphs = args.graphs.split(",") if args.graphs else GRAPHS
     unknown = [g for g in graphs if g not in SUITE]
@@ -175,8 +175,8 @@ def _tune(args) -> int:
 def _train(args) -> int:
     from pathlib import Path
 
-    from .cost_model import model_path, train
-    from .tune import read_records
+    from tvm_stitch.planning.cost_model import model_path, train
+    from tvm_stitch.tools.tune import read_records
 
     records = [r for r in read_records(Path(args.records)) if "candidates" in r]
     if not records:
@@ -192,7 +192,7 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from pathlib import Path
 
-    from .evaluate import evaluate
+    from tvm_stitch.tools.evaluate import evaluate
 
     result = evaluate(Path(args.held_out), Path(args.out), compile_graphs=not args.no_compile,
                       bench_graphs=not args.no_bench, progress=lambda m: print(m, file=sys.stderr, flush=True))

@@ -23,7 +23,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .tir_view import static_product
+from tvm_stitch.analysis.tir_view import static_product
 
 
 L2_RESIDENT_BYTES = 4 << 20
@@ -123,7 +123,7 @@ def program_traffic(lowered: tvm.IRModule) -> tuple:
     """
     from tvm import relax
 
-    from .kernels import primfunc_calls
+    from tvm_stitch.tools.launches import primfunc_calls
 
     calls = primfunc_calls(lowered)
     modeled = 0

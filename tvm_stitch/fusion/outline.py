@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax, tirx
 
-from .graph import Graph
+from tvm_stitch.analysis.graph import Graph
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 

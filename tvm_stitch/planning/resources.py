@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import StitchPlan
+from tvm_stitch.planning.plan import StitchPlan
 
 
 @dataclass(frozen=True)

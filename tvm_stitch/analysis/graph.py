@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from .classify import OpClass, OpKind, classify_primfunc
-from .row_alignment import RowInfo, analyze_rows
+from tvm_stitch.analysis.classify import OpClass, OpKind, classify_primfunc
+from tvm_stitch.analysis.row_alignment import RowInfo, analyze_rows
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def launches_by_kind(lowered: tvm.IRModule, executable) -> tuple:
     other kernel is compute-intensive when one of its blocks contracts two
     tensors (matmul, conv, with whatever epilogue TVM fused in).
     """
-    from .classify import is_compute_kernel
+    from tvm_stitch.analysis.classify import is_compute_kernel
 
     calls = primfunc_calls(lowered)
     per_func = kernels_per_primfunc(cuda_source(executable), calls)

@@ -21,10 +21,10 @@ import shutil
 import subprocess
 import sys
 
-from .build import build
-from .kernels import count_launches
-from .suite import SUITE, dims
-from .traffic import program_traffic
+from tvm_stitch.tools.build import build
+from tvm_stitch.tools.launches import count_launches
+from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.check.traffic import program_traffic
 
 LIMIT_BYTES = 60 << 20
 _SKIP_IN_RUNTIME = ("libtvm_compiler.so", "3rdparty", "src", "include", "web", "__pycache__")

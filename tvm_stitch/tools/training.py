@@ -22,7 +22,7 @@ outputs: the new parameters and moments), checked against torch.optim.Adam.
 
 from __future__ import annotations
 
-from .models import MODELS, _require_torch, make_model
+from tvm_stitch.tools.models import MODELS, _require_torch, make_model
 
 ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "step": 3}
 
@@ -67,7 +67,7 @@ def check_layer_norm_stats(graph) -> None:
                     raise LayerNormTrapError(
                         f"{user.name} reads {'mean' if user.args[1] == 1 else 'rstd'} of native_layer_norm "
                         f"{node.name}; TVM's importer maps it to the normalised output (wrong gradients). "
-                        "Decompose LayerNorm before tracing (tvm_stitch.training.decompositions()).")
+                        "Decompose LayerNorm before tracing (tvm_stitch.tools.training.decompositions()).")
 
 
 def _import_callable(fn, args):

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import tvm
 
-from .classify import OpKind
-from .graph import Graph, inlined_in_group
-from .tir_view import static_int
-from .row_alignment import ALIGNED
+from tvm_stitch.analysis.classify import OpKind
+from tvm_stitch.analysis.graph import Graph, inlined_in_group
+from tvm_stitch.analysis.tir_view import static_int
+from tvm_stitch.analysis.row_alignment import ALIGNED
 
 
 @dataclass(frozen=True)

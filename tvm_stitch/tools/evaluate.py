@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import geomean
-from .cost_model import load_model, model_path
-from .tune import GRAPHS, HELD_OUT_SHAPES, REPEAT, machine, read_records
+from tvm_stitch.tools.bench import geomean
+from tvm_stitch.planning.cost_model import load_model, model_path
+from tvm_stitch.tools.tune import GRAPHS, HELD_OUT_SHAPES, REPEAT, machine, read_records
 
 WITHIN = 1.10  # the model's choice counts as good within 10% of the best candidate
 GOOD_SHARE = 0.80  # ... for at least this share of the held-out groups
@@ -57,9 +57,9 @@ def choices(records: list, model) -> list:
 def compile_times(graphs: list, dims: dict, repeats: int = 2, progress=print) -> list:
     """Seconds to compile each suite graph (float32) with and without the model, alternating; min of repeats."""
 
-    from .build import build
-    from .suite import SUITE
-    from .target import host_target
+    from tvm_stitch.tools.build import build
+    from tvm_stitch.tools.suite import SUITE
+    from tvm_stitch.target import host_target
 
     target = host_target()
     build(SUITE[graphs[0]].build("float32", dims), target, stitched=True)  # warm-up: caches, model load
@@ -80,9 +80,9 @@ def bench_times(graphs: list, rounds: int = 7, progress=print) -> list:
     """Each suite graph (float32, bench shapes) built with the model and with rules only, timed in
     alternating rounds; milliseconds are medians over the rounds. Where the model kept every
     rule plan the two builds are the same kernels: timed once, ratio 1."""
-    from .build import alternating_times, build, vm_round
-    from .suite import SUITE, dims
-    from .target import host_target
+    from tvm_stitch.tools.build import alternating_times, build, vm_round
+    from tvm_stitch.tools.suite import SUITE, dims
+    from tvm_stitch.target import host_target
 
     target = host_target()
     d = dims("bench")
@@ -146,7 +146,7 @@ def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, bench_graph
     summary["done"] = done
     bench_rows = []
     if bench_graphs:
-        from .suite import SUITE
+        from tvm_stitch.tools.suite import SUITE
 
         bench_rows = bench_times(list(SUITE), progress=progress)
         ratios = [r["model_over_rule"] for r in bench_rows]

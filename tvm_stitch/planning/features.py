@@ -17,8 +17,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .plan import StitchPlan
-from .tir_view import static_product, view_of_block
+from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.analysis.tir_view import static_product, view_of_block
 
 FEATURES = (
     # the group

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .build import alternating_times, build, run_cpu, vm_round
-from .kernels import launches_by_kind
-from .traffic import program_traffic
+from tvm_stitch.tools.build import alternating_times, build, run_cpu, vm_round
+from tvm_stitch.tools.launches import launches_by_kind
+from tvm_stitch.check.traffic import program_traffic
 
 STEPS = ("forward", "backward", "adam")
 
@@ -66,8 +66,8 @@ def relative_error(outs: list, expected: list) -> float:
 
 def import_step(name: str, step: str, size: str = "bench"):
     """(Relax module, numpy inputs, PyTorch outputs) of one step of a model."""
-    from .models import import_model
-    from .training import import_adam, import_backward
+    from tvm_stitch.tools.models import import_model
+    from tvm_stitch.tools.training import import_adam, import_backward
 
     if step not in STEPS:
         raise ValueError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
@@ -76,7 +76,7 @@ def import_step(name: str, step: str, size: str = "bench"):
 
 def model_steps(names: list) -> list:
     """(model, step) pairs to run: every step the model has."""
-    from .models import MODELS
+    from tvm_stitch.tools.models import MODELS
 
     return [(n, s) for n in names for s in STEPS if not (s == "backward" and MODELS[n].no_backward)]
 
@@ -87,8 +87,8 @@ def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> 
     CPU builds use this machine's CPU model (as the suite's bench does); a progress line per
     (model, step) goes to `progress` (default: the current sys.stderr).
     """
-    from .models import MODELS
-    from .target import host_target
+    from tvm_stitch.tools.models import MODELS
+    from tvm_stitch.target import host_target
 
     progress = progress or sys.stderr
     cpu_target = host_target()

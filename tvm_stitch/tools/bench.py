@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .build import alternating_times, build, python_round, run_cpu, vm_round
-from .kernels import count_launches
-from .suite import SUITE, dims, reference
-from .target import host_target
-from .threads import cpu_threads
-from .traffic import program_traffic
+from tvm_stitch.tools.build import alternating_times, build, python_round, run_cpu, vm_round
+from tvm_stitch.tools.launches import count_launches
+from tvm_stitch.tools.suite import SUITE, dims, reference
+from tvm_stitch.target import host_target
+from tvm_stitch.threads import cpu_threads
+from tvm_stitch.check.traffic import program_traffic
 
 TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2)}
 
@@ -147,7 +147,7 @@ def _torch_rounds(name: str, inputs: list) -> dict:
         import torch
     except ImportError:
         return {}
-    from .gpu_runner.torch_graphs import GRAPHS
+    from tvm_stitch.tools.gpu_runner.torch_graphs import GRAPHS
 
     torch.set_num_threads(cpu_threads())
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
@@ -303,7 +303,7 @@ def results_folder(root: str = "benchmarks/results", machine: str = "") -> str:
 
 def save_results(folder: str, rows: list, model_rows: list, meta: dict, text: str) -> list:
     """<date>.json, <date>.md (the printed tables) and, with matplotlib, <date>-*.png; returns the paths."""
-    from .plots import plot_results
+    from tvm_stitch.tools.plots import plot_results
 
     stem = os.path.join(folder, meta["date"])
     write_json(rows, stem + ".json", dict(meta, models=[asdict(r) for r in model_rows]))

@@ -30,9 +30,9 @@ from tvm import tirx
 
 import schedules
 
-from .candidates import candidates, knobs
-from .features import FEATURES, features, group_facts
-from .plan import StitchPlan
+from tvm_stitch.planning.candidates import candidates, knobs
+from tvm_stitch.planning.features import FEATURES, features, group_facts
+from tvm_stitch.planning.plan import StitchPlan
 
 MODELS = Path(schedules.__file__).resolve().parent / "cost_models"
 OBJECTIVE = "rank:pairwise"  # within a group, order pairs of candidates by their times

@@ -21,11 +21,11 @@ from tvm import tirx
 
 from schedules.cpu.row_resident import MIN_LANES
 
-from .plan import StitchPlan
-from .planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, plan_row_resident
-from .resources import estimate_registers, occupancy
-from .threads import cpu_threads
-from .tir_view import static_product
+from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, plan_row_resident
+from tvm_stitch.planning.resources import estimate_registers, occupancy
+from tvm_stitch.threads import cpu_threads
+from tvm_stitch.analysis.tir_view import static_product
 
 CUDA_THREADS = (32, 64, 128, 256)
 

@@ -21,7 +21,7 @@ import subprocess
 import tvm
 from tvm import relax
 
-from .report import StitchReport
+from tvm_stitch.report import StitchReport
 
 PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
            "#bc80bd", "#ccebc5", "#ffed6f", "#a6cee3")

@@ -40,17 +40,17 @@ def _from_script(path: str):
 
 def load_module(spec: str, dtype: str = "float32", size: str = "bench"):
     """(Relax module, one-line description) named by `spec` (see the module docstring)."""
-    from .suite import SUITE, dims
+    from tvm_stitch.tools.suite import SUITE, dims
 
     if spec.endswith(".py") or os.sep in spec:
         return _from_script(spec), f"script {spec}"
     if spec in SUITE:
         return SUITE[spec].build(dtype, dims(size)), f"suite graph {spec} ({dtype}, {size} size)"
-    from .models import MODELS
+    from tvm_stitch.tools.models import MODELS
 
     name, _, step = spec.partition(":")
     if name in MODELS:
-        from .model_bench import STEPS, import_step
+        from tvm_stitch.tools.model_bench import STEPS, import_step
 
         step = step or "forward"
         if step not in STEPS:

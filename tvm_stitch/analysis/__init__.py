@@ -1,0 +1,1 @@
+"""What each PrimFunc of a FuseOps group is: TIR views, op classes, row alignment, the block graph."""

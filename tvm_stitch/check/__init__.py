@@ -1,0 +1,1 @@
+"""Checks of scheduled kernels: they build on their own, their modeled traffic."""
