@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from tvm_stitch import cost_model, stitch_pass
-from tvm_stitch.tools.bench import TOLERANCE
+from tvm_stitch import stitch_pass
+from tvm_stitch.planning import cost_model
+from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.planning.candidates import candidates, knobs
 from tvm_stitch.tools.cli import main
@@ -37,7 +38,7 @@ def _check_graph(name: str, dtype: str, index: int, monkeypatch, rng, emulate=No
     seen = []
     monkeypatch.setattr(stitch_pass, "chooser", _forcing(index, seen))
     built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True, emulate=emulate, cost_model=True)
-    rtol, atol = TOLERANCE[dtype]
+    rtol, atol = tolerance(dtype)
     for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
     return max(seen)

@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
-from tvm_stitch.tools.bench import TOLERANCE
+from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 from tvm_stitch.tools.suite import SUITE, dims, reference
 
@@ -24,7 +24,7 @@ def test_suite_graph_matches_numpy_on_llvm(name, dtype, rng):
     assert built.report.plans, "nothing was stitched"
     outs = run_cpu(built.executable, inputs)
     refs = reference(graph, inputs)
-    rtol, atol = TOLERANCE[dtype]
+    rtol, atol = tolerance(dtype)
     assert len(outs) == len(refs)
     for out, ref in zip(outs, refs):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
@@ -137,7 +137,7 @@ def test_cuda_schedule_matches_numpy_when_run_on_the_cpu(name, dtype, rng):
     built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True, emulate="cuda")
     assert all(plan.target == "cuda" for plan in built.report.plans)
     outs = run_cpu(built.executable, inputs)
-    rtol, atol = TOLERANCE[dtype]
+    rtol, atol = tolerance(dtype)
     for out, ref in zip(outs, reference(graph, inputs)):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
 
@@ -181,7 +181,7 @@ def test_float16_graphs_match_numpy_on_this_cpu(rng):
             continue
         inputs = graph.inputs(rng, "float16", d)
         built = build(graph.build("float16", d), host_target(), stitched=True, strict=True)
-        rtol, atol = TOLERANCE["float16"]
+        rtol, atol = tolerance("float16")
         for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
             np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol, err_msg=name)
 

@@ -133,7 +133,7 @@ def test_cpu_few_long_rows_are_cut_into_chunks_over_the_cores(rng, monkeypatch):
     import numpy as np
     from tvm import relax
 
-    from tvm_stitch import planner
+    from tvm_stitch.planning import planner
     from tvm_stitch.tools.build import run_cpu
 
     monkeypatch.setattr(planner, "cpu_threads", lambda: 4)

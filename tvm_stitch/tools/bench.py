@@ -27,9 +27,9 @@ from tvm_stitch.tools.launches import count_launches
 from tvm_stitch.tools.suite import SUITE, dims, reference
 from tvm_stitch.target import host_target
 from tvm_stitch.threads import cpu_threads
+from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.check.traffic import program_traffic
 
-TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2)}
 
 
 @dataclass
@@ -93,7 +93,7 @@ def _max_error(outs: list, refs: list) -> float:
 
 
 def _agree(outs: list, refs: list, dtype: str) -> bool:
-    rtol, atol = TOLERANCE[dtype]
+    rtol, atol = tolerance(dtype)
     return len(outs) == len(refs) and all(
         np.allclose(o.astype(np.float64), r, rtol=rtol, atol=atol) for o, r in zip(outs, refs)
     )

@@ -25,12 +25,13 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from tvm_stitch.tools.tolerance import tolerance
+
 UNARY = ["exp", "log", "erf", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "negative", "power"]
 BINARY = ["add", "subtract", "multiply", "divide", "maximum", "minimum", "where"]
 REDUCE = ["sum", "mean", "max", "min"]
 SHAPE_OPS = ["reshape", "transpose", "slice", "concat", "cast"]
 DIMS = [1, 2, 3, 5, 7, 8, 16, 31, 32, 64, 97, 128, 256, 1000]
-TOLERANCE = {"float32": 2e-4, "float16": 3e-2, "bfloat16": 6e-2}
 
 
 @dataclass
@@ -295,8 +296,8 @@ def _close(a: np.ndarray, b: np.ndarray, dtype: str) -> bool:
     finite = np.isfinite(a) & np.isfinite(b)
     if not np.array_equal(a[~finite], b[~finite]):
         return False
-    tol = TOLERANCE.get(dtype, 2e-4)
-    return bool(np.all(np.abs(a[finite] - b[finite]) <= tol * (1.0 + np.abs(b[finite]))))
+    rtol, atol = tolerance(dtype)
+    return bool(np.all(np.abs(a[finite] - b[finite]) <= atol + rtol * np.abs(b[finite])))
 
 
 def _widened(spec: Spec) -> Spec:
@@ -311,7 +312,8 @@ def _no_less_accurate(got: np.ndarray, default: np.ndarray, exact: np.ndarray, d
     if not np.array_equal(np.isnan(got), np.isnan(exact)):
         return False
     finite = np.isfinite(got) & np.isfinite(exact)
-    tol = TOLERANCE.get(dtype, 2e-4) * (1.0 + np.abs(exact[finite]))
+    rtol, atol = tolerance(dtype)
+    tol = atol + rtol * np.abs(exact[finite])
     err_default = np.nan_to_num(np.abs(default[finite] - exact[finite]), nan=np.inf)
     return bool(np.all(np.abs(got[finite] - exact[finite]) <= err_default + tol))
 

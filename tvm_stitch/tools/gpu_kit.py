@@ -103,7 +103,8 @@ def build_kit(out: str, size: str = "bench", graphs=None, dtypes=("float32", "fl
     here = os.path.dirname(os.path.abspath(__file__))
     for name in _KIT_FILES:
         shutil.copy(os.path.join(here, "gpu_runner", name), os.path.join(out, name))
-    shutil.copy(os.path.join(here, "suite_data.py"), os.path.join(out, "suite_data.py"))
+    for name in ("suite_data.py", "tolerance.py"):
+        shutil.copy(os.path.join(here, name), os.path.join(out, name))
     manifest = {
         "size": size,
         "device": "CUDA sm_90",

@@ -31,6 +31,7 @@ from tvm_stitch.planning.planner import target_family
 from tvm_stitch.stitch_pass import stitch_module
 from tvm_stitch.tools.suite import SUITE
 from tvm_stitch.tools.suite_data import VARIANTS
+from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.threads import cpu_threads
 from tvm_stitch.analysis.tir_view import block_views
 
@@ -58,7 +59,6 @@ MAX_GROUPS = 3  # groups measured per graph instance (Adam's twelve differ only 
 MAX_INPUT_BYTES = 256 << 20  # larger graph instances are skipped (e.g. Adam at a wide shape)
 REPEAT = 10  # timing rounds per candidate (the median is kept)
 REPEAT_MS = 5.0  # each round runs a candidate for about this long
-TOLERANCE = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-2), "bfloat16": (5e-2, 5e-2)}
 
 
 def fused_groups(mod: tvm.IRModule, target: tvm.target.Target) -> list:
@@ -108,7 +108,7 @@ def _build(func: tirx.PrimFunc, target: tvm.target.Target):
 
 
 def _agrees(got: list, want: list, dtype: str) -> bool:
-    rtol, atol = TOLERANCE.get(dtype, TOLERANCE["float32"])
+    rtol, atol = tolerance(dtype)
     return all(np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True)
                for g, w in zip(got, want))
 

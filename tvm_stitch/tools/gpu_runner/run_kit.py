@@ -24,7 +24,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-2, 2e-2)}
 SANITIZE = {"row-resident": "layernorm_softmax", "column": "layernorm_backward", "independent": "adam_update"}
 
 
@@ -86,7 +85,9 @@ def _flatten(result) -> list:
 def _agree(outs, refs, dtype) -> tuple:
     import numpy as np
 
-    rtol, atol = TOLERANCE[dtype]
+    from tolerance import tolerance
+
+    rtol, atol = tolerance(dtype)
     err = max(float(np.max(np.abs(o.astype(np.float64) - r))) if np.size(r) else 0.0 for o, r in zip(outs, refs))
     ok = len(outs) == len(refs) and all(np.allclose(o.astype(np.float64), r, rtol=rtol, atol=atol)
                                         for o, r in zip(outs, refs))
