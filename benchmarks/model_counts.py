@@ -8,10 +8,9 @@ Usage: python benchmarks/model_counts.py [OUT.md]
 import sys
 
 from tvm_stitch.tools.build import build
-from tvm_stitch.tools.launches import launches_by_kind
+from tvm_stitch.tools.launches import launches_by_kind, program_traffic
 from tvm_stitch.tools.model_bench import import_step, model_steps
 from tvm_stitch.tools.models import MODELS
-from tvm_stitch.check.traffic import program_traffic
 
 
 def main(out_path: str = "") -> None:
@@ -22,9 +21,10 @@ def main(out_path: str = "") -> None:
         print(f"model {name} {step}", file=sys.stderr, flush=True)
         mod, _, _ = import_step(name, step, "bench")
         cuda = {}
+        gpu = {"kind": "cuda", "arch": "sm_90"}
         for stitched in (False, True):
-            built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
-            cuda[stitched] = (launches_by_kind(built.lowered, built.executable), program_traffic(built.lowered)[0],
+            built = build(mod, gpu, stitched=stitched)
+            cuda[stitched] = (launches_by_kind(built.lowered, built.executable), program_traffic(built.lowered, gpu)[0],
                               built.compile_seconds, built.report)
         (md, cd), (ms, cs) = cuda[False][0], cuda[True][0]
         before, after = totals.get(step, (0, 0))

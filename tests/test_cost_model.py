@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+import tvm_stitch
 from tvm_stitch import stitch_pass
 from tvm_stitch.planning import cost_model
 from tvm_stitch.tools.tolerance import tolerance
@@ -20,56 +21,58 @@ from tvm_stitch.tools.tune import fused_groups, read_records, tune
 from conftest import CUDA, LLVM
 
 
-def _forcing(index: int, seen: list):
-    """A chooser that builds candidate `index` (modulo the group's count) of every group."""
+class _Forcing:
+    """A model that ranks candidate `index` (modulo the group's count) of every group first."""
 
-    def choose(fused, rule, target):
-        plans = candidates(fused, rule, target)
-        seen.append(len(plans))
-        return plans[index % len(plans)]
+    def __init__(self, index: int):
+        self.index = index
+        self.seen = []  # candidates per group with a choice
 
-    return lambda family: choose
+    def costs(self, rows: list) -> list:
+        self.seen.append(len(rows))
+        return [0.0 if i == self.index % len(rows) else 1.0 for i in range(len(rows))]
 
 
-def _check_graph(name: str, dtype: str, index: int, monkeypatch, rng, emulate=None) -> int:
+def _check_graph(name: str, dtype: str, index: int, rng, emulate=None) -> int:
     graph = SUITE[name]
     d = dims("test")
     inputs = graph.inputs(rng, dtype, d)
-    seen = []
-    monkeypatch.setattr(stitch_pass, "chooser", _forcing(index, seen))
-    built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True, emulate=emulate, cost_model=True)
+    model = _Forcing(index)
+    built = build(graph.build(dtype, d), LLVM, stitched=True, strict=True, emulate=emulate, cost_model=model)
     rtol, atol = tolerance(dtype)
     for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
-    return max(seen)
+    if index % max(model.seen, default=1):
+        assert any("cost model: candidate" in n for p in built.report.plans for n in p.notes)
+    return max(model.seen, default=1)
 
 
 @pytest.mark.parametrize("name, dtype, step", [("layernorm_softmax", "float32", 1),
                                                ("attention_softmax", "float32", 3),
                                                ("bias_gelu", "float16", 2)])
-def test_every_cpu_candidate_builds_and_matches_numpy(name, dtype, step, monkeypatch, rng):
-    count = _check_graph(name, dtype, 0, monkeypatch, rng)
+def test_every_cpu_candidate_builds_and_matches_numpy(name, dtype, step, rng):
+    count = _check_graph(name, dtype, 0, rng)
     assert count >= 4
     for index in range(step, count, step):
-        _check_graph(name, dtype, index, monkeypatch, rng)
+        _check_graph(name, dtype, index, rng)
 
 
-def test_cuda_candidates_run_without_thread_bindings(monkeypatch, rng):
-    count = _check_graph("softmax", "float32", 0, monkeypatch, rng, emulate="cuda")
+def test_cuda_candidates_run_without_thread_bindings(rng):
+    count = _check_graph("softmax", "float32", 0, rng, emulate="cuda")
     assert count >= 4
     for index in range(1, count, max(1, count // 4)):
-        _check_graph("softmax", "float32", index, monkeypatch, rng, emulate="cuda")
+        _check_graph("softmax", "float32", index, rng, emulate="cuda")
 
 
 def test_cpu_candidates_vary_cores_lanes_and_rows():
     mod = SUITE["attention_softmax"].build("float32", dims("test"))
     (fused, rule), = fused_groups(mod, LLVM)
-    plans = candidates(fused, rule, LLVM)
+    plans = candidates(fused, rule, rule.spec)
     assert plans[0] is rule
     seen = [tuple(sorted(knobs(p).items())) for p in plans]
     assert len(seen) == len(set(seen))
     assert {p.rank for p in plans} == {1, 2, 3}
-    assert {p.mapping.threads for p in plans} >= {1}
+    assert {p.mapping.threads for p in plans} == {1, rule.spec.cores}  # serial, or every core
     assert 1 in {p.mapping.vector for p in plans} and len({p.mapping.vector for p in plans}) == 4
     for plan in plans:
         assert plan.mapping.rows == math.prod(int(r) for r in plan.row_shape)
@@ -79,8 +82,8 @@ def test_cpu_candidates_vary_cores_lanes_and_rows():
 def test_features_are_deterministic(target):
     mod = SUITE["layernorm_backward"].build("float32", dims("test"))
     for (fused, rule), (again, rule_again) in zip(fused_groups(mod, target), fused_groups(mod, target)):
-        first = [features(group_facts(fused), p, rule) for p in candidates(fused, rule, target)]
-        second = [features(group_facts(again), p, rule_again) for p in candidates(again, rule_again, target)]
+        first = [features(group_facts(fused), p, rule) for p in candidates(fused, rule, rule.spec)]
+        second = [features(group_facts(again), p, rule_again) for p in candidates(again, rule_again, rule.spec)]
         assert first == second
         assert all(len(row) == len(FEATURES) and all(math.isfinite(v) for v in row) for row in first)
         assert sum(row[FEATURES.index("rule")] for row in first) == 1
@@ -120,25 +123,25 @@ def test_shipped_model_loads_and_picks_a_candidate():
     assert model is not None, f"no usable model at {cost_model.model_path('cpu')}"
     mod = SUITE["softmax"].build("float32", dims("test"))
     (fused, rule), = fused_groups(mod, LLVM)
-    chosen = cost_model.choose(model, fused, rule, LLVM)
-    assert knobs(chosen) in [knobs(p) for p in candidates(fused, rule, LLVM)]
+    chosen = cost_model.choose(model, fused, rule, rule.spec)
+    assert knobs(chosen) in [knobs(p) for p in candidates(fused, rule, rule.spec)]
     assert cost_model.load_model("cuda") is None  # no CUDA model: the rules decide there
 
 
 @pytest.mark.parametrize("content", [None, "{not json", json.dumps({"learner": {}})])
-def test_rules_without_a_usable_model(content, tmp_path, monkeypatch, rng):
+def test_no_usable_model_loads_as_none(content, tmp_path):
     if content is not None:
         (tmp_path / "cpu.json").write_text(content)
-    monkeypatch.setattr(cost_model, "MODELS", tmp_path)
-    cost_model.load_model.cache_clear()
-    try:
-        assert cost_model.chooser("cpu") is None
-        mod = SUITE["layernorm"].build("float32", dims("test"))
-        with_model = build(mod, LLVM, stitched=True, strict=True, cost_model=True)
-        rules = build(mod, LLVM, stitched=True, strict=True, cost_model=False)
-        assert with_model.report.plans == rules.report.plans
-    finally:
-        cost_model.load_model.cache_clear()
+    assert cost_model.load_model("cpu", tmp_path) is None
+
+
+def test_rules_decide_where_no_model_is_shipped():
+    """No CUDA model: cost_model=True plans the same kernels as the rules alone."""
+    mod = SUITE["layernorm"].build("float32", dims("test"))
+    with_model = tvm_stitch.explain(mod, CUDA)
+    assert cost_model.load_model("cuda") is None
+    rules = build(mod, LLVM, stitched=True, strict=True, emulate="cuda", cost_model=False)
+    assert with_model.plans and [p.mapping for p in with_model.plans] == [p.mapping for p in rules.report.plans]
 
 
 def test_the_model_adds_no_builds_at_compile_time(monkeypatch):
@@ -170,7 +173,10 @@ def test_tune_writes_records_and_resumes(tmp_path):
                       progress=lambda m: None)
     assert result["summary"]["groups"] == 1
     assert (tmp_path / "evaluation" / "evaluation.md").read_text().startswith("# Cost model evaluation")
-    assert json.loads((tmp_path / "evaluation" / "evaluation.json").read_text())["groups"][0]["model_over_best"] >= 1
+    (row,) = json.loads((tmp_path / "evaluation" / "evaluation.json").read_text())["groups"]
+    times = [c["ms"] for c in groups[0]["candidates"]]
+    assert row["best_ms"] == min(times) and row["model_ms"] in times
+    assert row["model_over_best"] == pytest.approx(row["model_ms"] / min(times))
 
     model = tmp_path / "model.json"
     assert main(["train", "--records", str(path), "--out", str(model)]) == 0

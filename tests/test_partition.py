@@ -4,11 +4,14 @@ from tvm import relax
 
 from tvm_stitch.analysis.graph import analyses_for, build_graph
 from tvm_stitch.fusion.partition import partition
+from tvm_stitch.planning.planner import partition_limits
+from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.suite import SUITE, dims
 
-from conftest import fused, make_module, tensor
+from conftest import CUDA, fused, make_module, tensor
 
 op = relax.op
+LIMITS = partition_limits(TargetSpec.from_target(CUDA))
 
 
 def _graph(mod):
@@ -32,7 +35,7 @@ def _assert_convex(graph, groups):
 
 def test_layernorm_softmax_is_one_group():
     graph = _graph(SUITE["layernorm_softmax"].build("float32", dims("test")))
-    groups = partition(graph)
+    groups = partition(graph, LIMITS)
     assert len(groups) == 1
     assert sorted(groups[0]) == [n.index for n in graph.nodes if n.stitchable]
 
@@ -48,7 +51,7 @@ def test_compute_intensive_ops_are_never_grouped():
         return bb.emit(op.exp(op.subtract(m, mx)))
 
     graph = _graph(make_module([x, w, g, b], body))
-    groups = partition(graph)
+    groups = partition(graph, LIMITS)
     for members in groups:
         for m in members:
             assert graph.nodes[m].stitchable
@@ -71,7 +74,7 @@ def test_no_group_closes_a_cycle_through_a_matmul():
         return bb.emit(op.add(op.multiply(scaled, s), a))
 
     graph = _graph(make_module([x, w], body))
-    groups = partition(graph)
+    groups = partition(graph, LIMITS)
     _assert_convex(graph, groups)
     assert len(groups) >= 2
 
@@ -79,7 +82,7 @@ def test_no_group_closes_a_cycle_through_a_matmul():
 def test_groups_are_convex_on_every_suite_graph():
     for graph_def in SUITE.values():
         graph = _graph(graph_def.build("float32", dims("test")))
-        _assert_convex(graph, partition(graph))
+        _assert_convex(graph, partition(graph, LIMITS))
 
 
 def test_column_reduction_does_not_join_row_group():
@@ -92,7 +95,7 @@ def test_column_reduction_does_not_join_row_group():
         return bb.emit(op.sum(op.multiply(centered, centered), axis=[0]))
 
     graph = _graph(make_module([x], body))
-    groups = partition(graph)
+    groups = partition(graph, LIMITS)
     _assert_convex(graph, groups)
     column = [i for i, o in enumerate(graph.ops) if o.cls.reduce_where == "column"]
     row = [i for i, o in enumerate(graph.ops) if o.cls.reduce_where == "row"]

@@ -5,21 +5,26 @@ import shutil
 import subprocess
 
 import pytest
+import tvm
 
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import cuda_source
-from tvm_stitch.planning.resources import SM, occupancy
+from tvm_stitch.planning.resources import occupancy
+from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.suite import SUITE, dims
 
 from conftest import CUDA
 
 
 def test_occupancy_limits():
-    sm = SM()
+    sm = TargetSpec.from_target(CUDA)  # sm_90
     assert occupancy(256, 32, 0, sm) == 1.0  # 8 blocks of 8 warps, 64K registers
     assert occupancy(256, 64, 0, sm) == 0.5  # registers limit to 4 blocks
     assert occupancy(256, 32, 48 * 1024, sm) == 0.5  # 228 KB of shared memory holds 4 blocks
     assert occupancy(32, 16, 0, sm) == 0.5  # 32 blocks of one warp
+    ampere = TargetSpec.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_86"}))
+    assert occupancy(256, 32, 0, ampere) == 1.0  # 6 blocks of 8 warps fill its 1536 threads
+    assert occupancy(1024, 32, 0, ampere) == 2 / 3  # one block of 1024: 32 of 48 warps
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

@@ -12,14 +12,20 @@ import numpy as np
 import pytest
 import tvm
 
+import tvm_stitch
+from tvm_stitch import PhaseRole, StitchPlan, TargetSpec
+from tvm_stitch.planning.row_split import MAX_CHOSEN_KERNELS, SplitError, choose_split, plan_row_split
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
-from tvm_stitch.planning.row_split import choose_split
 from tvm_stitch.tools.suite import SUITE, reference
+from tvm_stitch.tools.tune import fused_groups
 
 from conftest import CUDA, LLVM
 
 LONG = {"rows": 16, "cols": 20000}  # 16 rows: far fewer than SMs; 80 KB rows: more than shared memory
+SM90 = TargetSpec.from_target(CUDA)
+SM80_TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+SM80 = TargetSpec.from_target(SM80_TARGET)
 
 
 def _check_numerics(name: str, dims: dict) -> list:
@@ -38,7 +44,7 @@ def test_long_rows_split_over_blocks_match_numpy(name, kernels):
     assert len(plans) == 1
     plan = plans[0]
     assert plan.scheme == "row-split" and plan.kernels == kernels
-    assert plan.mapping.split == choose_split(16, 20000) > 1
+    assert plan.mapping.split == choose_split(16, 20000, SM90) > 1
     assert plan.mapping.grid == 16 * plan.mapping.split
 
 
@@ -53,16 +59,45 @@ def test_split_cuda_launches_and_plan_text():
     assert "global stitching in 3 kernels" in stitched.report.details()
 
 
-def test_long_chain_with_per_row_outputs_is_split_when_rows_do_not_fit():
-    """LayerNorm with mean and rstd outputs: per-row outputs in a split plan, or row-resident."""
-    plans = _check_numerics("layernorm_stats", LONG)
-    assert len(plans) == 1
+def test_long_chain_with_per_row_outputs_stays_row_resident_when_a_split_needs_too_many_kernels():
+    """LayerNorm with mean and rstd outputs: split, it would take 5 launches; its row fits on chip once
+    the element-wise blocks are inlined, so it stays one row-resident kernel."""
+    (plan,) = _check_numerics("layernorm_stats", LONG)
+    assert plan.scheme == "row-resident" and plan.kernels == 1
+    assert 0 < plan.shared_bytes <= plan.spec.shared_bytes_per_block
+    (fused, _), = fused_groups(SUITE["layernorm_stats"].build("float32", LONG), CUDA)
+    with pytest.raises(SplitError, match="kernels"):
+        plan_row_split(fused, SM90, "k", few_long_rows_only=True)
+    assert plan_row_split(fused, SM90, "k").kernels > MAX_CHOSEN_KERNELS
 
 
 def test_split_choice():
-    assert choose_split(64, 30000) == 5  # 320 blocks, chunks of 6000
-    assert choose_split(16, 20000) == 8  # as many as chunks of >= 2048 allow
-    assert choose_split(64, 30011) == 1  # prime: no even chunks
+    assert choose_split(64, 30000, SM90) == 5  # 320 blocks for 2 x 132 SMs, chunks of 6000
+    assert choose_split(64, 30000, SM80) == 4  # 256 blocks for 2 x 108 SMs
+    assert choose_split(16, 20000, SM90) == 8  # as many as chunks of >= 2048 allow
+    assert choose_split(64, 30011, SM90) == 1  # prime: no even chunks
+
+
+def test_sm80_plans_few_long_rows_for_its_108_sms():
+    """A 64x30000 softmax: split into chunks for two blocks per SM of the target's GPU."""
+    mod = SUITE["softmax"].build("float32", {"rows": 64, "cols": 30000})
+    plans = {}
+    for arch in ("sm_80", "sm_90"):
+        (plan,) = tvm_stitch.explain(mod, {"kind": "cuda", "arch": arch}).plans
+        assert plan.scheme == "row-split" and plan.spec.arch == arch
+        plans[arch] = plan
+    assert (plans["sm_80"].spec.sms, plans["sm_90"].spec.sms) == (108, 132)
+    assert (plans["sm_80"].mapping.split, plans["sm_80"].mapping.grid) == (4, 256)
+    assert (plans["sm_90"].mapping.split, plans["sm_90"].mapping.grid) == (5, 320)
+
+
+def test_row_split_plan_round_trips_through_json_with_its_spec():
+    (plan,) = tvm_stitch.explain(SUITE["softmax"].build("float32", LONG), SM80_TARGET).plans
+    assert plan.scheme == "row-split" and plan.spec == SM80
+    assert {p.role for p in plan.phases} == {PhaseRole.COMPUTE, PhaseRole.COMBINE}
+    again = StitchPlan.from_json(plan.to_json())
+    assert again == plan and isinstance(again.spec, TargetSpec) and again.phases == plan.phases
+    assert again.phase_kernels(PhaseRole.COMBINE) == plan.phase_kernels(PhaseRole.COMBINE) != {}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

@@ -44,7 +44,7 @@ def test_expensive_ops_are_not_recomputed():
 def test_cuda_plan_fits_shared_memory_and_binds_threads():
     (func,) = _stitched_funcs("layernorm_softmax", CUDA)
     plan = StitchPlan.from_json(str(func.attrs["tvm_stitch.plan"]))
-    assert 0 < plan.shared_bytes <= 48 * 1024
+    assert 0 < plan.shared_bytes <= plan.spec.shared_bytes_per_block == 48 * 1024
     bound = set()
 
     def on_for(loop):
@@ -56,21 +56,22 @@ def test_cuda_plan_fits_shared_memory_and_binds_threads():
 
 
 def test_row_resident_kernels_move_the_ideal_bytes():
+    from tvm_stitch import TargetSpec
     from tvm_stitch.check.traffic import modeled_traffic
 
     for name in ("layernorm", "layernorm_stats", "rmsnorm", "softmax", "attention_softmax", "bias_gelu",
                  "residual_layernorm", "layernorm_softmax", "chained_reductions"):
         for func in _stitched_funcs(name, CUDA):
-            traffic = modeled_traffic(func)
+            traffic = modeled_traffic(func, TargetSpec.from_target(CUDA))
             assert traffic.total == traffic.ideal, (name, traffic)
 
 
 def test_traffic_model_counts_rereads():
-    from tvm_stitch.check.traffic import program_traffic
+    from tvm_stitch.tools.launches import program_traffic
 
     mod = SUITE["layernorm"].build("float32", dims("bench"))
     default = build(mod, CUDA, stitched=False)
-    modeled, ideal = program_traffic(default.lowered)
+    modeled, ideal = program_traffic(default.lowered, CUDA)
     # TVM's default: three kernels, x read in several passes, intermediates round-trip.
     assert modeled > 3 * ideal
 
@@ -127,25 +128,27 @@ def test_cpu_long_column_sums_are_cut_into_parallel_partials(rng):
     np.testing.assert_allclose(total, a.astype("float64").sum(0), rtol=1e-4, atol=1e-3)
 
 
-def test_cpu_few_long_rows_are_cut_into_chunks_over_the_cores(rng, monkeypatch):
+def test_cpu_few_long_rows_are_cut_into_chunks_over_the_cores(rng):
     # Two rows of 65536 for four cores: each row in 8 chunks of 8192, every block a parallel loop,
     # max and sum as per-chunk partials, then combined.
     import numpy as np
     from tvm import relax
 
-    from tvm_stitch.planning import planner
+    import dataclasses
+
+    from tvm_stitch import TargetSpec
     from tvm_stitch.tools.build import run_cpu
 
-    monkeypatch.setattr(planner, "cpu_threads", lambda: 4)
+    four_cores = dataclasses.replace(TargetSpec.from_target(LLVM), cores=4)
     x = tensor("x", (2, 65536))
 
     def softmax(bb, x):
         e = bb.emit(relax.op.exp(relax.op.subtract(x, relax.op.max(x, axis=[-1], keepdims=True))))
         return bb.emit(relax.op.divide(e, relax.op.sum(e, axis=[-1], keepdims=True)))
 
-    built = build(make_module([x], softmax), LLVM, stitched=True, strict=True)
+    built = build(make_module([x], softmax), LLVM, stitched=True, strict=True, spec=four_cores)
     (plan,) = built.report.plans
-    assert plan.mapping.split == 8
+    assert plan.mapping.split == 8 and plan.spec == four_cores
     (func,) = [f for f in built.lowered.functions.values()
                if isinstance(f, tvm.tirx.PrimFunc) and "tvm_stitch.plan" in f.attrs]
     parallel = []

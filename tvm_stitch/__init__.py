@@ -3,6 +3,7 @@
     import tvm, tvm_stitch
     ex = tvm.compile(mod, target=target, relax_pipeline=tvm_stitch.pipeline(target))
     print(tvm_stitch.explain(mod, target))
+    tvm_stitch.TargetSpec.from_target(target)  # the hardware facts the plans are made for
 """
 
 from tvm_stitch.threads import use_all_cores
@@ -11,7 +12,8 @@ use_all_cores()
 
 from tvm_stitch.explain import explain
 from tvm_stitch.pipeline import pipeline
-from tvm_stitch.planning.plan import Intermediate, StitchPlan, ThreadMapping
+from tvm_stitch.planning.plan import Intermediate, Phase, PhaseRole, StitchPlan, ThreadMapping
+from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchError, StitchFusion
 
@@ -19,9 +21,12 @@ __all__ = [
     "pipeline",
     "StitchFusion",
     "explain",
+    "TargetSpec",
     "StitchPlan",
     "ThreadMapping",
     "Intermediate",
+    "Phase",
+    "PhaseRole",
     "StitchReport",
     "StitchError",
 ]

@@ -86,16 +86,17 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
 
 
 def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport | None = None,
-                  emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True) -> list:
+                  emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True,
+                  spec=None) -> list:
     """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
     return grouping_passes(target, fast_math=fast_math) + [
-        StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model)
+        StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec)
     ]
 
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
              emulate: str | None = None, fast_math: bool | None = None,
-             cost_model: bool = True) -> tvm.transform.Pass:
+             cost_model: bool = True, spec=None) -> tvm.transform.Pass:
     """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
 
     `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
@@ -107,13 +108,14 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     error measured in tests/test_fast_math.py); the default is on for llvm
     targets, where libm's versions do not vectorise, and off for CUDA.
     `cost_model=True` (the default) lets the learned model
-    (schedules/cost_models/, CPU only) pick each kernel's configuration among
-    the rule plan's variants; `False` keeps the rules alone.
+    (planning/cost_models/, CPU only) pick each kernel's configuration among
+    the rule plan's variants; `False` keeps the rules alone. Plans are made
+    for the target's `TargetSpec`, or for `spec` where given (see `StitchFusion`).
     """
     target = as_target(target)
     passes = (
         stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math,
-                      cost_model=cost_model)
+                      cost_model=cost_model, spec=spec)
         + [relax.transform.FuseTIR()]
         + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [])
         + backend_passes(target).dataflow_lower_passes(target)

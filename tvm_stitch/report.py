@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.spec import TargetSpec
 
 
 @dataclass
@@ -26,6 +27,7 @@ class GroupRecord:
 @dataclass
 class StitchReport:
     target: str = ""
+    spec: TargetSpec | None = None  # the hardware the plans were made for
     groups: list = field(default_factory=list)
     opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
     packs: list = field(default_factory=list)  # (packed kernel, member kernels): one launch each
@@ -67,6 +69,8 @@ class StitchReport:
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         stitched = sum(1 for g in self.groups if g.stitched)
+        if self.spec is not None:
+            lines.append(f"planned for {self.spec.describe()}")
         lines.append(f"{stitched} stitched kernels, {len(self.fallbacks)} fallbacks, "
                      f"{len(self.opaque)} bindings left to TVM (compute-intensive or other)")
         for packed, members in self.packs:
@@ -78,7 +82,7 @@ class StitchReport:
 
     def details(self) -> str:
         """Every plan in full: mapping and the level of each intermediate."""
-        out = []
+        out = [f"planned for {self.spec.describe()}"] if self.spec is not None else []
         for plan in self.plans:
             out.append(f"{plan.kernel}: {plan.scheme}, rows {plan.row_shape}, dominant {list(plan.dominant)}")
             out.append(f"  mapping: {plan.mapping}")

@@ -13,6 +13,7 @@ Finally, independent barrier-free kernels of a block share launches
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 
 import tvm
@@ -20,19 +21,18 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.target import Target
 
-from tvm_stitch.planning.cost_model import chooser
+from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
+from tvm_stitch.check.builds import check_builds
+from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import outline_group
 from tvm_stitch.fusion.packing import pack_block
-from tvm_stitch.fusion.partition import PartitionLimits, partition
-from tvm_stitch.planning.planner import CPU_SPLIT_MIN_ROW, CPU_TASKS_PER_CORE, plan_kernel, target_family
-from tvm_stitch.planning.row_split import SPLIT_BELOW_ROWS, SPLIT_MIN_ROW
-from schedules import schedule_for
+from tvm_stitch.fusion.partition import partition
+from tvm_stitch.planning import cost_model as _cost_model
+from tvm_stitch.planning.planner import partition_limits, plan_kernel
+from tvm_stitch.planning.spec import DEFAULT_ARCH, TargetSpec
 from tvm_stitch.report import GroupRecord, StitchReport
 from tvm_stitch.target import as_target
-from tvm_stitch.threads import cpu_threads
-from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.check.builds import check_builds
 
 
 @tvm.error.register_error
@@ -42,17 +42,6 @@ class StitchError(RuntimeError):
     Registered with TVM so that it keeps its type when it crosses the FFI
     boundary of a pass.
     """
-
-
-def _limits(family: str, split_long_rows: bool = True) -> PartitionLimits:
-    if family == "cuda":
-        # Few long rows are split over blocks (row-split): nothing per row stays on chip.
-        return PartitionLimits(long_rows_below=SPLIT_BELOW_ROWS if split_long_rows else 0, long_row=SPLIT_MIN_ROW)
-    # On the CPU a row's intermediates live in L1/L2, not a 48 KB scratchpad; too few long rows
-    # for the cores are cut into chunks (planner: _cpu_row_chunks), nothing kept per row.
-    return PartitionLimits(parallel_rows=16, row_bytes_limit=1 << 20,
-                           long_rows_below=cpu_threads() * CPU_TASKS_PER_CORE if split_long_rows else 0,
-                           long_row=CPU_SPLIT_MIN_ROW)
 
 
 def _used_after(func: relax.Function, block_index: int) -> set:
@@ -119,12 +108,11 @@ def _topological_units(graph: Graph, groups: list) -> list:
 
 class _Stitcher:
     def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, report: StitchReport,
-                 plan_target: Target, choose=None):
+                 spec: TargetSpec, choose=None):
         self.mod = mod
-        self.choose = choose  # (fused, rule plan, plan target) -> the plan to use; None: the rule plan
+        self.choose = choose  # (fused, rule plan, spec) -> the plan to use; None: the rule plan
         self.target = target
-        self.plan_target = plan_target
-        self.family = target_family(plan_target)
+        self.spec = spec
         self.strict = strict
         self.report = report
         self.analyses = analyses_for(mod)
@@ -173,8 +161,8 @@ class _Stitcher:
             if tvm_ffi.structural_equal(other, fused):
                 return name, plan
         name = f"stitch_{self.count}_{'_'.join(ops[:3])}"[:60]
-        rule = plan_kernel(fused, self.plan_target, name)
-        plan = self.choose(fused, rule, self.plan_target) if self.choose is not None else rule
+        rule = plan_kernel(fused, self.spec, name)
+        plan = self.choose(fused, rule, self.spec) if self.choose is not None else rule
         try:
             scheduled = self._scheduled(fused, plan)
         except Exception as err:  # noqa: BLE001 - the model's choice failed: the rules' plan is the fallback
@@ -183,7 +171,7 @@ class _Stitcher:
             self.report.notes.append(f"{name}: the cost model's choice did not build "
                                      f"({type(err).__name__}); the rule plan is used")
             plan, scheduled = rule, self._scheduled(fused, rule)
-        traffic = modeled_traffic(scheduled)
+        traffic = modeled_traffic(scheduled, self.spec)
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
         self.count += 1
@@ -244,12 +232,12 @@ class _Stitcher:
         return relax.DataflowBlock(bindings)
 
     def _groups(self, graph: Graph) -> list:
-        """(group, parts) pairs: a group whose rows may be split (see _limits) has as parts the
+        """(group, parts) pairs: a group whose rows may be split (see partition_limits) has as parts the
         groups that keep rows on chip, tried when the group itself cannot be stitched."""
-        groups = partition(graph, _limits(self.family))
-        if self.family != "cuda":
+        groups = partition(graph, partition_limits(self.spec))
+        if self.spec.family != "cuda":
             return [(g, []) for g in groups]
-        on_chip = partition(graph, _limits(self.family, split_long_rows=False))
+        on_chip = partition(graph, partition_limits(self.spec, split_long_rows=False))
         out = []
         for members in groups:
             parts = [p for p in on_chip if set(p) <= set(members)]
@@ -270,17 +258,18 @@ class _Stitcher:
 
 
 def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
-                  report: StitchReport | None = None, plan_target: Target | None = None,
+                  report: StitchReport | None = None, spec: TargetSpec | None = None,
                   choose=None) -> tvm.IRModule:
-    """Stitch `mod` for `target`; plans are made for `plan_target` (default: `target`).
+    """Stitch `mod` for `target`; plans are made for `spec` (default: `target`'s).
 
-    `choose(fused, rule_plan, plan_target)` returns the plan to build (e.g. the
-    cost model's pick among candidates.py's variants); None keeps the rule plan.
+    `choose(fused, rule_plan, spec)` returns the plan to build (e.g. the cost
+    model's pick among candidates.py's variants); None keeps the rule plan.
     """
     report = report if report is not None else StitchReport()
-    plan_target = plan_target if plan_target is not None else target
-    report.target = str(plan_target.kind.name)
-    stitcher = _Stitcher(mod, target, strict, report, plan_target, choose)
+    spec = spec if spec is not None else TargetSpec.from_target(target)
+    report.target = "cuda" if spec.family == "cuda" else "llvm"
+    report.spec = spec
+    stitcher = _Stitcher(mod, target, strict, report, spec, choose)
     bb = relax.BlockBuilder(mod)
     calls = _LazyGlobals(bb, stitcher.new_funcs)
     for gv, func in list(mod.functions_items()):
@@ -329,24 +318,34 @@ class _LazyGlobals(dict):
 
 
 def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = False,
-                 report: StitchReport | None = None, emulate: str | None = None,
-                 cost_model: bool = True) -> tvm.transform.Pass:
+                 report: StitchReport | None = None, emulate=None,
+                 cost_model=True, spec: TargetSpec | None = None) -> tvm.transform.Pass:
     """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
 
-    `target` defaults to the current target scope. With `strict=True` a group
-    that cannot be stitched raises StitchError instead of falling back. A
-    `StitchReport` passed as `report` receives the plan or the fallback
-    reason of every group. `emulate="cuda"` with an llvm target plans and
-    schedules every kernel as for CUDA, without thread bindings, so the CUDA
-    schedules run (and can be checked) on the CPU. With `cost_model=True`
-    (the default) the target family's learned model (cost_model.py) picks
-    each kernel's configuration among the rule plan's variants, where a
-    model is shipped for the family (the CPU); `False` uses the rules only.
+    `target` defaults to the current target scope; plans are made for its
+    `TargetSpec` (SMs, shared memory, cores, vector width...), read once per
+    run. With `strict=True` a group that cannot be stitched raises
+    StitchError instead of falling back. A `StitchReport` passed as `report`
+    receives the plan or the fallback reason of every group.
+    `emulate="cuda"` with an llvm target plans and schedules every kernel as
+    for CUDA sm_90, without thread bindings, so the CUDA schedules run (and
+    can be checked) on the CPU; a cuda target (Target, dict or string)
+    instead of "cuda" plans for that GPU. With `cost_model=True` (the
+    default) the target family's shipped model (cost_model.py) picks each
+    kernel's configuration among the rule plan's variants, where a model is
+    shipped for the family (the CPU); a model given (a `cost_model.Model`,
+    or any object whose `costs(feature rows)` ranks candidates, lowest
+    first) is used as given; `False` uses the rules only. `spec` plans for
+    that `TargetSpec` instead of the target's own (another core count, an
+    SM count no target attribute sets); its family must be the one planned
+    for.
     """
     fixed = as_target(target) if target is not None else None
-    plan_target = _emulated(emulate)
-    if not isinstance(cost_model, bool):
-        raise TypeError(f"cost_model must be True or False, not {cost_model!r}")
+    emulated = _emulated(emulate)
+    if spec is not None and not isinstance(spec, TargetSpec):
+        raise TypeError(f"spec must be a TargetSpec, not {type(spec).__name__}")
+    if not (isinstance(cost_model, bool) or callable(getattr(cost_model, "costs", None))):
+        raise TypeError(f"cost_model must be True, False or a model with costs(rows), not {cost_model!r}")
 
     @tvm.transform.module_pass(opt_level=0, name="StitchFusion")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -354,19 +353,37 @@ def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = Fa
         if tgt is None:
             raise ValueError("StitchFusion needs a target: pass one or run it inside `with target:`")
         tgt = as_target(tgt)
-        if plan_target is not None and tgt.kind.name != "llvm":
+        if emulated is not None and tgt.kind.name != "llvm":
             raise ValueError(f"emulate={emulate!r} needs an llvm target, not {tgt.kind.name!r}")
-        planned_for = plan_target if plan_target is not None else tgt
-        choose = chooser(target_family(planned_for)) if cost_model else None
-        return stitch_module(mod, tgt, strict, report, plan_target, choose)
+        planned = TargetSpec.from_target(emulated if emulated is not None else tgt)
+        if spec is not None and spec.family != planned.family:
+            raise ValueError(f"spec is for {spec.family}, but the plans are for {planned.family}")
+        used = spec if spec is not None else planned
+        return stitch_module(mod, tgt, strict, report, used, _chooser(cost_model, used.family))
 
     return _pass
 
 
-def _emulated(emulate: str | None):
+def _chooser(model, family: str):
+    """choose(fused, rule, spec) for the model asked for, or None where the rules decide."""
+    if model is False:
+        return None
+    if model is True:
+        model = _cost_model.load_model(family)
+    return functools.partial(_cost_model.choose, model) if model is not None else None
+
+
+def _emulated(emulate) -> Target | None:
+    """The cuda Target that `emulate` asks plans for (None: no emulation)."""
     if emulate is None:
         return None
-    if emulate != "cuda":
-        raise ValueError(f"emulate must be None or 'cuda', not {emulate!r}")
-    return Target({"kind": "cuda", "arch": "sm_90"})
+    if isinstance(emulate, str) and emulate == "cuda":
+        return Target({"kind": "cuda", "arch": DEFAULT_ARCH})
+    try:
+        target = as_target(emulate)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"emulate must be None, 'cuda' or a cuda target, not {emulate!r}") from err
+    if target.kind.name != "cuda":
+        raise ValueError(f"emulate must be None, 'cuda' or a cuda target, not {emulate!r}")
+    return target
 

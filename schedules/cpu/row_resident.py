@@ -22,7 +22,7 @@ from math import prod
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.plan import MIN_LANES, StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent, merge_row_loops, within_row_loops
 
@@ -56,9 +56,6 @@ def _split_reduction_lanes(sch: s_tir.Schedule, block, rank: int, lanes: int):
     loop = sch.fuse(*reduce[-count:]) if count > 1 else reduce[-1]
     _, lane = sch.split(loop, [None, _vector_lanes(prod(extents[-count:]), lanes, 2)])
     return sch.rfactor(lane, 0)
-
-
-MIN_LANES = 4  # the narrowest vector these schedules emit
 
 
 def _vector_lanes(extent: int, lanes: int, steps: int = 1) -> int | None:

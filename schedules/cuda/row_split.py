@@ -23,11 +23,9 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from tvm_stitch.planning.plan import GLOBAL, StitchPlan
+from tvm_stitch.planning.plan import GLOBAL, PhaseRole, StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent
-
-COMBINE = ":combine"
 
 
 def _fuse(sch: s_tir.Schedule, loops: list):
@@ -50,25 +48,30 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     rank, split = plan.rank, plan.mapping.split
     threads, vector = plan.mapping.threads, plan.mapping.vector
     columns = threads == 1
-    level = {name: lvl for name, lvl in plan.phases if not name.endswith(COMBINE)}
-    combine_level = {name[: -len(COMBINE)]: lvl for name, lvl in plan.phases if name.endswith(COMBINE)}
+    compute_level = plan.phase_kernels(PhaseRole.COMPUTE)
+    combine_level = plan.phase_kernels(PhaseRole.COMBINE)
+    # The kernel each block runs in: a reduction's block (after rfactor, its combine) in its
+    # combine's kernel, its partials in the reduction's own.
+    kernel_of = {**compute_level, **combine_level}
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
 
     chunked = []  # (block name, is a partial reduction)
     for name, block in blocks_by_name(sch).items():
         if name in combine_level:
-            chunked.append((sch.get(_split_reduction(sch, block, rank, split)).name_hint, True))
+            partial = sch.get(_split_reduction(sch, block, rank, split)).name_hint
+            kernel_of[partial] = compute_level[name]
+            chunked.append((partial, True))
         elif loops_extent(sch, sch.get_loops(block)[rank:]) != 1:
             within = sch.get_loops(block)[rank:]
             sch.split(_fuse(sch, within), [split, None])
             chunked.append((name, False))
 
     # Root loop nests in kernel order, then each kernel's row loops merged into one.
-    sch = _in_kernel_order(sch, lambda name: _kernel_of(name, level, combine_level))
+    sch = _in_kernel_order(sch, kernel_of)
     kernels = [[] for _ in range(plan.kernels)]
     for name, block in blocks_by_name(sch).items():
-        kernels[_kernel_of(name, level, combine_level)].append(_row_loop(sch, block, rank))
+        kernels[kernel_of[name]].append(_row_loop(sch, block, rank))
     rows = [loops[0] if len(loops) == 1 else sch.merge(*loops) for loops in kernels]
     row_block = "blockIdx.y" if split > 1 else "blockIdx.x"
     if columns:
@@ -110,8 +113,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             block = sch.get_sblock(name)
             if name in global_combines:
                 # Accumulate in a register; the copy to global memory writes the final value only.
-                readers = [c for c in sch.get_consumers(block)
-                           if _kernel_of(sch.get(c).name_hint, level, combine_level) == lvl]
+                readers = [c for c in sch.get_consumers(block) if kernel_of[sch.get(c).name_hint] == lvl]
                 copy = sch.cache_write(block, 0, "local", consumer_blocks=readers)
                 sch.reverse_compute_at(copy, rows[lvl])
             else:
@@ -119,7 +121,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     return sch
 
 
-def _in_kernel_order(sch: s_tir.Schedule, kernel_of) -> s_tir.Schedule:
+def _in_kernel_order(sch: s_tir.Schedule, kernel_of: dict) -> s_tir.Schedule:
     """A schedule of the same function with its root loop nests stably sorted by kernel.
 
     A valid order: every value flows from a kernel to a later one (a combine
@@ -137,16 +139,8 @@ def _in_kernel_order(sch: s_tir.Schedule, kernel_of) -> s_tir.Schedule:
             stmt = stmt.body
         return stmt.block.name_hint
 
-    ordered = sorted(nests, key=lambda nest: kernel_of(block_name(nest)))
+    ordered = sorted(nests, key=lambda nest: kernel_of[block_name(nest)])
     body = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(ordered), root.init,
                         root.alloc_buffers, root.match_buffers, root.annotations)
     return s_tir.Schedule(func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, body)))
 
-
-def _kernel_of(name: str, level: dict, combine_level: dict) -> int:
-    """The kernel a block runs in: a combine in its reader's, a partial (`<name>_rf`) in its reduction's."""
-    if name in combine_level:
-        return combine_level[name]
-    if name.endswith("_rf") and name[:-3] in combine_level:
-        return level[name[:-3]]
-    return level[name]

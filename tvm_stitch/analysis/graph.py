@@ -100,7 +100,7 @@ class _Analyses:
         if key not in self.cache:
             func = self.mod[gv]
             cls = classify_primfunc(func)
-            rows = analyze_rows(func) if cls.kind.memory_bound else RowInfo((), 0, ())
+            rows = analyze_rows(func) if cls.kind.memory_bound else RowInfo((), (), 0, ())
             self.cache[key] = (func, cls, rows)
         return self.cache[key]
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import Access, BlockView, block_views, vars_in
+from tvm_stitch.analysis.tir_view import Access, BlockView, block_views, static_int, vars_in
 
 ALIGNED = "aligned"
 INVARIANT = "invariant"
@@ -82,15 +82,10 @@ class RowInfo:
     `param_access[p][r]` says how parameter p is accessed at rank r.
     """
 
-    extents: tuple  # str of each leading extent, up to depth
+    extents: tuple  # int per leading extent, up to depth; None where symbolic
+    exprs: tuple  # the same extents printed, to compare rows (symbolic ones by name)
     depth: int
     param_access: tuple  # per param: tuple of kinds for r = 0..depth
-
-    def rows(self, rank: int, shape_value) -> int:
-        total = 1
-        for extent in self.extents[:rank]:
-            total *= shape_value(extent)
-        return total
 
 
 def _internally_aligned(views: list, param_buffers: list, rank: int) -> bool:
@@ -137,7 +132,8 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
             ]
             per_rank.append(_worst(kinds) if kinds else INVARIANT)
         access.append(tuple(per_rank))
-    return RowInfo(tuple(str(e) for e in extents[:depth]), depth, tuple(access))
+    leading = extents[:depth]
+    return RowInfo(tuple(static_int(e) for e in leading), tuple(str(e) for e in leading), depth, tuple(access))
 
 
 def walks_columns(views: list, params: list, rank: int) -> bool:

@@ -7,10 +7,11 @@ result once per spatial instance. Global buffers are the function's
 parameters and root allocations in global scope; shared and local buffers
 are on chip and cost nothing here.
 
-A buffer of at most `L2_RESIDENT_BYTES` that is read many times (a gamma
-broadcast over every row) is counted once: after the first pass it is
-served from L2 (50 MB on H100/H200), not device memory. Larger buffers are
-counted at every read.
+A buffer that fits a share (*_RESIDENT_PER_MILLE) of the target's
+last-level cache (the spec's `cache_bytes`: L2 on CUDA) and is read many
+times (a gamma broadcast over every row) is counted once: after the first
+pass it is served from the cache, not device memory, while the kernel
+streams the rest through it. Larger buffers are counted at every read.
 
 Ideal: each input read once, each output written once.
 """
@@ -24,9 +25,11 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.planning.spec import TargetSpec
 
-
-L2_RESIDENT_BYTES = 4 << 20
+# The share of the last-level cache a re-read buffer keeps while the kernel streams the rest through it.
+CUDA_RESIDENT_PER_MILLE = 80  # 4 MB of an H100's 50 MB L2
+CPU_RESIDENT_PER_MILLE = 125  # 4 MB of a 32 MB L3
 
 
 @dataclass(frozen=True)
@@ -39,11 +42,6 @@ class Traffic:
     def total(self) -> int:
         return self.loaded + self.stored
 
-    @property
-    def ratio(self) -> float:
-        """Modeled over ideal: 1.0 means every input read once and every output written once."""
-        return self.total / self.ideal if self.ideal else 1.0
-
 
 def _dtype_bytes(buffer) -> int:
     return max(1, buffer.dtype.bits // 8)
@@ -55,8 +53,8 @@ def _global(buffer, params: list, root_allocs: list) -> bool:
     return any(buffer.same_as(a) for a in root_allocs) and buffer.scope() == "global"
 
 
-def modeled_traffic(func: tirx.PrimFunc) -> Traffic | None:
-    """Bytes the function moves to and from device memory; None for symbolic shapes."""
+def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
+    """Bytes the function moves to and from device memory on `spec`'s target; None for symbolic shapes."""
     params = list(func.params)
     root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
     root_allocs = list(root.alloc_buffers) if root is not None else []
@@ -95,6 +93,8 @@ def modeled_traffic(func: tirx.PrimFunc) -> Traffic | None:
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, on_block), order="pre")
     if symbolic:
         return None
+    share = CUDA_RESIDENT_PER_MILLE if spec.family == "cuda" else CPU_RESIDENT_PER_MILLE
+    resident = spec.cache_bytes * share // 1000
     loaded = 0
     distinct = []
     for buffer, _ in loads:
@@ -103,7 +103,7 @@ def modeled_traffic(func: tirx.PrimFunc) -> Traffic | None:
     for buffer in distinct:
         elements = sum(n for b, n in loads if b.same_as(buffer))
         size = static_product(buffer.shape)
-        if size is not None and size * _dtype_bytes(buffer) <= L2_RESIDENT_BYTES:
+        if size is not None and size * _dtype_bytes(buffer) <= resident:
             elements = min(elements, size)
         loaded += elements * _dtype_bytes(buffer)
     ideal = 0
@@ -113,41 +113,3 @@ def modeled_traffic(func: tirx.PrimFunc) -> Traffic | None:
             return None
         ideal += size * _dtype_bytes(param)
     return Traffic(loaded, stored, ideal)
-
-
-def program_traffic(lowered: tvm.IRModule) -> tuple:
-    """(modeled bytes of one call of every Relax function, ideal bytes of `main`'s signature).
-
-    Modeled: for every PrimFunc call, that PrimFunc's modeled traffic. Ideal:
-    `main`'s tensor inputs read once and its outputs written once.
-    """
-    from tvm import relax
-
-    from tvm_stitch.tools.launches import primfunc_calls
-
-    calls = primfunc_calls(lowered)
-    modeled = 0
-    for gv, func in lowered.functions_items():
-        if gv.name_hint in calls:
-            traffic = modeled_traffic(func)
-            if traffic is None:
-                return -1, -1
-            modeled += calls[gv.name_hint] * traffic.total
-    main = lowered["main"]
-    tensors = [p.ty for p in main.params] + _leaves(main.ret_ty)
-    ideal = 0
-    for ty in tensors:
-        if isinstance(ty, relax.TensorType) and ty.shape is not None:
-            size = static_product(list(ty.shape))
-            if size is None:
-                return modeled, -1
-            ideal += size * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
-    return modeled, ideal
-
-
-def _leaves(ty) -> list:
-    from tvm import relax
-
-    if isinstance(ty, relax.TupleType):
-        return [leaf for field in ty.fields for leaf in _leaves(field)]
-    return [ty]

@@ -30,17 +30,16 @@ from tvm_stitch.analysis.row_alignment import ALIGNED
 
 @dataclass(frozen=True)
 class PartitionLimits:
+    """What a group may become; made for a target by `planning.planner.partition_limits`."""
+
+    row_bytes_limit: int  # per-row intermediates kept on chip (CUDA: a block's shared memory)
     parallel_rows: int = 128  # row tasks that fill the machine (about one wave on a GPU)
     small_work: int = 1 << 16  # elements below which parallelism does not matter
-    row_bytes_limit: int = 48 * 1024  # per-row intermediates kept on chip
     long_rows_below: int = 0  # unions with fewer row tasks, of rows of at least
     long_row: int = 1 << 62  # this many elements, are split over blocks: no limit on row bytes or rows
 
 
-def _extent_value(text: str) -> int:
-    """Integer value of a printed extent; symbolic extents count as large."""
-    digits = text.replace("T.int64(", "").replace("T.int32(", "").rstrip(")")
-    return int(digits) if digits.isdigit() else 1 << 20
+SYMBOLIC_ROWS = 1 << 20  # row count assumed for a symbolic row extent: many
 
 
 def _estimated_elements(dims) -> int:
@@ -64,8 +63,8 @@ def group_rows(graph: Graph, op_ids: set) -> tuple:
     ops = [graph.ops[i] for i in op_ids]
     rank = 0
     for candidate in range(min(op.rows.depth for op in ops), 0, -1):
-        first = ops[0].rows.extents[:candidate]
-        if any(op.rows.extents[:candidate] != first for op in ops[1:]):
+        first = ops[0].rows.exprs[:candidate]
+        if any(op.rows.exprs[:candidate] != first for op in ops[1:]):
             continue
         if all(
             op.rows.param_access[pos][candidate] == ALIGNED
@@ -77,7 +76,7 @@ def group_rows(graph: Graph, op_ids: set) -> tuple:
             break
     rows = 1
     for extent in ops[0].rows.extents[:rank]:
-        rows *= _extent_value(extent)
+        rows *= extent if extent is not None else SYMBOLIC_ROWS
     return rank, rows
 
 
@@ -189,7 +188,7 @@ def _bits(mask: int):
         index += 1
 
 
-def partition(graph: Graph, limits: PartitionLimits = PartitionLimits()) -> list:
+def partition(graph: Graph, limits: PartitionLimits) -> list:
     """Convex groups of stitchable nodes, as lists of node indices in order.
 
     First along producer -> consumer edges; then siblings that read a common

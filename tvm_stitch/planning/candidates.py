@@ -19,15 +19,14 @@ import dataclasses
 import tvm
 from tvm import tirx
 
-from schedules.cpu.row_resident import MIN_LANES
-
-from tvm_stitch.planning.plan import StitchPlan
-from tvm_stitch.planning.planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, plan_row_resident
-from tvm_stitch.planning.resources import estimate_registers, occupancy
-from tvm_stitch.threads import cpu_threads
 from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.planning.common import PlanError, block_threads
+from tvm_stitch.planning.plan import MIN_LANES, StitchPlan
+from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
+from tvm_stitch.planning.resources import with_resources
+from tvm_stitch.planning.spec import TargetSpec
 
-CUDA_THREADS = (32, 64, 128, 256)
+CUDA_THREADS = (32, 64, 128, 256)  # threads per block tried (those within the spec's limit)
 
 
 def knobs(plan: StitchPlan) -> dict:
@@ -36,12 +35,15 @@ def knobs(plan: StitchPlan) -> dict:
     return {"rank": plan.rank, "threads": m.threads, "vector": m.vector, "rows_per_task": m.rows_per_task}
 
 
-def candidates(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> list:
-    """The rule plan first, then its valid variants, without duplicates."""
+def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis: Analysis | None = None) -> list:
+    """The rule plan first, then its valid variants, without duplicates.
+
+    `analysis`: the planner's `analyse(func, spec.family)`, made here if not given.
+    """
     if rule.target == "cpu":
-        found = _cpu(func, rule, target)
+        found = _cpu(func, rule, spec, analysis)
     else:
-        found = _cuda(rule)
+        found = _cuda(rule, spec)
     out, seen = [], set()
     for plan in [rule] + found:
         key = tuple(sorted(knobs(plan).items()))
@@ -63,7 +65,7 @@ def _elements_per_task(func: tirx.PrimFunc, rank: int) -> int:
     return max([1] + [n for n in sizes if n is not None])
 
 
-def _by_rank(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> list:
+def _by_rank(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis: Analysis | None) -> list:
     """The rule plan and the planner's plans for the other ranks within the aligned depth whose
     row tasks hold at least one vector (a task of single elements leaves nothing to vectorise and
     one branch per element where kernels share a launch)."""
@@ -72,18 +74,20 @@ def _by_rank(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -
         if rank == rule.rank or _elements_per_task(func, rank) < MIN_LANES:
             continue
         try:
-            plans.append(plan_row_resident(func, target, rule.kernel, rank=rank))
+            if analysis is None:
+                analysis = analyse(func, spec.family)
+            plans.append(plan_row_resident(func, spec, rule.kernel, rank=rank, analysis=analysis))
         except PlanError:
             continue  # e.g. no row axis left for a large kernel
     return plans
 
 
-def _cpu(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> list:
+def _cpu(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis: Analysis | None) -> list:
     out_dtype = tvm.DataType(str(func.params[-1].dtype))
-    vectors = vector_choices(tvm.target.codegen.llvm_get_vector_width(target), out_dtype.bits)
-    cores = cpu_threads()
+    vectors = vector_choices(spec.vector_bytes * 8, out_dtype.bits)
+    cores = spec.cores
     out = []
-    for plan in _by_rank(func, rule, target):
+    for plan in _by_rank(func, rule, spec, analysis):
         rows = plan.mapping.rows
         threads = sorted({1, cores}) if rows != 1 else [1]
         for t in threads:
@@ -93,26 +97,25 @@ def _cpu(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> li
     return out
 
 
-def _cuda(rule: StitchPlan) -> list:
+def _cuda(rule: StitchPlan, spec: TargetSpec) -> list:
     """Row-resident plans: threads per block (for rows spread over threads) and rows per
     block, within the limits, with their register and occupancy estimates."""
     m = rule.mapping
     if m.rows <= 0 or rule.scheme != "row-resident":
         return []
     shared_per_row = rule.shared_bytes // max(1, m.rows_per_task)
-    thread_choices = [1] if m.threads == 1 else list(CUDA_THREADS)
+    most = block_threads(spec)
+    thread_choices = [1] if m.threads == 1 else [t for t in CUDA_THREADS if t <= most]
     out = []
     for threads in thread_choices:
         per = 1
-        while threads * per <= CUDA_MAX_THREADS and per <= m.rows:
-            fits = shared_per_row * per <= CUDA_SHARED_LIMIT
+        while threads * per <= most and per <= m.rows:
+            fits = shared_per_row * per <= spec.shared_bytes_per_block
             # A barrier may not sit under a thread predicate: rows split evenly over blocks.
             even = threads == 1 or m.rows % per == 0
             if fits and even:
                 mapping = dataclasses.replace(m, threads=threads, rows_per_task=per, grid=-(-m.rows // per))
-                plan = dataclasses.replace(rule, mapping=mapping, shared_bytes=shared_per_row * per)
-                registers = estimate_registers(plan)
-                out.append(dataclasses.replace(plan, registers=registers, occupancy=occupancy(
-                    plan.threads_per_block, registers, plan.shared_bytes)))
+                out.append(with_resources(dataclasses.replace(rule, mapping=mapping,
+                                                              shared_bytes=shared_per_row * per)))
             per *= 2
     return out

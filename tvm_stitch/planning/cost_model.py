@@ -2,7 +2,7 @@
 
 One XGBoost ranking model (pairwise, each stitched group a query) per
 target family, trained by `tvm-stitch train` on the records of `tvm-stitch
-tune`, shipped as XGBoost's JSON model in schedules/cost_models/<family>.json.
+tune`, shipped as XGBoost's JSON model in planning/cost_models/<family>.json.
 A candidate's relevance is minus the log of its time over the median time
 of its group's candidates; the candidate with the highest score is chosen.
 Ranking rather than regressing times: only the order inside a group
@@ -11,30 +11,29 @@ times on a shared machine (leave-one-shape-out on the training records:
 more groups within 10% of their best than regression).
 
 At compile time the trees are walked here, in Python (importing xgboost
-alone costs about a second, more than most compilations), and the model is
-loaded once per process. No model for the target, a model that does not
-load, or features it was not trained on: the rule-based plan is used.
+alone costs about a second, more than most compilations). The stitch pass
+loads the family's model with `load_model` when it runs, or is given one
+(`StitchFusion(cost_model=model)`). No model for the target, a model that
+does not load, or features it was not trained on: the rule-based plan is
+used.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 from pathlib import Path
 
 import numpy as np
-import tvm
 from tvm import tirx
-
-import schedules
 
 from tvm_stitch.planning.candidates import candidates, knobs
 from tvm_stitch.planning.features import FEATURES, features, group_facts
 from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.spec import TargetSpec
 
-MODELS = Path(schedules.__file__).resolve().parent / "cost_models"
+MODELS = Path(__file__).resolve().parent / "cost_models"  # the shipped models (package data)
 OBJECTIVE = "rank:pairwise"  # within a group, order pairs of candidates by their times
 TRAIN_PARAMS = {"max_depth": 4, "eta": 0.05, "objective": OBJECTIVE, "nthread": 1, "seed": 0,
                 "tree_method": "exact"}
@@ -123,14 +122,14 @@ def _depth(left: np.ndarray, right: np.ndarray) -> int:
     return int(level.max())
 
 
-def model_path(family: str) -> Path:
-    return MODELS / f"{family}.json"
+def model_path(family: str, folder: Path = MODELS) -> Path:
+    return folder / f"{family}.json"
 
 
-@functools.lru_cache(maxsize=None)
-def load_model(family: str) -> Model | None:
-    """The shipped model of a target family; None if there is none or it does not load."""
-    path = model_path(family)
+def load_model(family: str, folder: Path = MODELS) -> Model | None:
+    """The model of a target family in `folder` (default: the shipped ones); None if there is
+    none, it does not load, or it was trained on other features."""
+    path = model_path(family, folder)
     if not path.is_file():
         return None
     try:
@@ -142,9 +141,9 @@ def load_model(family: str) -> Model | None:
     return model
 
 
-def choose(model: Model, fused: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> StitchPlan:
-    """The candidate with the lowest predicted time; the rule plan on ties (it comes first)."""
-    plans = candidates(fused, rule, target)
+def choose(model, fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> StitchPlan:
+    """The candidate with the lowest predicted time (`model.costs`); the rule plan on ties (it comes first)."""
+    plans = candidates(fused, rule, spec)
     if len(plans) == 1:
         return rule
     facts = group_facts(fused)
@@ -157,14 +156,6 @@ def choose(model: Model, fused: tirx.PrimFunc, rule: StitchPlan, target: tvm.tar
     note = (f"cost model: candidate {best + 1} of {len(plans)} "
             f"(rules: rank {k['rank']}, threads {k['threads']}, vector {k['vector']})")
     return dataclasses.replace(chosen, notes=chosen.notes + (note,))
-
-
-def chooser(family: str):
-    """choose(fused, rule, target) for the family's model, or None where there is no usable model."""
-    model = load_model(family)
-    if model is None:
-        return None
-    return functools.partial(choose, model)
 
 
 def train(records: list, out: Path) -> dict:

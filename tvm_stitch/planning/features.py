@@ -4,8 +4,8 @@ Deterministic numbers read from the fused PrimFunc (what the group
 computes: shape, dtype, reductions, expensive ops, arithmetic, bytes) and
 from the candidate plan (how it maps: rows, row length, cores, lanes,
 whether the lanes divide the loops they split, CUDA threads, blocks and
-waves). Sizes enter as log2, so that shapes never seen in training fall
-between ones that were.
+waves over the SMs of the plan's spec). Sizes enter as log2, so that
+shapes never seen in training fall between ones that were.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ FEATURES = (
     "rank", "log_rows", "log_row_len", "threads", "log_rows_per_thread", "vector", "log_lanes_per_row",
     "spatial_fit", "reduce_fit", "rows_per_task", "shared_kb", "waves", "rule",
 )
-SMS = 132  # streaming multiprocessors of the CUDA target the plans are made for (H100/H200)
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def features(facts: GroupFacts, plan: StitchPlan, rule: StitchPlan) -> list:
         reduce_fit,
         m.rows_per_task,
         plan.shared_bytes / 1024,
-        blocks_launched / SMS if plan.target == "cuda" else 0.0,
+        blocks_launched / plan.spec.sms if plan.target == "cuda" else 0.0,
         1 if (plan.rank, m.threads, m.vector, m.rows_per_task) == (
             rule.rank, rule.mapping.threads, rule.mapping.vector, rule.mapping.rows_per_task) else 0,
     ]

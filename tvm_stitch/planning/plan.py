@@ -4,10 +4,30 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+from tvm_stitch.planning.spec import TargetSpec
 
 REGISTER = "register"  # in the thread that uses it: inlined (recomputed per use) or computed once
 SHARED = "shared"  # one copy per row task, visible to the task's threads
 GLOBAL = "global"  # written to device memory
+MIN_LANES = 4  # the narrowest vector the CPU schedules emit (narrower lanes stay scalar)
+
+
+class PhaseRole(str, Enum):
+    """What a row-split block does in its kernel."""
+
+    COMPUTE = "compute"  # an element-wise block, or the per-chunk partials of a reduction
+    COMBINE = "combine"  # the per-row combine of a reduction's partials
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Row-split: the kernel (launch index) in which a block, or its combine, runs."""
+
+    block: str
+    kernel: int
+    role: PhaseRole = PhaseRole.COMPUTE
 
 
 @dataclass(frozen=True)
@@ -61,9 +81,10 @@ class StitchPlan:
     kernels: int = 1  # launches of this PrimFunc (row-split: one per phase)
     registers: int = -1  # CUDA: estimated registers per thread (resources.py)
     occupancy: float = -1.0  # CUDA: resident warps per SM over the maximum, from threads, registers, shared
-    phases: tuple = ()  # row-split: (block, kernel index) pairs
+    phases: tuple = ()  # row-split: a Phase per kept block and per reduction's combine
     notes: tuple = field(default=())
     aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
+    spec: TargetSpec | None = None  # the hardware the plan was made for
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -75,8 +96,14 @@ class StitchPlan:
         data["intermediates"] = tuple(Intermediate(**i) for i in data["intermediates"])
         for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes"):
             data[key] = tuple(data[key])
-        data["phases"] = tuple(tuple(p) for p in data.get("phases", ()))
+        data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
+        if data.get("spec") is not None:
+            data["spec"] = TargetSpec.from_dict(data["spec"])
         return StitchPlan(**data)
+
+    def phase_kernels(self, role: PhaseRole) -> dict:
+        """Row-split: block name -> kernel index, for the phases of one role."""
+        return {p.block: p.kernel for p in self.phases if p.role == role}
 
     @property
     def threads_per_block(self) -> int:

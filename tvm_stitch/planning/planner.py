@@ -15,23 +15,21 @@ caller then leaves the group to TVM's default path.
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
 
-import tvm
 from tvm import s_tir, tirx
 
-from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
-from tvm_stitch.planning.resources import estimate_registers, occupancy
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
-from tvm_stitch.planning.row_split import SplitError, plan_row_split
-from tvm_stitch.threads import cpu_threads
 from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
+from tvm_stitch.fusion.partition import PartitionLimits
+from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
+                                        wanted_blocks)
+from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
+from tvm_stitch.planning.resources import with_resources
+from tvm_stitch.planning.row_split import SPLIT_MIN_ROW, SplitError, plan_row_split
+from tvm_stitch.planning.spec import TargetSpec
 
-CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
-CUDA_MAX_THREADS = 256
-CUDA_VECTOR_BYTES = 16  # 128-bit loads and stores
 CUDA_MIN_THREADS = 8  # below a quarter warp, packing more rows beats more threads per row
-CUDA_MIN_ROWS = 264  # two thread blocks per SM of an H100/H200 (132 SMs)
 CPU_MIN_ROWS = 64  # row tasks for an even spread over cores
 CPU_MIN_TASK = 64  # elements a row task keeps at least (whole vectors), even below CPU_MIN_ROWS rows
 CPU_PARALLEL_MIN_WORK = 1 << 15  # elements below which a parallel launch costs more than it saves
@@ -42,6 +40,8 @@ CPU_SPLIT_CHUNK = 4096  # longest reduction a streamed task sums in one go (accu
 CPU_SPLIT_MIN_ROW = 1 << 15  # rows at least this long are cut into chunks when there are too few for the cores
 CPU_SPLIT_MIN_CHUNK = 4096  # elements per chunk at least: a chunk's parallel task outweighs its launch share
 LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over
+CPU_ROW_BYTES = 1 << 20  # per-row intermediates a CPU row task keeps (in L2)
+CPU_PARTITION_ROWS = 16  # row tasks that keep the cores busy, for the partition's parallelism rule
 
 
 # Without native half-precision arithmetic, every float16/bfloat16 op on the CPU
@@ -50,10 +50,6 @@ EMULATED_ON_CPU = ("float16", "bfloat16")
 
 
 INLINE = "inlined"  # planner-internal: register level, recomputed in each consumer
-
-
-class PlanError(Exception):
-    """The group cannot be stitched by the available schemes; the message says why."""
 
 
 class SharedMemoryError(PlanError):
@@ -67,28 +63,11 @@ class SharedMemoryError(PlanError):
         self.demotable = demotable
 
 
-def target_family(target: tvm.target.Target) -> str:
-    kind = target.kind.name
-    if kind == "cuda":
-        return "cuda"
-    if kind == "llvm":
-        return "cpu"
-    raise PlanError(f"no stitching schedules for target kind {kind!r}")
-
-
 def _next_pow2(n: int) -> int:
     p = 1
     while p < n:
         p *= 2
     return p
-
-
-def _has_feature(target: tvm.target.Target, feature: str) -> bool:
-    """Whether an llvm target's CPU has an instruction-set feature (False where LLVM cannot say)."""
-    try:
-        return bool(tvm.target.codegen.target_has_features(feature, target))
-    except Exception:  # noqa: BLE001 - a target LLVM has no feature table for
-        return False
 
 
 def _level(view, consumers: list, levels: dict, evaluations: dict, is_output: bool,
@@ -148,25 +127,27 @@ def _cacheable_inputs(views: list, params: list, rank: int) -> list:
     return out
 
 
-def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial_only: bool) -> int:
-    """Rows packed into one thread block: up to CUDA_MAX_THREADS threads, dividing the rows
-    evenly (no thread predicate around a barrier), within shared memory, leaving enough blocks."""
+def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial_only: bool,
+                    spec: TargetSpec) -> int:
+    """Rows packed into one thread block: up to `block_threads` threads, dividing the rows
+    evenly (no thread predicate around a barrier), within shared memory, leaving a block per SM."""
     if rows is None:
         return 1
     per = 1
+    most = block_threads(spec)
     if threads == 1:
         # One thread per row, no barriers, so a predicate may cover a partial last block.
         # Element-wise: full blocks. Serial per-row work (columns): a warp of rows per
         # block, so that few columns still make several blocks.
-        cap = CUDA_MAX_THREADS if spatial_only else 32
+        cap = most if spatial_only else spec.warp_size
         while per < cap and per < rows:
             per *= 2
         return per
     while (
-        threads * per * 2 <= CUDA_MAX_THREADS
+        threads * per * 2 <= most
         and rows % (per * 2) == 0
-        and rows // (per * 2) >= CUDA_MIN_ROWS // 2
-        and shared_per_row * per * 2 <= CUDA_SHARED_LIMIT
+        and rows // (per * 2) >= wanted_blocks(spec) // 2
+        and shared_per_row * per * 2 <= spec.shared_bytes_per_block
     ):
         per *= 2
     return per
@@ -209,22 +190,23 @@ def _widest_bytes(views: list) -> int:
     return max(max(8, a.buffer.dtype.bits) for v in views for a in v.reads + v.writes) // 8
 
 
-def _vector_mapping(views: list, row_length: int, threads: int) -> tuple:
-    """(vector lanes, threads) for 128-bit accesses: each thread takes `lanes` consecutive
-    elements of a row, so a row of `row_length` needs a multiple of 32 threads x lanes."""
-    lanes = CUDA_VECTOR_BYTES // _widest_bytes(views)
+def _vector_mapping(views: list, row_length: int, threads: int, spec: TargetSpec) -> tuple:
+    """(vector lanes, threads) for the widest accesses: each thread takes `lanes` consecutive
+    elements of a row, so a row of `row_length` needs a multiple of a warp of threads x lanes."""
+    warp = spec.warp_size
+    lanes = spec.vector_bytes // _widest_bytes(views)
     while lanes > 1:
         per_row = row_length // lanes
-        if row_length % lanes == 0 and per_row % 32 == 0:
-            count = min(CUDA_MAX_THREADS, per_row)
+        if row_length % lanes == 0 and per_row % warp == 0:
+            count = min(block_threads(spec), per_row)
             while per_row % count:
-                count -= 32
+                count -= warp
             return lanes, count
         lanes //= 2
     return 1, threads
 
 
-def _choose_rank(views: list, depth: int, family: str) -> int:
+def _choose_rank(views: list, depth: int, spec: TargetSpec) -> int:
     """The fewest leading axes that still give enough row tasks (at most the aligned depth).
 
     Fewer row axes keep whole rows inside a task: contiguous inner loops to
@@ -232,13 +214,14 @@ def _choose_rank(views: list, depth: int, family: str) -> int:
     row task keeps at least CPU_MIN_TASK elements: 32 rows
     of 1024 stay 32 vectorised tasks rather than 32768 single elements.
     """
-    wanted = CUDA_MIN_ROWS if family == "cuda" else CPU_MIN_ROWS
+    cuda = spec.family == "cuda"
+    wanted = wanted_blocks(spec) if cuda else CPU_MIN_ROWS
     for rank in range(1, depth + 1):
         rows = static_product(views[0].extents[:rank])
         deeper_task = static_product(views[0].extents[rank + 1:])
         if (rows is None or rows >= wanted
-                or (family == "cpu" and rank < depth and deeper_task is not None and deeper_task < CPU_MIN_TASK)):
-            return rank if family == "cuda" else _cpu_reduction_rank(views, rank, depth)
+                or (not cuda and rank < depth and deeper_task is not None and deeper_task < CPU_MIN_TASK)):
+            return rank if cuda else _cpu_reduction_rank(views, rank, depth)
     return depth
 
 
@@ -278,79 +261,76 @@ def _levels(views: list, outputs: set, family: str, recompute: tuple = ()) -> di
     return levels
 
 
-def _check_describable(views: list) -> None:
-    if not views:
-        raise PlanError("no blocks")
-    for view in views:
-        if not view.trivial_binding:
-            raise PlanError(f"block {view.name}: loop nest is not one loop per iterator")
-        if not all(a.point for a in view.reads + view.writes):
-            raise PlanError(f"block {view.name}: non-point buffer access")
+@dataclass(frozen=True)
+class Analysis:
+    """The part of a row-resident plan that no rank changes: made once per fused PrimFunc,
+    family and demotions, and passed to every plan made from it (candidates re-plan at other ranks)."""
+
+    func: tirx.PrimFunc
+    family: str
+    recompute: tuple  # blocks demoted from shared memory to recomputation
+    views: tuple  # every block
+    outputs: frozenset  # blocks that write the kernel's outputs
+    levels: dict  # block -> (level, why), for blocks read inside the kernel
+    kept: tuple  # the blocks left once the register-level ones are inlined
+    depth: int  # aligned row depth of the kept blocks
 
 
-_LAST_ANALYSIS: list = []  # [(func, family, recompute, analysis)]: the last one, re-planned at other ranks
-
-
-def _analyse(func: tirx.PrimFunc, family: str, recompute: tuple) -> tuple:
-    """(views, params, outputs, levels, kept, depth) of a fused PrimFunc; the part of a plan
-    that no rank changes, reused when the same function is planned again at another rank."""
-    if _LAST_ANALYSIS and _LAST_ANALYSIS[0][0].same_as(func) and _LAST_ANALYSIS[0][1:3] == (family, recompute):
-        return _LAST_ANALYSIS[0][3]
+def analyse(func: tirx.PrimFunc, family: str, recompute: tuple = ()) -> Analysis:
+    """The rank-independent analysis of a fused PrimFunc (PlanError if the scheme cannot hold it)."""
     views = block_views(s_tir.Schedule(func))
-    _check_describable(views)
-    params = list(func.params)
-    outputs = {v.name for v in views if any(w.buffer.same_as(p) for w in v.writes for p in params)}
+    check_describable(views)
+    outputs = output_blocks(views, func)
     levels = _levels(views, outputs, family, recompute)
-
     # The blocks that remain once the register-level ones are inlined decide the rows.
-    trial = s_tir.Schedule(func)
-    for block_name in reversed([v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == INLINE]):
-        try:
-            trial.compute_inline(trial.get_sblock(block_name))
-        except Exception as err:  # noqa: BLE001 - s_tir refuses the inlining: say which block
-            raise PlanError(f"block {block_name} cannot be inlined: {str(err).strip().splitlines()[-1][:120]}")
-    kept = block_views(trial)
-    _check_describable(kept)
+    trial, kept = inline_trial(func, [v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == INLINE])
+    check_describable(kept)
     depth = analyze_rows(trial.mod["main"], kept).depth
-    _LAST_ANALYSIS[:] = [(func, family, recompute, (views, params, outputs, levels, kept, depth))]
-    return _LAST_ANALYSIS[0][3]
+    return Analysis(func, family, tuple(recompute), tuple(views), frozenset(outputs), levels, tuple(kept), depth)
 
 
-def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
-                      recompute: tuple = (), rank: int | None = None) -> StitchPlan:
-    """The row-resident plan of a fused PrimFunc: levels first, then rows of what remains.
+@dataclass(frozen=True)
+class _Rows:
+    """The row axes chosen for a plan and what they leave inside a row."""
 
-    `recompute`: blocks demoted from shared memory to recomputation in their consumers.
-    `rank` fixes the number of leading axes that form the rows (at most the
-    aligned depth); by default the rules choose it.
-    """
-    family = target_family(target)
-    views, params, outputs, levels, kept, depth = _analyse(func, family, tuple(recompute))
+    rank: int
+    extents: tuple  # PrimExpr per row axis
+    rows: int | None  # row tasks (None: symbolic)
+    within_max: int  # the most elements a kept block has inside one row
+    spatial_only: bool  # no kept block reduces
+    columns: bool  # some block walks an input along a strided axis
+
+
+def _rows(analysis: Analysis, rank: int | None, spec: TargetSpec) -> _Rows:
+    kept, depth = list(analysis.kept), analysis.depth
     spatial_only = not any(v.has_reduction for v in kept)
-    # CUDA, element-wise only: a thread per element (all aligned axes are rows), no barriers.
     if rank is None:
-        rank = depth if family == "cuda" and spatial_only and depth else _choose_rank(kept, depth, family)
+        # CUDA, element-wise only: a thread per element (all aligned axes are rows), no barriers.
+        rank = depth if spec.family == "cuda" and spatial_only and depth else _choose_rank(kept, depth, spec)
     elif not min(1, depth) <= rank <= depth:
         raise PlanError(f"rank {rank} is outside the aligned depth 1..{depth}")
-    row_extents = kept[0].extents[:rank]
-    rows = static_product(row_extents)
     work = max(static_product(v.extents) or LARGE_WORK for v in kept)
     if rank == 0 and work >= LARGE_WORK:
         raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
-
-    columns = walks_columns(kept, params, rank)
-    thread_per_row = family == "cuda" and (spatial_only or columns)
-    intermediates, shared, within_max = [], 0, 1
+    within_max = 1
     for view in kept:
         within = static_product(view.extents[rank:])
         if within is None:
             raise PlanError(f"block {view.name}: symbolic extent inside a row")
         within_max = max(within_max, within)
-    kept_by_name = {v.name: v for v in kept}
-    for view in views:
-        if view.name not in levels:
+    row_extents = kept[0].extents[:rank]
+    return _Rows(rank, tuple(row_extents), static_product(row_extents), within_max, spatial_only,
+                 walks_columns(kept, list(analysis.func.params), rank))
+
+
+def _intermediates(analysis: Analysis, rank: int, thread_per_row: bool) -> tuple:
+    """(intermediates, shared bytes per row) for the levels chosen, at `rank` row axes."""
+    kept_by_name = {v.name: v for v in analysis.kept}
+    intermediates, shared = [], 0
+    for view in analysis.views:
+        if view.name not in analysis.levels:
             continue
-        level, why = levels[view.name]
+        level, why = analysis.levels[view.name]
         per_row = 1
         if view.name in kept_by_name:
             kept_view = kept_by_name[view.name]
@@ -362,100 +342,138 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
             shared += nbytes
         intermediates.append(Intermediate(view.name, REGISTER if level == INLINE else level, nbytes, why,
                                           inlined=level == INLINE))
+    return intermediates, shared
 
-    cached_inputs = []
-    if family == "cuda":
-        for buffer in _cacheable_inputs(kept, params, rank):
-            row_bytes = _row_bytes(buffer, rank)
-            if thread_per_row:
-                cached_inputs.append(buffer.name)
-            elif row_bytes is not None and shared + row_bytes <= CUDA_SHARED_LIMIT:
-                cached_inputs.append(buffer.name)
-                shared += row_bytes
-    if family == "cuda" and shared > CUDA_SHARED_LIMIT:
-        view_of = {v.name: v for v in views}
-        demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in outputs
-                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
-                           key=lambda i: -i.bytes_per_row)
-        raise SharedMemoryError(f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory",
-                                [i.name for i in demotable])
 
-    notes = []
-    rows_per_task, split = 1, 1
-    if family == "cuda":
-        if thread_per_row:
-            # Consecutive rows are consecutive in memory: a thread per row keeps loads coalesced.
-            threads = 1
-            notes.append("element-wise: one thread per element" if spatial_only else
-                         "strided rows (column access): one thread per row, rows across threads")
-        else:
-            threads = max(CUDA_MIN_THREADS, min(CUDA_MAX_THREADS, _next_pow2(within_max)))
-        vector = 1
-        if not thread_per_row and any(not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept):
-            vector, threads = _vector_mapping(kept, within_max, threads)
-            if vector > 1:
-                notes.append(f"{vector * _widest_bytes(kept) * 8}-bit accesses: {vector} elements per thread "
-                             "in element-wise loops")
-        rows_per_task = _rows_per_block(rows, threads, shared, spatial_only)
-        if rows_per_task > 1 and threads > 1:
-            notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
-        shared *= rows_per_task
-        grid = rows // rows_per_task if rows is not None else -1
+def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recompute: tuple = (),
+                      rank: int | None = None, analysis: Analysis | None = None) -> StitchPlan:
+    """The row-resident plan of a fused PrimFunc: levels first, then rows of what remains.
+
+    `recompute`: blocks demoted from shared memory to recomputation in their consumers.
+    `rank` fixes the number of leading axes that form the rows (at most the
+    aligned depth); by default the rules choose it. `analysis` (from
+    `analyse(func, spec.family, recompute)`) saves redoing it.
+    """
+    if analysis is None:
+        analysis = analyse(func, spec.family, tuple(recompute))
+    elif not (analysis.func.same_as(func) and (analysis.family, analysis.recompute) == (spec.family, tuple(recompute))):
+        raise ValueError("the analysis passed was made for another function, family or demotion")
+    rows = _rows(analysis, rank, spec)
+    thread_per_row = spec.family == "cuda" and (rows.spatial_only or rows.columns)
+    intermediates, shared = _intermediates(analysis, rows.rank, thread_per_row)
+    if spec.family == "cuda":
+        mapping, shared, cached_inputs, notes = _cuda_mapping(analysis, rows, intermediates, shared,
+                                                              thread_per_row, spec)
     else:
-        work = max(static_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
-        threads = cpu_threads() if work >= CPU_PARALLEL_MIN_WORK else 1
-        out_dtype = views[-1].writes[0].buffer.dtype
-        # Half precision computes in float32 on the CPU (precision.py): lanes of float32 at least.
-        lanes = tvm.target.codegen.llvm_get_vector_width(target) // max(32, out_dtype.bits)
-        # Emulated half precision gains nothing from wide vectors: each lane converts alone,
-        # unless the CPU converts float16 vectors (x86 F16C).
-        emulated = str(out_dtype) in EMULATED_ON_CPU and not (
-            str(out_dtype) == "float16" and _has_feature(target, "f16c"))
-        vector = 1 if emulated else max(1, lanes)
-        if columns:
-            rows_per_task = _cpu_stream_rows(rows, threads)
-        elif rows is not None and threads > 1:
-            split = _cpu_row_chunks(rows, within_max, threads)
-            if split > 1:
-                notes.append(f"few long rows: each row cut into {split} chunks over the cores, one parallel "
-                             "loop per block, reductions as per-chunk partials then combined; "
-                             "intermediates between blocks in memory")
-        grid = rows // rows_per_task if rows is not None else -1
-        if rows_per_task > 1:
-            notes.append(f"rows are columns of the inputs: {rows_per_task} adjacent rows per task, "
-                         "streamed down the reduction axis in vector lanes")
-            reduced = max(static_product(e for e, r in zip(v.extents[rank:], v.is_reduce[rank:]) if r) or 1
-                          for v in kept)
-            split = -(-reduced // CPU_SPLIT_CHUNK)
-            if split > 1:
-                notes.append(f"reduction of {reduced} cut into {split} chunks: partials in parallel, then combined")
-
+        mapping, notes = _cpu_mapping(analysis, rows, spec)
+        shared, cached_inputs = 0, []
+    views = analysis.views
     dominant = tuple(v.name for v in views if v.has_reduction) or tuple(
         v.name for v in views if v.expensive
     ) or (views[-1].name,)
-    if rank == 0:
+    if rows.rank == 0:
         notes.append("no shared row axis: the whole kernel is one row task")
     return StitchPlan(
         kernel=name,
-        target=family,
+        target=spec.family,
         scheme="row-resident",
         ops=tuple(v.name for v in views),
         dominant=dominant,
-        rank=rank,
-        row_shape=tuple(str(static_int(e) if static_int(e) is not None else e) for e in row_extents),
-        mapping=ThreadMapping(rows if rows is not None else -1, rows_per_task, threads, vector, grid, split),
+        rank=rows.rank,
+        row_shape=tuple(str(static_int(e) if static_int(e) is not None else e) for e in rows.extents),
+        mapping=mapping,
         intermediates=tuple(intermediates),
-        outputs=tuple(v.name for v in views if v.name in outputs),
+        outputs=tuple(v.name for v in views if v.name in analysis.outputs),
         cached_inputs=tuple(cached_inputs),
-        shared_bytes=shared if family == "cuda" else 0,
+        shared_bytes=shared,
         reductions=sum(1 for v in views if v.has_reduction),
         notes=tuple(notes),
-        aligned_depth=depth,
+        aligned_depth=analysis.depth,
+        spec=spec,
     )
 
 
-def plan_kernel(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
-    """The plan of a fused PrimFunc for `target`.
+def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared: int, thread_per_row: bool,
+                  spec: TargetSpec) -> tuple:
+    """(mapping, shared bytes per block, inputs cached on chip, notes) of a CUDA row-resident plan;
+    SharedMemoryError when the row's intermediates do not fit a block's shared memory."""
+    kept, rank = list(analysis.kept), rows.rank
+    limit = spec.shared_bytes_per_block
+    cached_inputs = []
+    for buffer in _cacheable_inputs(kept, list(analysis.func.params), rank):
+        row_bytes = _row_bytes(buffer, rank)
+        if thread_per_row:
+            cached_inputs.append(buffer.name)
+        elif row_bytes is not None and shared + row_bytes <= limit:
+            cached_inputs.append(buffer.name)
+            shared += row_bytes
+    if shared > limit:
+        view_of = {v.name: v for v in analysis.views}
+        demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in analysis.outputs
+                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
+                           key=lambda i: -i.bytes_per_row)
+        raise SharedMemoryError(f"{shared} bytes of per-row intermediates exceed {limit} of shared memory",
+                                [i.name for i in demotable])
+    notes = []
+    if thread_per_row:
+        # Consecutive rows are consecutive in memory: a thread per row keeps loads coalesced.
+        threads = 1
+        notes.append("element-wise: one thread per element" if rows.spatial_only else
+                     "strided rows (column access): one thread per row, rows across threads")
+    else:
+        threads = max(CUDA_MIN_THREADS, min(block_threads(spec), _next_pow2(rows.within_max)))
+    vector = 1
+    if not thread_per_row and any(not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept):
+        vector, threads = _vector_mapping(kept, rows.within_max, threads, spec)
+        if vector > 1:
+            notes.append(f"{vector * _widest_bytes(kept) * 8}-bit accesses: {vector} elements per thread "
+                         "in element-wise loops")
+    rows_per_task = _rows_per_block(rows.rows, threads, shared, rows.spatial_only, spec)
+    if rows_per_task > 1 and threads > 1:
+        notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
+    grid = rows.rows // rows_per_task if rows.rows is not None else -1
+    mapping = ThreadMapping(rows.rows if rows.rows is not None else -1, rows_per_task, threads, vector, grid)
+    return mapping, shared * rows_per_task, cached_inputs, notes
+
+
+def _cpu_mapping(analysis: Analysis, rows: _Rows, spec: TargetSpec) -> tuple:
+    """(mapping, notes) of a CPU row-resident plan: cores over row tasks, vector lanes, and for
+    columns or few long rows the chunks a row is cut into."""
+    views, kept = analysis.views, analysis.kept
+    notes = []
+    work = max(static_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
+    threads = spec.cores if work >= CPU_PARALLEL_MIN_WORK else 1
+    out_dtype = views[-1].writes[0].buffer.dtype
+    # Half precision computes in float32 on the CPU (precision.py): lanes of float32 at least.
+    lanes = spec.vector_bytes * 8 // max(32, out_dtype.bits)
+    # Emulated half precision gains nothing from wide vectors: each lane converts alone,
+    # unless the CPU converts float16 vectors (x86 F16C).
+    emulated = str(out_dtype) in EMULATED_ON_CPU and not (str(out_dtype) == "float16" and spec.converts_half)
+    vector = 1 if emulated else max(1, lanes)
+    rows_per_task, split = 1, 1
+    if rows.columns:
+        rows_per_task = _cpu_stream_rows(rows.rows, threads)
+    elif rows.rows is not None and threads > 1:
+        split = _cpu_row_chunks(rows.rows, rows.within_max, threads)
+        if split > 1:
+            notes.append(f"few long rows: each row cut into {split} chunks over the cores, one parallel "
+                         "loop per block, reductions as per-chunk partials then combined; "
+                         "intermediates between blocks in memory")
+    grid = rows.rows // rows_per_task if rows.rows is not None else -1
+    if rows_per_task > 1:
+        notes.append(f"rows are columns of the inputs: {rows_per_task} adjacent rows per task, "
+                     "streamed down the reduction axis in vector lanes")
+        reduced = max(static_product(e for e, r in zip(v.extents[rows.rank:], v.is_reduce[rows.rank:]) if r) or 1
+                      for v in kept)
+        split = -(-reduced // CPU_SPLIT_CHUNK)
+        if split > 1:
+            notes.append(f"reduction of {reduced} cut into {split} chunks: partials in parallel, then combined")
+    mapping = ThreadMapping(rows.rows if rows.rows is not None else -1, rows_per_task, threads, vector, grid, split)
+    return mapping, notes
+
+
+def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
+    """The plan of a fused PrimFunc for the target `spec` describes.
 
     CUDA: few long rows take the row-split scheme (global stitching over
     several blocks per row). Otherwise row-resident; when its intermediates
@@ -464,31 +482,39 @@ def plan_kernel(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> St
     reduction results and outputs are left on chip, the group is stitched
     through global memory by row-split.
     """
-    if target_family(target) != "cuda":
-        return plan_row_resident(func, target, name)
-    return _with_resources(_cuda_plan(func, target, name))
+    if spec.family != "cuda":
+        return plan_row_resident(func, spec, name)
+    return with_resources(_cuda_plan(func, spec, name))
 
 
-def _cuda_plan(func: tirx.PrimFunc, target: tvm.target.Target, name: str) -> StitchPlan:
+def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
     try:
-        return plan_row_split(func, target, name, few_long_rows_only=True)
+        return plan_row_split(func, spec, name, few_long_rows_only=True)
     except SplitError:
         pass
     recompute = ()
     while True:
         try:
-            return plan_row_resident(func, target, name, recompute)
+            return plan_row_resident(func, spec, name, recompute)
         except SharedMemoryError as err:
             if err.demotable:  # AStitch's demotion, one intermediate at a time, largest first
                 recompute += (err.demotable[0],)
                 continue
             try:
-                return plan_row_split(func, target, name, few_long_rows_only=False)
+                return plan_row_split(func, spec, name, few_long_rows_only=False)
             except SplitError as split_err:
                 raise PlanError(f"{err}; and no row-split plan: {split_err}") from err
 
 
-def _with_resources(plan: StitchPlan) -> StitchPlan:
-    registers = estimate_registers(plan)
-    return dataclasses.replace(plan, registers=registers,
-                               occupancy=occupancy(plan.threads_per_block, registers, plan.shared_bytes))
+def partition_limits(spec: TargetSpec, split_long_rows: bool = True) -> PartitionLimits:
+    """The partition's limits for the target: what a row may keep on chip, and which unions of
+    few long rows the planners split (`split_long_rows=False`: none, every row stays on chip)."""
+    if spec.family == "cuda":
+        # Few long rows are split over blocks (row-split): nothing per row stays on chip.
+        return PartitionLimits(row_bytes_limit=spec.shared_bytes_per_block,
+                               long_rows_below=spec.sms if split_long_rows else 0, long_row=SPLIT_MIN_ROW)
+    # On the CPU a row's intermediates live in L1/L2, not a scratchpad; too few long rows
+    # for the cores are cut into chunks (_cpu_row_chunks), nothing kept per row.
+    return PartitionLimits(row_bytes_limit=CPU_ROW_BYTES, parallel_rows=CPU_PARTITION_ROWS,
+                           long_rows_below=spec.cores * CPU_TASKS_PER_CORE if split_long_rows else 0,
+                           long_row=CPU_SPLIT_MIN_ROW)

@@ -1,32 +1,21 @@
-"""Per-kernel resources on an H100/H200-class GPU: a register estimate and the occupancy it allows.
+"""Per-kernel resources on a CUDA GPU: a register estimate and the occupancy it allows.
 
 Registers are estimated from the plan, not compiled: a base for indices,
 pointers and the predicate, plus the values each thread keeps live: every
 intermediate computed once (an accumulator, a broadcast value or a stored
 element), the lanes of 128-bit accesses, and for a thread that walks a row
 alone (column access) the unrolled serial loop. tests/test_resources.py
-checks the estimate against ptxas on the suite kernels.
+checks the estimate against ptxas on the suite kernels. The SM limits
+(threads, blocks, registers, shared memory) come from the TargetSpec.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.spec import TargetSpec
 
-
-@dataclass(frozen=True)
-class SM:
-    """Limits of one streaming multiprocessor (sm_90: H100, H200)."""
-
-    threads: int = 2048
-    registers: int = 65536
-    shared_bytes: int = 228 * 1024
-    blocks: int = 32
-    register_granule: int = 256  # registers are allocated per warp in units of this
-
-
-H200_SM = SM()
 
 BASE_REGISTERS = 16
 PER_KEPT_VALUE = 2
@@ -44,14 +33,22 @@ def estimate_registers(plan: StitchPlan) -> int:
     return registers
 
 
-def occupancy(threads_per_block: int, registers: int, shared_bytes: int, sm: SM = H200_SM) -> float:
+def occupancy(threads_per_block: int, registers: int, shared_bytes: int, spec: TargetSpec) -> float:
     """Resident warps over the SM's maximum, limited by threads, registers, shared memory and blocks."""
-    warps = -(-threads_per_block // 32)
-    per_warp = -(-registers * 32 // sm.register_granule) * sm.register_granule
+    warp = spec.warp_size
+    warps = -(-threads_per_block // warp)
+    per_warp = -(-registers * warp // spec.register_granule) * spec.register_granule
     blocks = min(
-        sm.blocks,
-        sm.threads // (warps * 32),
-        sm.registers // (per_warp * warps),
-        sm.shared_bytes // shared_bytes if shared_bytes else sm.blocks,
+        spec.sm_blocks,
+        spec.sm_threads // (warps * warp),
+        spec.registers_per_sm // (per_warp * warps),
+        spec.sm_shared_bytes // shared_bytes if shared_bytes else spec.sm_blocks,
     )
-    return blocks * warps * 32 / sm.threads
+    return blocks * warps * warp / spec.sm_threads
+
+
+def with_resources(plan: StitchPlan) -> StitchPlan:
+    """The plan with its register estimate and the occupancy that allows on the plan's spec."""
+    registers = estimate_registers(plan)
+    return dataclasses.replace(plan, registers=registers, occupancy=occupancy(
+        plan.threads_per_block, registers, plan.shared_bytes, plan.spec))

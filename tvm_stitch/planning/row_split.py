@@ -27,43 +27,42 @@ cooperative launch (every block resident) that TVM's runtime does not make.
 
 from __future__ import annotations
 
-import tvm
 from tvm import s_tir, tirx
 
-from tvm_stitch.planning.plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
 from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
+from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
+                                        wanted_blocks)
+from tvm_stitch.planning.plan import (GLOBAL, REGISTER, Intermediate, Phase, PhaseRole, StitchPlan,
+                                      ThreadMapping)
+from tvm_stitch.planning.spec import TargetSpec
 
-SPLIT_BELOW_ROWS = 132  # row tasks below one per SM of an H100/H200: split the rows
+# Rows fewer than the SMs (spec.sms) and at least this long are split.
 SPLIT_MIN_ROW = 16384  # elements: 64 KB of float32, more than a block's shared memory
-WANTED_BLOCKS = 264  # two thread blocks per SM
 MIN_CHUNK = 2048  # elements per (row, chunk) block: enough loads in flight per block
-COLUMN_ROWS_PER_BLOCK = 32  # column access: a warp of rows (columns) per block, one thread each
 MIN_COLUMN_CHUNK = 128  # column access: elements one thread walks per chunk
 MIN_COLUMN_WALK = 8192  # column access: shorter walks keep the fewest launches (no combine kernel)
-MAX_THREADS = 256
-VECTOR_BYTES = 16  # 128-bit loads and stores
 MAX_CHOSEN_KERNELS = 3  # a split chosen for parallelism alone: at most this many launches
 STARVED_BLOCKS = 16  # below this many blocks, a launch that only combines partials pays for itself
 
 
-class SplitError(Exception):
+class SplitError(PlanError):
     """The group does not have the shape the row-split scheme handles; the message says why."""
 
 
-def wants_split(rows: int | None, row_length: int | None) -> bool:
+def wants_split(rows: int | None, row_length: int | None, spec: TargetSpec) -> bool:
     """Few, long rows: row-resident would leave SMs idle and could not keep a row on chip."""
-    return rows is not None and row_length is not None and rows < SPLIT_BELOW_ROWS and row_length >= SPLIT_MIN_ROW
+    return rows is not None and row_length is not None and rows < spec.sms and row_length >= SPLIT_MIN_ROW
 
 
-def choose_split(blocks: int, row_length: int, min_chunk: int = MIN_CHUNK) -> int:
-    """Chunks per row: the fewest that give WANTED_BLOCKS blocks, dividing the row, chunks >= min_chunk."""
+def choose_split(blocks: int, row_length: int, spec: TargetSpec, min_chunk: int = MIN_CHUNK) -> int:
+    """Chunks per row: the fewest that give `wanted_blocks` blocks, dividing the row, chunks >= min_chunk."""
     best = 1
     for split in range(2, row_length // min_chunk + 1):
         if row_length % split:
             continue
         best = split
-        if blocks * split >= WANTED_BLOCKS:
+        if blocks * split >= wanted_blocks(spec):
             break
     return best
 
@@ -84,34 +83,25 @@ def _levels(kept: list, consumers: dict) -> dict:
     return level
 
 
-def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
-                   few_long_rows_only: bool = False) -> StitchPlan:
-    """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`."""
-    if target.kind.name != "cuda":
-        raise SplitError("row-split is a CUDA scheme")
+def _kept_blocks(func: tirx.PrimFunc) -> tuple:
+    """(views, outputs, inlined views, kept views, rank): the blocks once every element-wise block
+    that is not an output is inlined, and the rows they share."""
     views = block_views(s_tir.Schedule(func))
-    params = list(func.params)
-    outputs = {v.name for v in views if any(w.buffer.same_as(p) for w in v.writes for p in params)}
-    trial = s_tir.Schedule(func)
-    inlined = []
-    for view in reversed(views):
-        if view.name in outputs or view.has_reduction:
-            continue
-        try:
-            trial.compute_inline(trial.get_sblock(view.name))
-        except Exception as err:  # noqa: BLE001 - s_tir refuses: the scheme cannot hold this block
-            raise SplitError(f"block {view.name} cannot be inlined: {str(err).strip().splitlines()[-1][:120]}")
-        inlined.append(view)
-    kept = block_views(trial)
+    outputs = output_blocks(views, func)
+    inlined = [v for v in views if v.name not in outputs and not v.has_reduction]
+    trial, kept = inline_trial(func, [v.name for v in inlined], SplitError)
+    check_describable(kept, SplitError)
     for view in kept:
-        if not view.trivial_binding or not all(a.point for a in view.reads + view.writes):
-            raise SplitError(f"block {view.name}: not a plain loop nest of point accesses")
         if len(view.writes) != 1:
             raise SplitError(f"block {view.name} writes several buffers")
     rank = analyze_rows(trial.mod["main"], kept).depth
     if rank == 0:
         raise SplitError("no row axis shared by all blocks")
-    rows = static_product(kept[0].extents[:rank])
+    return views, outputs, inlined, kept, rank
+
+
+def _row_length(kept: list, rank: int) -> int:
+    """The one length every chunked block has inside a row (SplitError if they differ)."""
     lengths = set()
     for view in kept:
         spatial, reduce = _within(view, rank)
@@ -121,17 +111,30 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
             raise SplitError(f"block {view.name}: reduction with {spatial} outputs per row")
         if view.has_reduction or spatial > 1:  # a per-row value (spatial 1) is computed whole by each block
             lengths.add(reduce if view.has_reduction else spatial)
-    if rows is None or len(lengths) != 1:
-        raise SplitError("blocks differ in row length" if rows is not None else "symbolic row count")
-    length = lengths.pop()
+    if len(lengths) != 1:
+        raise SplitError("blocks differ in row length")
+    return lengths.pop()
+
+
+def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
+                   few_long_rows_only: bool = False) -> StitchPlan:
+    """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`."""
+    if spec.family != "cuda":
+        raise SplitError("row-split is a CUDA scheme")
+    views, outputs, inlined, kept, rank = _kept_blocks(func)
+    rows = static_product(kept[0].extents[:rank])
+    if rows is None:
+        raise SplitError("symbolic row count")
+    length = _row_length(kept, rank)
+    params = list(func.params)
     columns = walks_columns(kept, params, rank)
     if columns:
         # Column access (e.g. dgamma, BatchNorm over N): a thread per row walks its column;
         # splitting the walk gives blocks when there are few rows.
-        row_blocks = -(-rows // COLUMN_ROWS_PER_BLOCK)
-        if few_long_rows_only and (row_blocks >= SPLIT_BELOW_ROWS or length < MIN_COLUMN_WALK):
+        row_blocks = -(-rows // spec.warp_size)
+        if few_long_rows_only and (row_blocks >= spec.sms or length < MIN_COLUMN_WALK):
             raise SplitError(f"{rows} column walks of {length}: enough blocks without a split")
-    elif few_long_rows_only and not wants_split(rows, length):
+    elif few_long_rows_only and not wants_split(rows, length, spec):
         raise SplitError(f"{rows} rows of {length} elements: row-resident fits")
 
     consumers = block_consumers(kept)
@@ -150,21 +153,22 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
                          "that only combines")
     dtype_bytes = max(1, max(v.writes[0].buffer.dtype.bits for v in kept) // 8)
     if columns:
-        split = choose_split(row_blocks, length, MIN_COLUMN_CHUNK) if row_blocks < SPLIT_BELOW_ROWS else 1
-        threads, vector, rows_per_block, blocks = 1, 1, COLUMN_ROWS_PER_BLOCK, row_blocks * split
+        # A warp of rows (columns) per block, one thread each.
+        split = choose_split(row_blocks, length, spec, MIN_COLUMN_CHUNK) if row_blocks < spec.sms else 1
+        threads, vector, rows_per_block, blocks = 1, 1, spec.warp_size, row_blocks * split
     else:
-        split = choose_split(rows, length) if rows < SPLIT_BELOW_ROWS else 1
+        split = choose_split(rows, length, spec) if rows < spec.sms else 1
         chunk = length // split
-        vector = VECTOR_BYTES // dtype_bytes
-        threads = MAX_THREADS
-        while threads > 32 and threads * vector > chunk:
+        vector = spec.vector_bytes // dtype_bytes
+        threads = block_threads(spec)
+        while threads > spec.warp_size and threads * vector > chunk:
             threads //= 2
         vector = vector if chunk % (threads * vector) == 0 else 1
         rows_per_block, blocks = 1, rows * split
 
     intermediates = [Intermediate(v.name, REGISTER, dtype_bytes, "recomputed in every kernel that reads it: "
                                   "cheaper than a round trip through global memory", inlined=True)
-                     for v in inlined if any(r.buffer.same_as(v.writes[0].buffer) for k in views for r in k.reads)]
+                     for v in reversed(inlined) if any(r.buffer.same_as(v.writes[0].buffer) for k in views for r in k.reads)]
     for view in kept:
         if not view.has_reduction:
             continue
@@ -205,9 +209,10 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         mapping=ThreadMapping(rows, rows_per_block, threads, vector, blocks, split=split),
         intermediates=tuple(intermediates),
         outputs=tuple(v.name for v in views if v.name in outputs),
-        phases=tuple((v.name, levels[v.name]) for v in kept) + tuple(
-            (f"{n}:combine", lvl) for n, lvl in combine_level.items()),
+        phases=tuple(Phase(v.name, levels[v.name]) for v in kept) + tuple(
+            Phase(n, lvl, PhaseRole.COMBINE) for n, lvl in combine_level.items()),
         kernels=kernels,
         reductions=sum(1 for v in kept if v.has_reduction),
         notes=tuple(notes),
+        spec=spec,
     )

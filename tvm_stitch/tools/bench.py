@@ -23,12 +23,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from tvm_stitch.tools.build import alternating_times, build, python_round, run_cpu, vm_round
-from tvm_stitch.tools.launches import count_launches
+from tvm_stitch.tools.launches import count_launches, program_traffic
 from tvm_stitch.tools.suite import SUITE, dims, reference
 from tvm_stitch.target import host_target
 from tvm_stitch.threads import cpu_threads
 from tvm_stitch.tools.tolerance import tolerance
-from tvm_stitch.check.traffic import program_traffic
 
 
 
@@ -178,9 +177,10 @@ def run_bench(graphs: list, dtype: str = "float32", size: str = "bench", target:
         print(f"[{i}/{len(graphs)}] {name} ({dtype})", file=progress, flush=True)
         mod = graph.build(dtype, d)
         cuda = {}
+        gpu = {"kind": "cuda", "arch": "sm_90"}
         for key in (False, True):
-            built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=key)
-            cuda[key] = (count_launches(built.lowered, built.executable), program_traffic(built.lowered))
+            built = build(mod, gpu, stitched=key)
+            cuda[key] = (count_launches(built.lowered, built.executable), program_traffic(built.lowered, gpu))
         inputs = graph.inputs(np.random.default_rng(seed), dtype, d)
         refs = reference(graph, inputs)
         default = build(mod, cpu, stitched=False)

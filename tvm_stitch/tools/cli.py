@@ -264,7 +264,7 @@ def main(argv=None) -> int:
 
     tr = sub.add_parser("train", help="train the CPU cost model from tune records")
     tr.add_argument("--records", default=f"{RESULTS}/records-cpu.jsonl")
-    tr.add_argument("--out", default="", help="model file (default: the shipped schedules/cost_models/cpu.json)")
+    tr.add_argument("--out", default="", help="model file (default: the shipped planning/cost_models/cpu.json)")
     tr.set_defaults(func=_train)
 
     ev = sub.add_parser("evaluate", help="the model's choices on held-out shapes vs the best and the rules; "

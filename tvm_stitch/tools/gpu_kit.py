@@ -22,9 +22,8 @@ import subprocess
 import sys
 
 from tvm_stitch.tools.build import build
-from tvm_stitch.tools.launches import count_launches
+from tvm_stitch.tools.launches import count_launches, program_traffic
 from tvm_stitch.tools.suite import SUITE, dims
-from tvm_stitch.check.traffic import program_traffic
 
 LIMIT_BYTES = 60 << 20
 _SKIP_IN_RUNTIME = ("libtvm_compiler.so", "3rdparty", "src", "include", "web", "__pycache__")
@@ -34,7 +33,7 @@ _KIT_FILES = ("run_kit.py", "torch_graphs.py")
 def _export(mod, stitched: bool, path: str) -> dict:
     built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched)
     built.executable.export_library(path)
-    modeled, ideal = program_traffic(built.lowered)
+    modeled, ideal = program_traffic(built.lowered, {"kind": "cuda", "arch": "sm_90"})
     return {"launches": count_launches(built.lowered, built.executable), "modeled_bytes": modeled,
             "ideal_bytes": ideal}
 

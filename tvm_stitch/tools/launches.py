@@ -1,4 +1,4 @@
-"""Counting CUDA kernel launches of a built Relax module.
+"""Counting CUDA kernel launches of a built Relax module, and its modeled traffic.
 
 Launches per forward = for every call of a PrimFunc in the lowered Relax
 functions, the number of CUDA kernels TVM generated for that PrimFunc
@@ -12,6 +12,11 @@ from collections import Counter
 
 import tvm
 from tvm import relax, tirx
+
+from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.target import as_target
 
 _KERNEL = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\(\d+\))? (\w+)\(')
 
@@ -101,3 +106,37 @@ def launches_by_kind(lowered: tvm.IRModule, executable) -> tuple:
         else:
             memory += launches
     return memory, compute
+
+
+def program_traffic(lowered: tvm.IRModule, target) -> tuple:
+    """(modeled bytes of one call of every Relax function, ideal bytes of `main`'s signature),
+    for the target (a Target, dict or string) the module was built for.
+
+    Modeled: for every PrimFunc call, that PrimFunc's modeled traffic. Ideal:
+    `main`'s tensor inputs read once and its outputs written once.
+    """
+    spec = TargetSpec.from_target(as_target(target))
+    calls = primfunc_calls(lowered)
+    modeled = 0
+    for gv, func in lowered.functions_items():
+        if gv.name_hint in calls:
+            traffic = modeled_traffic(func, spec)
+            if traffic is None:
+                return -1, -1
+            modeled += calls[gv.name_hint] * traffic.total
+    main = lowered["main"]
+    tensors = [p.ty for p in main.params] + _leaves(main.ret_ty)
+    ideal = 0
+    for ty in tensors:
+        if isinstance(ty, relax.TensorType) and ty.shape is not None:
+            size = static_product(list(ty.shape))
+            if size is None:
+                return modeled, -1
+            ideal += size * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
+    return modeled, ideal
+
+
+def _leaves(ty) -> list:
+    if isinstance(ty, relax.TupleType):
+        return [leaf for field in ty.fields for leaf in _leaves(field)]
+    return [ty]

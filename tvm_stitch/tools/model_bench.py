@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvm_stitch.tools.build import alternating_times, build, run_cpu, vm_round
-from tvm_stitch.tools.launches import launches_by_kind
-from tvm_stitch.check.traffic import program_traffic
+from tvm_stitch.tools.launches import launches_by_kind, program_traffic
 
 STEPS = ("forward", "backward", "adam")
 
@@ -99,10 +98,11 @@ def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> 
         print(f"[{i}/{len(pairs)}] model {name} {step}", file=progress, flush=True)
         mod, inputs, expected = import_step(name, step, size)
         cuda = {}
+        gpu = {"kind": "cuda", "arch": "sm_90"}
         for stitched in (False, True):
-            built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
+            built = build(mod, gpu, stitched=stitched)
             cuda[stitched] = (launches_by_kind(built.lowered, built.executable),
-                              program_traffic(built.lowered)[0], built.compile_seconds, built.report)
+                              program_traffic(built.lowered, gpu)[0], built.compile_seconds, built.report)
         cpu = {stitched: build(mod, cpu_target, stitched=stitched) for stitched in (False, True)}
         outs = run_cpu(cpu[True].executable, inputs)
         ms = alternating_times({stitched: vm_round(cpu[stitched].executable, inputs) for stitched in (False, True)})

@@ -27,7 +27,7 @@ from tvm_stitch.tools.build import alternating_times
 from tvm_stitch.planning.candidates import candidates, knobs
 from tvm_stitch.planning.features import features, group_facts
 from tvm_stitch.pipeline import grouping_passes
-from tvm_stitch.planning.planner import target_family
+from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.stitch_pass import stitch_module
 from tvm_stitch.tools.suite import SUITE
 from tvm_stitch.tools.suite_data import VARIANTS
@@ -67,7 +67,7 @@ def fused_groups(mod: tvm.IRModule, target: tvm.target.Target) -> list:
         lowered = tvm.transform.Sequential(grouping_passes(target))(mod)
     groups = []
 
-    def collect(fused, rule, _target):
+    def collect(fused, rule, _spec):
         groups.append((fused, rule))
         return rule
 
@@ -129,7 +129,7 @@ def measure_group(fused: tirx.PrimFunc, rule, target: tvm.target.Target, seed: i
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(a, dev) for a in arrays]  # shared: every candidate writes all of its outputs
     entries, timers, reference = [], [], None
-    for plan in candidates(fused, rule, target):
+    for plan in candidates(fused, rule, rule.spec):
         entry = {"knobs": knobs(plan), "features": features(facts, plan, rule), "rule": plan is rule}
         entries.append(entry)
         try:
@@ -174,7 +174,7 @@ def tune(out: Path, shapes: dict, graphs: list, dtypes: tuple, target: tvm.targe
     done = {r["group"] for r in read_records(out)}
     summary_skipped = sum(1 for r in read_records(out) if "candidates" in r)
     out.parent.mkdir(parents=True, exist_ok=True)
-    family = target_family(target)
+    family = TargetSpec.from_target(target).family
     summary = {"measured": 0, "skipped": summary_skipped, "disagreeing": [], "failed": []}
     start = time.perf_counter()
     jobs = [(g, d, s) for s in shapes for g in graphs for d in dtypes if d in SUITE[g].dtypes]

@@ -1,0 +1,60 @@
+"""What the row-resident and row-split planners share.
+
+The analysis of a fused PrimFunc both start from (its blocks, the blocks
+that write its outputs, the blocks left once some are inlined, the check
+that every block is a plain loop nest of point accesses), and the CUDA
+launch heuristics both follow (threads per block, blocks wanted per SM).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from tvm_stitch.analysis.tir_view import block_views
+from tvm_stitch.planning.spec import TargetSpec
+
+BLOCK_THREADS = 256  # threads per CUDA block at most: enough warps per block, several blocks per SM
+BLOCKS_PER_SM = 2  # CUDA blocks wanted per SM, so one block's barrier leaves the SM busy
+
+
+class PlanError(Exception):
+    """The group cannot be stitched by the available schemes; the message says why."""
+
+
+def block_threads(spec: TargetSpec) -> int:
+    """Threads per CUDA block the plans use at most."""
+    return min(BLOCK_THREADS, spec.max_threads_per_block)
+
+
+def wanted_blocks(spec: TargetSpec) -> int:
+    """CUDA blocks that fill the GPU: BLOCKS_PER_SM per SM."""
+    return BLOCKS_PER_SM * spec.sms
+
+
+def output_blocks(views: list, func: tirx.PrimFunc) -> set:
+    """Names of the blocks that write a parameter of `func` (the kernel's outputs)."""
+    params = list(func.params)
+    return {v.name for v in views if any(w.buffer.same_as(p) for w in v.writes for p in params)}
+
+
+def check_describable(views: list, error: type = PlanError) -> None:
+    """Raise `error` unless every block is one loop per iterator with point accesses only."""
+    if not views:
+        raise error("no blocks")
+    for view in views:
+        if not view.trivial_binding:
+            raise error(f"block {view.name}: loop nest is not one loop per iterator")
+        if not all(a.point for a in view.reads + view.writes):
+            raise error(f"block {view.name}: non-point buffer access")
+
+
+def inline_trial(func: tirx.PrimFunc, names: list, error: type = PlanError) -> tuple:
+    """(schedule, views) of `func` with the blocks `names` inlined, last first; `error` names a
+    block s_tir refuses to inline."""
+    trial = s_tir.Schedule(func)
+    for name in reversed(names):
+        try:
+            trial.compute_inline(trial.get_sblock(name))
+        except Exception as err:  # noqa: BLE001 - s_tir refuses the inlining: say which block
+            raise error(f"block {name} cannot be inlined: {str(err).strip().splitlines()[-1][:120]}") from err
+    return trial, block_views(trial)

@@ -1,0 +1,172 @@
+"""TargetSpec: the hardware facts the planners use, read once from the Target.
+
+CUDA: the SM count and the SM limits come from the arch (TVM 0.27's cuda
+target has no attribute for them); shared memory per block, threads per
+block, the warp size, registers and the L2 size come from the target's
+attributes where set (a tag such as "nvidia/nvidia-a100" sets them), else
+from the arch. An arch missing from the table takes the facts of the
+nearest older one listed (the oldest listed below sm_70); a target
+without an arch plans for sm_90.
+llvm: the cores are the runtime's thread count, read once when the spec is
+made; the vector width and F16C (half-vector conversion) come from the
+target's CPU (its mcpu and features, as LLVM reports them); the cache size
+is the host's largest (sysfs), read once.
+
+Every plan records the spec it was made for (`StitchPlan.spec`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import tvm
+from tvm.target import Target
+
+from tvm_stitch.threads import cpu_threads
+
+
+@dataclass(frozen=True)
+class _Arch:
+    sms: int
+    l2_bytes: int
+    sm_threads: int
+    sm_blocks: int
+    sm_shared_bytes: int
+
+
+# Per CUDA arch, the part most built for: V100, T4, A100, A10/RTX 3090, L4/RTX 4090, H100/H200, B200.
+_ARCHS = {
+    70: _Arch(sms=80, l2_bytes=6 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=96 << 10),
+    75: _Arch(sms=40, l2_bytes=4 << 20, sm_threads=1024, sm_blocks=16, sm_shared_bytes=64 << 10),
+    80: _Arch(sms=108, l2_bytes=40 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=164 << 10),
+    86: _Arch(sms=84, l2_bytes=6 << 20, sm_threads=1536, sm_blocks=16, sm_shared_bytes=100 << 10),
+    89: _Arch(sms=128, l2_bytes=72 << 20, sm_threads=1536, sm_blocks=24, sm_shared_bytes=100 << 10),
+    90: _Arch(sms=132, l2_bytes=50 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10),
+    100: _Arch(sms=148, l2_bytes=126 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10),
+}
+DEFAULT_ARCH = "sm_90"
+CUDA_SHARED_PER_BLOCK = 48 << 10  # static shared memory a block may declare without opting in
+CUDA_REGISTERS_PER_SM = 64 << 10
+CUDA_REGISTER_GRANULE = 256  # registers are allocated per warp in units of this
+CUDA_VECTOR_BYTES = 16  # the widest global load and store: 128 bits
+CPU_CACHE_BYTES = 32 << 20  # a server CPU's last-level cache, where the OS does not report one
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Hardware facts of one target, as plain data (it prints, compares and serialises)."""
+
+    family: str  # "cuda" or "cpu"
+    arch: str  # CUDA arch (sm_90) or the CPU model (mcpu; "" for generic)
+    vector_bytes: int  # CUDA: widest global access; CPU: the SIMD register width
+    cores: int = 1  # CPU: threads of the runtime's parallel loops
+    converts_half: bool = False  # CPU: converts float16 vectors in hardware (x86 F16C)
+    sms: int = 0  # CUDA: streaming multiprocessors
+    shared_bytes_per_block: int = 0
+    max_threads_per_block: int = 0
+    warp_size: int = 0
+    cache_bytes: int = 0  # the last-level cache: CUDA the L2, CPU the host's (read once)
+    registers_per_sm: int = 0
+    sm_threads: int = 0  # resident threads per SM at most
+    sm_blocks: int = 0  # resident blocks per SM at most
+    sm_shared_bytes: int = 0  # shared memory of an SM, over its resident blocks
+    register_granule: int = 0
+
+    @staticmethod
+    def from_target(target: Target) -> "TargetSpec":
+        """The spec of a cuda or llvm Target; ValueError for another kind."""
+        kind = target.kind.name
+        if kind == "cuda":
+            return _cuda_spec(target)
+        if kind == "llvm":
+            return _cpu_spec(target)
+        raise ValueError(f"no TargetSpec for target kind {kind!r}: tvm-stitch plans for cuda and llvm")
+
+    def describe(self) -> str:
+        """One line: the facts that decide plans."""
+        if self.family == "cuda":
+            return (f"cuda {self.arch}: {self.sms} SMs, {self.shared_bytes_per_block // 1024} KB shared/block, "
+                    f"{self.max_threads_per_block} threads/block, warp {self.warp_size}, "
+                    f"{self.vector_bytes}-byte vectors, L2 {self.cache_bytes >> 20} MB")
+        half = ", converts half vectors" if self.converts_half else ""
+        return (f"cpu {self.arch or 'generic'}: {self.cores} cores, {self.vector_bytes * 8}-bit vectors{half}, "
+                f"last-level cache {self.cache_bytes >> 20} MB")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> "TargetSpec":
+        return TargetSpec(**data)
+
+
+def _arch_number(arch: str) -> int:
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+    if match is None:
+        raise ValueError(f"cannot read a CUDA arch from {arch!r} (expected e.g. 'sm_80')")
+    return int(match.group(1))
+
+
+def _arch_facts(number: int) -> _Arch:
+    older = [n for n in _ARCHS if n <= number]
+    return _ARCHS[max(older) if older else min(_ARCHS)]
+
+
+def _cuda_spec(target: Target) -> TargetSpec:
+    attrs = target.attrs
+    arch = str(attrs["arch"]) if "arch" in attrs else DEFAULT_ARCH
+    facts = _arch_facts(_arch_number(arch))
+
+    def attr(name: str, default: int) -> int:
+        return int(attrs[name]) if name in attrs else default
+
+    return TargetSpec(
+        family="cuda",
+        arch=arch,
+        vector_bytes=CUDA_VECTOR_BYTES,
+        sms=facts.sms,
+        shared_bytes_per_block=attr("max_shared_memory_per_block", CUDA_SHARED_PER_BLOCK),
+        max_threads_per_block=attr("max_threads_per_block", attr("max_num_threads", 1024)),
+        warp_size=attr("thread_warp_size", 32),
+        cache_bytes=attr("l2_cache_size_bytes", facts.l2_bytes),
+        registers_per_sm=attr("registers_per_block", CUDA_REGISTERS_PER_SM),
+        sm_threads=facts.sm_threads,
+        sm_blocks=facts.sm_blocks,
+        sm_shared_bytes=facts.sm_shared_bytes,
+        register_granule=CUDA_REGISTER_GRANULE,
+    )
+
+
+def _cpu_spec(target: Target) -> TargetSpec:
+    return TargetSpec(
+        family="cpu",
+        arch=str(target.attrs.get("mcpu", "")),
+        vector_bytes=max(1, int(tvm.target.codegen.llvm_get_vector_width(target)) // 8),
+        cores=cpu_threads(),
+        converts_half=_has_feature(target, "f16c"),
+        cache_bytes=_host_cache_bytes(),
+    )
+
+
+def _host_cache_bytes() -> int:
+    """This machine's largest CPU cache (Linux sysfs); CPU_CACHE_BYTES where the OS does not say."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = entry.read_text().strip()
+        except OSError:
+            continue
+        match = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if match:
+            sizes.append(int(match.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[match.group(2)])
+    return max(sizes, default=CPU_CACHE_BYTES)
+
+
+def _has_feature(target: Target, feature: str) -> bool:
+    """Whether an llvm target's CPU has an instruction-set feature (False where LLVM cannot say)."""
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except Exception:  # noqa: BLE001 - a target LLVM has no feature table for
+        return False
