@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -11,11 +13,11 @@ from .cpu import row_resident as cpu_row_resident
 from .cuda import row_resident as cuda_row_resident
 from .cuda import row_split as cuda_row_split
 
-_RULES = {
+_RULES = MappingProxyType({
     ("cuda", "row-resident"): cuda_row_resident.apply,
     ("cuda", "row-split"): cuda_row_split.apply,
     ("cpu", "row-resident"): cpu_row_resident.apply,
-}
+})
 
 
 def schedule_for(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:

@@ -29,7 +29,8 @@ from tvm_stitch.fusion.outline import outline_group
 from tvm_stitch.fusion.packing import pack_block
 from tvm_stitch.fusion.partition import partition
 from tvm_stitch.planning import cost_model as _cost_model
-from tvm_stitch.planning.planner import partition_limits, plan_kernel
+from tvm_stitch.planning.limits import partition_limits
+from tvm_stitch.planning.planner import plan_kernel
 from tvm_stitch.planning.spec import DEFAULT_ARCH, TargetSpec
 from tvm_stitch.report import GroupRecord, StitchReport
 from tvm_stitch.target import as_target

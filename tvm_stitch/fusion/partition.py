@@ -13,7 +13,8 @@ groups merge when
 The last two do not apply to a union of few long rows (`long_rows_below`
 rows of at least `long_row` elements): its rows are split over blocks, and
 nothing is kept on chip per row.
-Nodes that join no other node stay singleton groups.
+Nodes that join no other node stay singleton groups. The limits are the
+target's, made by planning/limits.py (`partition_limits(spec)`).
 """
 
 from __future__ import annotations
@@ -26,17 +27,6 @@ from tvm_stitch.analysis.classify import OpKind
 from tvm_stitch.analysis.graph import Graph, inlined_in_group
 from tvm_stitch.analysis.tir_view import static_int
 from tvm_stitch.analysis.row_alignment import ALIGNED
-
-
-@dataclass(frozen=True)
-class PartitionLimits:
-    """What a group may become; made for a target by `planning.planner.partition_limits`."""
-
-    row_bytes_limit: int  # per-row intermediates kept on chip (CUDA: a block's shared memory)
-    parallel_rows: int = 128  # row tasks that fill the machine (about one wave on a GPU)
-    small_work: int = 1 << 16  # elements below which parallelism does not matter
-    long_rows_below: int = 0  # unions with fewer row tasks, of rows of at least
-    long_row: int = 1 << 62  # this many elements, are split over blocks: no limit on row bytes or rows
 
 
 SYMBOLIC_ROWS = 1 << 20  # row count assumed for a symbolic row extent: many
@@ -118,7 +108,7 @@ class Group:
 class _Merger:
     """Groups and the checks that decide whether two may become one."""
 
-    def __init__(self, graph: Graph, limits: PartitionLimits):
+    def __init__(self, graph: Graph, limits):
         self.graph = graph
         self.limits = limits
         self.desc = graph.descendants()
@@ -188,8 +178,10 @@ def _bits(mask: int):
         index += 1
 
 
-def partition(graph: Graph, limits: PartitionLimits) -> list:
+def partition(graph: Graph, limits) -> list:
     """Convex groups of stitchable nodes, as lists of node indices in order.
+
+    `limits`: the target's PartitionLimits (planning/limits.py).
 
     First along producer -> consumer edges; then siblings that read a common
     input over the same rows (dgamma and dbeta of a LayerNorm backward) join,

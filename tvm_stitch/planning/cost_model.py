@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 from tvm import tirx
@@ -35,8 +36,8 @@ from tvm_stitch.planning.spec import TargetSpec
 
 MODELS = Path(__file__).resolve().parent / "cost_models"  # the shipped models (package data)
 OBJECTIVE = "rank:pairwise"  # within a group, order pairs of candidates by their times
-TRAIN_PARAMS = {"max_depth": 4, "eta": 0.05, "objective": OBJECTIVE, "nthread": 1, "seed": 0,
-                "tree_method": "exact"}
+TRAIN_PARAMS = MappingProxyType({"max_depth": 4, "eta": 0.05, "objective": OBJECTIVE, "nthread": 1, "seed": 0,
+                                 "tree_method": "exact"})
 ROUNDS = 200
 
 
@@ -179,7 +180,7 @@ def train(records: list, out: Path) -> dict:
     data = xgb.DMatrix(np.asarray(rows, dtype=np.float32), label=np.asarray(labels, dtype=np.float32),
                        feature_names=list(FEATURES))
     data.set_group(sizes)
-    booster = xgb.train(TRAIN_PARAMS, data, num_boost_round=ROUNDS)
+    booster = xgb.train(dict(TRAIN_PARAMS), data, num_boost_round=ROUNDS)
     out.parent.mkdir(parents=True, exist_ok=True)
     booster.save_model(str(out))
     return {"groups": len(records), "candidates": len(rows), "rounds": ROUNDS, "path": str(out)}

@@ -21,12 +21,11 @@ from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
 from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
-from tvm_stitch.fusion.partition import PartitionLimits
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
 from tvm_stitch.planning.resources import with_resources
-from tvm_stitch.planning.row_split import SPLIT_MIN_ROW, SplitError, plan_row_split
+from tvm_stitch.planning.row_split import SplitError, plan_row_split
 from tvm_stitch.planning.spec import TargetSpec
 
 CUDA_MIN_THREADS = 8  # below a quarter warp, packing more rows beats more threads per row
@@ -40,8 +39,6 @@ CPU_SPLIT_CHUNK = 4096  # longest reduction a streamed task sums in one go (accu
 CPU_SPLIT_MIN_ROW = 1 << 15  # rows at least this long are cut into chunks when there are too few for the cores
 CPU_SPLIT_MIN_CHUNK = 4096  # elements per chunk at least: a chunk's parallel task outweighs its launch share
 LARGE_WORK = 1 << 20  # elements above which a kernel must have a row axis to spread over
-CPU_ROW_BYTES = 1 << 20  # per-row intermediates a CPU row task keeps (in L2)
-CPU_PARTITION_ROWS = 16  # row tasks that keep the cores busy, for the partition's parallelism rule
 
 
 # Without native half-precision arithmetic, every float16/bfloat16 op on the CPU
@@ -505,16 +502,3 @@ def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
             except SplitError as split_err:
                 raise PlanError(f"{err}; and no row-split plan: {split_err}") from err
 
-
-def partition_limits(spec: TargetSpec, split_long_rows: bool = True) -> PartitionLimits:
-    """The partition's limits for the target: what a row may keep on chip, and which unions of
-    few long rows the planners split (`split_long_rows=False`: none, every row stays on chip)."""
-    if spec.family == "cuda":
-        # Few long rows are split over blocks (row-split): nothing per row stays on chip.
-        return PartitionLimits(row_bytes_limit=spec.shared_bytes_per_block,
-                               long_rows_below=spec.sms if split_long_rows else 0, long_row=SPLIT_MIN_ROW)
-    # On the CPU a row's intermediates live in L1/L2, not a scratchpad; too few long rows
-    # for the cores are cut into chunks (_cpu_row_chunks), nothing kept per row.
-    return PartitionLimits(row_bytes_limit=CPU_ROW_BYTES, parallel_rows=CPU_PARTITION_ROWS,
-                           long_rows_below=spec.cores * CPU_TASKS_PER_CORE if split_long_rows else 0,
-                           long_row=CPU_SPLIT_MIN_ROW)

@@ -20,11 +20,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import tvm
 from tvm.target import Target
-
-from tvm_stitch.threads import cpu_threads
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class _Arch:
 
 
 # Per CUDA arch, the part most built for: V100, T4, A100, A10/RTX 3090, L4/RTX 4090, H100/H200, B200.
-_ARCHS = {
+_ARCHS = MappingProxyType({
     70: _Arch(sms=80, l2_bytes=6 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=96 << 10),
     75: _Arch(sms=40, l2_bytes=4 << 20, sm_threads=1024, sm_blocks=16, sm_shared_bytes=64 << 10),
     80: _Arch(sms=108, l2_bytes=40 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=164 << 10),
@@ -45,7 +44,7 @@ _ARCHS = {
     89: _Arch(sms=128, l2_bytes=72 << 20, sm_threads=1536, sm_blocks=24, sm_shared_bytes=100 << 10),
     90: _Arch(sms=132, l2_bytes=50 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10),
     100: _Arch(sms=148, l2_bytes=126 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10),
-}
+})
 DEFAULT_ARCH = "sm_90"
 CUDA_SHARED_PER_BLOCK = 48 << 10  # static shared memory a block may declare without opting in
 CUDA_REGISTERS_PER_SM = 64 << 10
@@ -144,7 +143,7 @@ def _cpu_spec(target: Target) -> TargetSpec:
         family="cpu",
         arch=str(target.attrs.get("mcpu", "")),
         vector_bytes=max(1, int(tvm.target.codegen.llvm_get_vector_width(target)) // 8),
-        cores=cpu_threads(),
+        cores=int(tvm.get_global_func("runtime.NumThreads")()),  # the runtime's threads, as threads.py sets them
         converts_half=_has_feature(target, "f16c"),
         cache_bytes=_host_cache_bytes(),
     )

@@ -27,11 +27,11 @@ from tvm import relax, tirx
 
 from tvm_stitch.tools.tolerance import tolerance
 
-UNARY = ["exp", "log", "erf", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "negative", "power"]
-BINARY = ["add", "subtract", "multiply", "divide", "maximum", "minimum", "where"]
-REDUCE = ["sum", "mean", "max", "min"]
-SHAPE_OPS = ["reshape", "transpose", "slice", "concat", "cast"]
-DIMS = [1, 2, 3, 5, 7, 8, 16, 31, 32, 64, 97, 128, 256, 1000]
+UNARY = ("exp", "log", "erf", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "negative", "power")
+BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "where")
+REDUCE = ("sum", "mean", "max", "min")
+SHAPE_OPS = ("reshape", "transpose", "slice", "concat", "cast")
+DIMS = (1, 2, 3, 5, 7, 8, 16, 31, 32, 64, 97, 128, 256, 1000)
 
 
 @dataclass
