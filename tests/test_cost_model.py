@@ -144,6 +144,29 @@ def test_rules_decide_where_no_model_is_shipped():
     assert with_model.plans and [p.mapping for p in with_model.plans] == [p.mapping for p in rules.report.plans]
 
 
+def test_rule_plan_is_built_when_the_models_choice_does_not_build(monkeypatch, rng):
+    original = stitch_pass.schedule_for
+
+    def refuse_choices(func, plan, target):
+        if any(note.startswith("cost model:") for note in plan.notes):
+            raise RuntimeError("injected: the chosen schedule does not build")
+        return original(func, plan, target)
+
+    monkeypatch.setattr(stitch_pass, "schedule_for", refuse_choices)
+    graph = SUITE["softmax"]
+    model = _Forcing(1)
+    built = build(graph.build("float32", dims("test")), LLVM, stitched=True, strict=True, cost_model=model)
+    assert model.seen and max(model.seen) > 1  # the model did choose another candidate
+    (plan,) = built.report.plans
+    assert not any(note.startswith("cost model:") for note in plan.notes)
+    assert any("choice did not build" in n and "rule plan is used" in n for n in built.report.notes)
+    rules = build(graph.build("float32", dims("test")), LLVM, stitched=True, strict=True, cost_model=False)
+    assert plan.mapping == rules.report.plans[0].mapping
+    inputs = graph.inputs(rng, "float32", dims("test"))
+    (out,) = run_cpu(built.executable, inputs)
+    np.testing.assert_allclose(out.astype(np.float64), reference(graph, inputs)[0], rtol=2e-4, atol=2e-4)
+
+
 def test_the_model_adds_no_builds_at_compile_time(monkeypatch):
     """Candidates are ranked from features: compiling with the model builds the same kernels as without."""
     calls = []

@@ -58,9 +58,68 @@ def test_group_whose_schedule_fails_to_build_falls_back():
         return bb.emit(op.sum(op.multiply(x, inner), axis=[1]))
 
     mod = make_module([x], body)
-    tvm.compile(mod, target=CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA))
+    report = tvm_stitch.StitchReport()
+    tvm.compile(mod, target=CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, report=report))
+    (group,) = report.groups
+    assert not group.stitched and "InternalError" in group.fallback, report.table()
     built = build(mod, LLVM, stitched=True)
     data = np.random.default_rng(0).standard_normal((2, 1000, 16)).astype("float32")
     (out,) = run_cpu(built.executable, [data])
     ref = (data * data.sum(2, keepdims=True)).sum(1)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+
+
+def _exp_and_two_row_sums():
+    """exp(x) (an output, also summed) over 16 rows of 20000, and a sum over rows of 10000 of w."""
+    x, w = tensor("x", (16, 20000)), tensor("w", (16, 10000))
+
+    def body(bb, x, w):
+        ex = bb.emit(op.exp(x))
+        total = bb.emit(op.add(op.sum(ex, axis=[1], keepdims=True), op.sum(w, axis=[1], keepdims=True)))
+        return relax.Tuple([ex, total])
+
+    return make_module([x, w], body)
+
+
+def test_split_group_that_cannot_be_stitched_is_retried_in_parts(rng):
+    # Few long rows: the partition keeps the four ops together for row-split; row-split refuses two
+    # row lengths and the 80 KB rows of exp do not fit shared memory, so the parts that keep rows on
+    # chip are stitched instead.
+    mod = _exp_and_two_row_sums()
+    report = tvm_stitch.explain(mod, CUDA)
+    assert [g.ops for g in report.groups] == [("tir_exp",), ("sum", "sum1", "add")]
+    assert all(g.stitched for g in report.groups)
+    (note,) = [n for n in report.notes if "stitched as 2 groups" in n]
+    assert "exceed 49152 of shared memory" in note and "blocks differ in row length" in note
+    built = build(mod, LLVM, stitched=True, emulate="cuda")  # strict mode raises before trying parts
+    assert len(built.report.plans) == 2 and not built.report.fallbacks
+    x = rng.uniform(-1, 1, (16, 20000)).astype("float32")
+    w = rng.uniform(-1, 1, (16, 10000)).astype("float32")
+    ex, total = run_cpu(built.executable, [x, w])
+    np.testing.assert_allclose(ex, np.exp(x), rtol=1e-5)
+    want = np.exp(x.astype("float64")).sum(1, keepdims=True) + w.sum(1, keepdims=True)
+    np.testing.assert_allclose(total, want, rtol=1e-4)
+
+
+def test_kernels_stay_apart_when_their_packed_kernel_does_not_build(monkeypatch, rng):
+    from tvm_stitch import stitch_pass
+    from tvm_stitch.tools.suite import SUITE, dims, reference
+
+    graph = SUITE["adam_update"]
+    mod = graph.build("float32", dims("test"))
+    packed = build(mod, LLVM, stitched=True, strict=True)
+    assert packed.report.packs
+    original = stitch_pass.check_builds
+
+    def refuse_packs(func, target):
+        if "tvm_stitch.packed" in func.attrs:
+            raise RuntimeError("injected: the packed kernel does not build")
+        original(func, target)
+
+    monkeypatch.setattr(stitch_pass, "check_builds", refuse_packs)
+    apart = build(mod, LLVM, stitched=True)
+    assert not apart.report.packs and len(apart.report.plans) == len(packed.report.plans)
+    assert any("left unpacked" in n and "injected" in n for n in apart.report.notes)
+    inputs = graph.inputs(rng, "float32", dims("test"))
+    for out, ref in zip(run_cpu(apart.executable, inputs), reference(graph, inputs)):
+        np.testing.assert_allclose(out.astype("float64"), ref, rtol=2e-4, atol=2e-4)

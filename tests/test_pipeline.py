@@ -8,6 +8,7 @@ from tvm import relax
 import tvm_stitch
 from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
+from tvm_stitch.tools.launches import cuda_source, kernels_per_primfunc, primfunc_calls
 from tvm_stitch.tools.suite import SUITE, dims, reference
 
 from conftest import CUDA, LLVM, make_module, static_shape, tensor
@@ -93,25 +94,37 @@ def test_transformer_block_keeps_matmuls_out_of_stitched_kernels(rng):
     assert cuda_launches(mod, stitched=True) < cuda_launches(mod, stitched=False)
 
 
-def test_identical_groups_share_one_kernel():
-    x = tensor("x", (64, 96))
+def test_identical_groups_share_one_kernel(rng):
+    # softmax(x), a matmul, softmax of its (64, 96) result: two groups with the same fused PrimFunc.
+    x, w = tensor("x", (64, 96)), tensor("w", (96, 96))
     op = relax.op
 
     def softmax(bb, h):
         e = bb.emit(op.exp(op.subtract(h, op.max(h, axis=[-1], keepdims=True))))
         return bb.emit(op.divide(e, op.sum(e, axis=[-1], keepdims=True)))
 
-    def body(bb, x):
-        a = softmax(bb, x)
-        t = bb.emit(op.permute_dims(op.matmul(a, op.permute_dims(a, [1, 0])), [1, 0]))
-        return softmax(bb, bb.emit(op.strided_slice(t, [1], [0], [96])))
+    def body(bb, x, w):
+        return softmax(bb, bb.emit(op.matmul(softmax(bb, x), w)))
 
-    mod = make_module([x], body)
-    built = build(mod, CUDA, stitched=True)
-    stitched = [gv for gv, f in built.lowered.functions_items()
+    mod = make_module([x, w], body)
+    built = build(mod, CUDA, stitched=True, strict=True)
+    stitched = [gv.name_hint for gv, f in built.lowered.functions_items()
                 if isinstance(f, tvm.tirx.PrimFunc) and "tvm_stitch.plan" in f.attrs]
-    assert len(built.report.plans) >= 2
-    assert len(stitched) < len(built.report.plans) + 1
+    first, second = built.report.plans
+    assert first.kernel == second.kernel and stitched == [first.kernel]
+    # One CUDA kernel, called twice.
+    assert kernels_per_primfunc(cuda_source(built.executable), [first.kernel]) == {first.kernel: 1}
+    assert primfunc_calls(built.lowered)[first.kernel] == 2
+    cpu = build(mod, LLVM, stitched=True, strict=True)
+    assert len({p.kernel for p in cpu.report.plans}) == 1 and len(cpu.report.plans) == 2
+    xs, ws = rng.standard_normal((64, 96)).astype("float32"), rng.standard_normal((96, 96)).astype("float32")
+
+    def np_softmax(h):
+        e = np.exp(h - h.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    (out,) = run_cpu(cpu.executable, [xs, ws])
+    np.testing.assert_allclose(out, np_softmax(np_softmax(xs.astype("float64")) @ ws), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
