@@ -39,7 +39,7 @@ def pack(funcs: list, n_outputs: list) -> tirx.PrimFunc:
     packed kernel takes every member's inputs, then every member's outputs
     (the `call_tir` convention).
     """
-    first_root, first_loop = _top_loop(funcs[0])
+    _, first_loop = _top_loop(funcs[0])
     dtype = str(first_loop.extent.ty)
     task = tirx.Var("task", dtype)
     inputs, outputs, allocs, branches = [], [], [], []

@@ -1,5 +1,6 @@
 """What the row-resident schedules guarantee: expensive ops once, on-chip reuse within limits."""
 
+import pytest
 import tvm
 import tvm_ffi
 
@@ -159,3 +160,52 @@ def test_cpu_few_long_rows_are_cut_into_chunks_over_the_cores(rng):
     (out,) = run_cpu(built.executable, [data])
     e = np.exp(data.astype("float64") - data.max(-1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-9)
+
+
+def test_planner_demotes_an_expensive_intermediate_whose_row_exceeds_shared_memory(rng):
+    # One softmax group over rows of 16384 (64 KB of exp per row): the partition would cut it at
+    # shared memory, so the fused PrimFunc is made here and planned directly.
+    import dataclasses
+
+    import numpy as np
+    from tvm import relax
+
+    from conftest import fused
+    from schedules import schedule_for
+    from tvm_stitch import TargetSpec
+    from tvm_stitch.analysis.graph import analyses_for, build_graph
+    from tvm_stitch.check.builds import check_builds
+    from tvm_stitch.fusion.outline import outline_group
+    from tvm_stitch.fusion.partition import partition
+    from tvm_stitch.planning.limits import partition_limits
+    from tvm_stitch.planning.planner import SharedMemoryError, plan_kernel, plan_row_resident
+
+    x = tensor("x", (256, 16384))
+
+    def softmax(bb, x):
+        e = bb.emit(relax.op.exp(relax.op.subtract(x, relax.op.max(x, axis=[-1], keepdims=True))))
+        return bb.emit(relax.op.divide(e, relax.op.sum(e, axis=[-1], keepdims=True)))
+
+    mod = fused(make_module([x], softmax))
+    (block,) = mod["main"].body.blocks
+    graph = build_graph(mod, block, set(relax.analysis.free_vars(mod["main"].body.body)), analyses_for(mod))
+    spec = TargetSpec.from_target(CUDA)
+    (members,) = partition(graph, dataclasses.replace(partition_limits(spec), row_bytes_limit=1 << 30))
+    func = outline_group(mod, graph, members, "softmax").func
+    with pytest.raises(SharedMemoryError, match="exceed 49152") as err:
+        plan_row_resident(func, spec, "softmax")  # exp's 64 KB row kept on chip
+    exp = err.value.demotable[0]
+    plan = plan_kernel(func, spec, "softmax")
+    (demoted,) = [i for i in plan.intermediates if i.name == exp]
+    assert demoted.inlined and "demoted from shared memory" in demoted.why
+    assert plan.scheme == "row-resident" and plan.shared_bytes <= spec.shared_bytes_per_block
+    scheduled = schedule_for(func, plan, CUDA).mod["main"]
+    check_builds(scheduled.with_attr("tirx.is_scheduled", True), CUDA)
+
+    emulated = schedule_for(func, plan, LLVM).mod["main"].with_attr("global_symbol", "softmax")
+    lib = tvm.tirx.build(tvm.IRModule({"softmax": emulated}), target=LLVM)
+    data = rng.standard_normal((256, 16384)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros_like(data))
+    lib["softmax"](tvm.runtime.tensor(data), out)
+    e = np.exp(data.astype("float64") - data.max(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-9)

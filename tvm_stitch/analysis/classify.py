@@ -127,7 +127,7 @@ def classify_views(views: list) -> OpClass:
     if reductions:
         axes, where = _reduction_axes(reductions[0])
         for other in reductions[1:]:
-            other_axes, other_where = _reduction_axes(other)
+            _, other_where = _reduction_axes(other)
             if other_where != where:
                 where = "mixed"
         return OpClass(OpKind.REDUCTION, axes, where, expensive)

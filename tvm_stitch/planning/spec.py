@@ -18,7 +18,7 @@ Every plan records the spec it was made for (`StitchPlan.spec`).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -92,9 +92,6 @@ class TargetSpec:
         half = ", converts half vectors" if self.converts_half else ""
         return (f"cpu {self.arch or 'generic'}: {self.cores} cores, {self.vector_bytes * 8}-bit vectors{half}, "
                 f"last-level cache {self.cache_bytes >> 20} MB")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     @staticmethod
     def from_dict(data: dict) -> "TargetSpec":

@@ -60,10 +60,6 @@ class Spec:
 
 # --- building the Relax module ------------------------------------------------------
 
-def _shape_of(expr) -> list:
-    return list(expr.ty.shape)
-
-
 def _apply(bb, step: Step, values: list, dtype_of):
     op = relax.op
     a = values[step.args[0]]
