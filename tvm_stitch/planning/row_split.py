@@ -27,6 +27,8 @@ cooperative launch (every block resident) that TVM's runtime does not make.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
@@ -116,6 +118,98 @@ def _row_length(kept: list, rank: int) -> int:
     return lengths.pop()
 
 
+@dataclass(frozen=True)
+class _Kernels:
+    """Which kernel each kept block runs in, and where each reduction's partials are combined."""
+
+    level: dict  # kept block -> kernel of its values (a reduction: of its partials)
+    combine: dict  # reduction -> kernel that combines its partials (its first reader's)
+    readers: dict  # kept block -> kernels of the blocks that read it
+    count: int  # kernels in all
+
+
+def _kernels(kept: list) -> _Kernels:
+    consumers = block_consumers(kept)
+    level = _levels(kept, consumers)
+    readers = {name: [level[c] for c in users] for name, users in consumers.items()}
+    # A reduction's partials run in its own kernel, their combine in its first reader's kernel.
+    combine = {view.name: min(readers[view.name], default=level[view.name] + 1)
+               for view in kept if view.has_reduction}
+    return _Kernels(level, combine, readers, max(list(level.values()) + list(combine.values())) + 1)
+
+
+def _check_worth_splitting(kept: list, rank: int, kernels: _Kernels, unsplit_blocks: int) -> None:
+    """For a split chosen for parallelism alone: few launches, and no launch that only combines
+    unless the GPU is starved without the split."""
+    if kernels.count > MAX_CHOSEN_KERNELS:
+        raise SplitError(f"{kernels.count} kernels: launches would cost more than idle SMs")
+    chunked = {kernels.level[v.name] for v in kept if v.has_reduction or _within(v, rank)[0] > 1}
+    if unsplit_blocks >= STARVED_BLOCKS and len(chunked) < kernels.count:
+        raise SplitError(f"{unsplit_blocks} blocks without a split: not starved enough to pay a launch "
+                         "that only combines")
+
+
+def _mapping(rows: int, length: int, columns: bool, dtype_bytes: int, spec: TargetSpec) -> ThreadMapping:
+    """Blocks per row and threads per block: column walks a warp of rows per block, one thread
+    each; rows chunked over blocks, each chunk over a block's threads with vector accesses."""
+    if columns:
+        row_blocks = -(-rows // spec.warp_size)
+        split = choose_split(row_blocks, length, spec, MIN_COLUMN_CHUNK) if row_blocks < spec.sms else 1
+        return ThreadMapping(rows, spec.warp_size, 1, 1, row_blocks * split, split=split)
+    split = choose_split(rows, length, spec) if rows < spec.sms else 1
+    chunk = length // split
+    vector = spec.vector_bytes // dtype_bytes
+    threads = block_threads(spec)
+    while threads > spec.warp_size and threads * vector > chunk:
+        threads //= 2
+    vector = vector if chunk % (threads * vector) == 0 else 1
+    return ThreadMapping(rows, 1, threads, vector, rows * split, split=split)
+
+
+def _intermediates(views: list, inlined: list, kept: list, outputs: set, kernels: _Kernels, split: int,
+                   dtype_bytes: int) -> list:
+    """Element-wise blocks inlined into every kernel that reads them; per reduction its partials
+    in global memory, and its combined value in a register or, read by a later kernel or the
+    caller, in global memory too."""
+    out = [Intermediate(v.name, REGISTER, dtype_bytes, "recomputed in every kernel that reads it: "
+                        "cheaper than a round trip through global memory", inlined=True)
+           for v in reversed(inlined) if any(r.buffer.same_as(v.writes[0].buffer) for k in views for r in k.reads)]
+    for view in kept:
+        if not view.has_reduction:
+            continue
+        nbytes = max(1, view.writes[0].buffer.dtype.bits // 8)
+        combine = kernels.combine[view.name]
+        out.append(Intermediate(f"{view.name}_rf", GLOBAL, split * nbytes,
+                                f"{split} partials per row from kernel {kernels.level[view.name]}, "
+                                f"combined in kernel {combine}"))
+        later = [lvl for lvl in kernels.readers[view.name] if lvl > combine]
+        if view.name in outputs or later:
+            why = "kernel output" if view.name in outputs else f"read again in kernel {min(later)}"
+            out.append(Intermediate(view.name, GLOBAL, nbytes, f"combined per row; {why}"))
+        else:
+            out.append(Intermediate(view.name, REGISTER, nbytes, "combined per row by each thread that reads it"))
+    return out
+
+
+def _notes(mapping: ThreadMapping, length: int, columns: bool, kernels: _Kernels, inlined: list) -> list:
+    m = mapping
+    if columns:
+        first = (f"column access: {m.rows} threads walk columns of {length} in {m.split} chunks, {m.grid} blocks "
+                 f"of {m.rows_per_task} threads")
+    elif m.split > 1:
+        first = f"few long rows: {m.rows} rows of {length} split into {m.split} chunks, {m.grid} blocks"
+    else:
+        first = f"rows of {length} do not fit on chip: kernels cut at reductions"
+    notes = [
+        first,
+        f"global stitching in {kernels.count} kernels (partials, then per-row combines); no grid barrier: "
+        "TVM's runtime has no cooperative launch to guarantee every block is resident",
+    ]
+    if any(v.expensive for v in inlined):
+        notes.append("expensive element-wise ops are recomputed in each kernel that reads them")
+    return notes
+
+
 def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
                    few_long_rows_only: bool = False) -> StitchPlan:
     """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`."""
@@ -126,93 +220,34 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
     if rows is None:
         raise SplitError("symbolic row count")
     length = _row_length(kept, rank)
-    params = list(func.params)
-    columns = walks_columns(kept, params, rank)
-    if columns:
-        # Column access (e.g. dgamma, BatchNorm over N): a thread per row walks its column;
-        # splitting the walk gives blocks when there are few rows.
-        row_blocks = -(-rows // spec.warp_size)
-        if few_long_rows_only and (row_blocks >= spec.sms or length < MIN_COLUMN_WALK):
+    columns = walks_columns(kept, list(func.params), rank)
+    # Column access (e.g. dgamma, BatchNorm over N): a thread per row walks its column;
+    # splitting the walk gives blocks when there are few rows.
+    unsplit_blocks = -(-rows // spec.warp_size) if columns else rows
+    kernels = _kernels(kept)
+    if few_long_rows_only:
+        if columns and (unsplit_blocks >= spec.sms or length < MIN_COLUMN_WALK):
             raise SplitError(f"{rows} column walks of {length}: enough blocks without a split")
-    elif few_long_rows_only and not wants_split(rows, length, spec):
-        raise SplitError(f"{rows} rows of {length} elements: row-resident fits")
-
-    consumers = block_consumers(kept)
-    levels = _levels(kept, consumers)
-    consumer_levels = {name: [levels[c] for c in users] for name, users in consumers.items()}
-    # A reduction's partials run in its own kernel, their combine in its first reader's kernel.
-    combine_level = {view.name: min(consumer_levels[view.name], default=levels[view.name] + 1)
-                     for view in kept if view.has_reduction}
-    kernels = max(list(levels.values()) + list(combine_level.values())) + 1
-    if few_long_rows_only and kernels > MAX_CHOSEN_KERNELS:
-        raise SplitError(f"{kernels} kernels: launches would cost more than idle SMs")
-    unsplit_blocks = row_blocks if columns else rows
-    chunked = {levels[v.name] for v in kept if v.has_reduction or _within(v, rank)[0] > 1}
-    if few_long_rows_only and unsplit_blocks >= STARVED_BLOCKS and len(chunked) < kernels:
-        raise SplitError(f"{unsplit_blocks} blocks without a split: not starved enough to pay a launch "
-                         "that only combines")
+        if not columns and not wants_split(rows, length, spec):
+            raise SplitError(f"{rows} rows of {length} elements: row-resident fits")
+        _check_worth_splitting(kept, rank, kernels, unsplit_blocks)
     dtype_bytes = max(1, max(v.writes[0].buffer.dtype.bits for v in kept) // 8)
-    if columns:
-        # A warp of rows (columns) per block, one thread each.
-        split = choose_split(row_blocks, length, spec, MIN_COLUMN_CHUNK) if row_blocks < spec.sms else 1
-        threads, vector, rows_per_block, blocks = 1, 1, spec.warp_size, row_blocks * split
-    else:
-        split = choose_split(rows, length, spec) if rows < spec.sms else 1
-        chunk = length // split
-        vector = spec.vector_bytes // dtype_bytes
-        threads = block_threads(spec)
-        while threads > spec.warp_size and threads * vector > chunk:
-            threads //= 2
-        vector = vector if chunk % (threads * vector) == 0 else 1
-        rows_per_block, blocks = 1, rows * split
-
-    intermediates = [Intermediate(v.name, REGISTER, dtype_bytes, "recomputed in every kernel that reads it: "
-                                  "cheaper than a round trip through global memory", inlined=True)
-                     for v in reversed(inlined) if any(r.buffer.same_as(v.writes[0].buffer) for k in views for r in k.reads)]
-    for view in kept:
-        if not view.has_reduction:
-            continue
-        nbytes = max(1, view.writes[0].buffer.dtype.bits // 8)
-        intermediates.append(Intermediate(
-            f"{view.name}_rf", GLOBAL, split * nbytes,
-            f"{split} partials per row from kernel {levels[view.name]}, combined in kernel {combine_level[view.name]}"))
-        later = [lvl for lvl in consumer_levels[view.name] if lvl > combine_level[view.name]]
-        if view.name in outputs or later:
-            why = "kernel output" if view.name in outputs else f"read again in kernel {min(later)}"
-            intermediates.append(Intermediate(view.name, GLOBAL, nbytes, f"combined per row; {why}"))
-        else:
-            intermediates.append(Intermediate(view.name, REGISTER, nbytes,
-                                              "combined per row by each thread that reads it"))
-    if columns:
-        first = (f"column access: {rows} threads walk columns of {length} in {split} chunks, {blocks} blocks "
-                 f"of {rows_per_block} threads")
-    elif split > 1:
-        first = f"few long rows: {rows} rows of {length} split into {split} chunks, {blocks} blocks"
-    else:
-        first = f"rows of {length} do not fit on chip: kernels cut at reductions"
-    notes = [
-        first,
-        f"global stitching in {kernels} kernels (partials, then per-row combines); no grid barrier: "
-        "TVM's runtime has no cooperative launch to guarantee every block is resident",
-    ]
-    if any(v.expensive for v in inlined):
-        notes.append("expensive element-wise ops are recomputed in each kernel that reads them")
-    dominant = tuple(v.name for v in kept if v.has_reduction) or (kept[-1].name,)
+    mapping = _mapping(rows, length, columns, dtype_bytes, spec)
     return StitchPlan(
         kernel=name,
         target="cuda",
         scheme="row-split",
         ops=tuple(v.name for v in views),
-        dominant=dominant,
+        dominant=tuple(v.name for v in kept if v.has_reduction) or (kept[-1].name,),
         rank=rank,
         row_shape=tuple(str(static_int(e)) for e in kept[0].extents[:rank]),
-        mapping=ThreadMapping(rows, rows_per_block, threads, vector, blocks, split=split),
-        intermediates=tuple(intermediates),
+        mapping=mapping,
+        intermediates=tuple(_intermediates(views, inlined, kept, outputs, kernels, mapping.split, dtype_bytes)),
         outputs=tuple(v.name for v in views if v.name in outputs),
-        phases=tuple(Phase(v.name, levels[v.name]) for v in kept) + tuple(
-            Phase(n, lvl, PhaseRole.COMBINE) for n, lvl in combine_level.items()),
-        kernels=kernels,
+        phases=tuple(Phase(v.name, kernels.level[v.name]) for v in kept) + tuple(
+            Phase(n, lvl, PhaseRole.COMBINE) for n, lvl in kernels.combine.items()),
+        kernels=kernels.count,
         reductions=sum(1 for v in kept if v.has_reduction),
-        notes=tuple(notes),
+        notes=tuple(_notes(mapping, length, columns, kernels, inlined)),
         spec=spec,
     )
