@@ -126,6 +126,7 @@ def test_shipped_model_loads_and_picks_a_candidate():
     chosen = cost_model.choose(model, fused, rule, rule.spec)
     assert knobs(chosen) in [knobs(p) for p in candidates(fused, rule, rule.spec)]
     assert cost_model.load_model("cuda") is None  # no CUDA model: the rules decide there
+    assert set(cost_model.SHIPPED) == {"cpu"} and cost_model.SHIPPED["cpu"].feature_names == FEATURES
 
 
 @pytest.mark.parametrize("content", [None, "{not json", json.dumps({"learner": {}})])

@@ -332,7 +332,7 @@ def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = Fa
     for CUDA sm_90, without thread bindings, so the CUDA schedules run (and
     can be checked) on the CPU; a cuda target (Target, dict or string)
     instead of "cuda" plans for that GPU. With `cost_model=True` (the
-    default) the target family's shipped model (cost_model.py) picks each
+    default) the target family's shipped model (cost_model.SHIPPED) picks each
     kernel's configuration among the rule plan's variants, where a model is
     shipped for the family (the CPU); a model given (a `cost_model.Model`,
     or any object whose `costs(feature rows)` ranks candidates, lowest
@@ -370,7 +370,7 @@ def _chooser(model, family: str):
     if model is False:
         return None
     if model is True:
-        model = _cost_model.load_model(family)
+        model = _cost_model.SHIPPED.get(family)
     return functools.partial(_cost_model.choose, model) if model is not None else None
 
 

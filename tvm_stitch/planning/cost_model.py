@@ -11,11 +11,13 @@ times on a shared machine (leave-one-shape-out on the training records:
 more groups within 10% of their best than regression).
 
 At compile time the trees are walked here, in Python (importing xgboost
-alone costs about a second, more than most compilations). The stitch pass
-loads the family's model with `load_model` when it runs, or is given one
-(`StitchFusion(cost_model=model)`). No model for the target, a model that
-does not load, or features it was not trained on: the rule-based plan is
-used.
+alone costs about a second, more than most compilations). The shipped
+models are read once, when this module is imported (`SHIPPED`, read-only:
+parsing the JSON costs about 25 ms, a tenth of a small compilation);
+`load_model(family, folder)` reads one from any folder, and the stitch pass
+can be given a model (`StitchFusion(cost_model=model)`). No model for the
+target, a model that does not load, or features it was not trained on: the
+rule-based plan is used.
 """
 
 from __future__ import annotations
@@ -140,6 +142,14 @@ def load_model(family: str, folder: Path = MODELS) -> Model | None:
     if model.feature_names != FEATURES:
         return None  # trained on other features: its predictions mean nothing here
     return model
+
+
+def _shipped() -> MappingProxyType:
+    models = {path.stem: load_model(path.stem) for path in sorted(MODELS.glob("*.json"))}
+    return MappingProxyType({family: model for family, model in models.items() if model is not None})
+
+
+SHIPPED = _shipped()  # family -> Model: the usable models shipped with the package
 
 
 def choose(model, fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> StitchPlan:
