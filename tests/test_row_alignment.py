@@ -17,7 +17,7 @@ def _rows(body, *params):
 
 def test_row_reduction_has_one_row_axis():
     info = _rows(lambda bb, x: bb.emit(op.sum(x, axis=[1], keepdims=True)), tensor("x", (64, 96)))
-    assert info.extents[0].endswith("64)")
+    assert info.extents[0] == 64
     assert info.param_access[0][1] == ALIGNED
 
 
@@ -40,5 +40,5 @@ def test_broadcast_vector_is_row_invariant():
 def test_column_reduction_rows_are_columns():
     info = _rows(lambda bb, x: bb.emit(op.sum(x, axis=[0])), tensor("x", (64, 96)))
     # Its only spatial axis is the column axis: it cannot share rows with a row-wise op.
-    assert info.extents[0].endswith("96)")
+    assert info.extents[0] == 96
     assert info.param_access[0][1] == CROSSING
