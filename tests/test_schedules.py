@@ -209,3 +209,24 @@ def test_planner_demotes_an_expensive_intermediate_whose_row_exceeds_shared_memo
     lib["softmax"](tvm.runtime.tensor(data), out)
     e = np.exp(data.astype("float64") - data.max(-1, keepdims=True))
     np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-9)
+
+
+def test_last_resort_schedule_uses_the_targets_thread_limit():
+    from tvm import relax
+
+    from schedules.cuda import per_block
+    from tvm_stitch.check.builds import check_builds
+
+    mod = relax.transform.LegalizeOps()(make_module([tensor("x", (64, 96))],
+                                                    lambda bb, x: bb.emit(relax.op.sum(x, axis=[1]))))
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    for limit, threads in ((1024, 256), (128, 128)):
+        target = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": limit})
+        scheduled = per_block.apply(func, target).mod["main"]
+        extents = []
+        tvm_ffi.structural_walk(scheduled.body, (tvm.tirx.For, lambda l: extents.append(int(l.extent))
+                                                 if l.thread_binding is not None
+                                                 and l.thread_binding.thread_tag == "threadIdx.x" else None),
+                                order="pre")
+        assert extents == [threads]
+        check_builds(scheduled, target)

@@ -59,7 +59,7 @@ class GuardedDefaultSchedule:
                 if sch is not None:
                     break
             if sch is None:
-                sch = per_block.apply(func)
+                sch = per_block.apply(func, target)
             updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
         for gv, func in updates.items():
             mod[gv] = func

@@ -2,18 +2,21 @@
 
 The last resort for functions that TVM's dlight rules cannot (or crash on)
 schedule: each top-level block becomes its own kernel, its spatial loops
-fused and spread over blocks of `THREADS` threads, its reduction loops run
-serially inside each thread. Slow for long reductions, never wrong.
+fused and spread over blocks of `block_threads` threads (the planners' choice,
+within the target's limit), its reduction loops run serially inside each
+thread. Slow for long reductions, never wrong.
 """
 
 from __future__ import annotations
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.target import Target
+
+from tvm_stitch.planning.common import block_threads
+from tvm_stitch.planning.spec import TargetSpec
 
 from ..common import loop_kinds
-
-THREADS = 256
 
 
 def _loop_kinds(sch: s_tir.Schedule, block) -> list:
@@ -27,7 +30,8 @@ def _loop_kinds(sch: s_tir.Schedule, block) -> list:
     return out
 
 
-def apply(func: tirx.PrimFunc) -> s_tir.Schedule:
+def apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule:
+    threads = block_threads(TargetSpec.from_target(target))
     sch = s_tir.Schedule(func)
     for block in sch.get_child_blocks(get_root_block(sch)):
         kinds = _loop_kinds(sch, block)
@@ -39,7 +43,7 @@ def apply(func: tirx.PrimFunc) -> s_tir.Schedule:
             fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
         else:
             fused = sch.add_unit_loop(kinds[0][0] if kinds else block)
-        outer, inner = sch.split(fused, [None, THREADS])
+        outer, inner = sch.split(fused, [None, threads])
         sch.bind(outer, "blockIdx.x")
         sch.bind(inner, "threadIdx.x")
     return sch
