@@ -5,8 +5,9 @@ target has no attribute for them); shared memory per block, threads per
 block, the warp size, registers and the L2 size come from the target's
 attributes where set (a tag such as "nvidia/nvidia-a100" sets them), else
 from the arch. An arch missing from the table takes the facts of the
-nearest older one listed (the oldest listed below sm_70); a target
-without an arch plans for sm_90.
+nearest older one listed (below sm_70: sm_70's). TVM fills in the arch of
+a cuda target that names none (sm_50 where it finds no GPU), so name it:
+`{"kind": "cuda", "arch": "sm_80"}`.
 llvm: the cores are the runtime's thread count, read once when the spec is
 made; the vector width and F16C (half-vector conversion) come from the
 target's CPU (its mcpu and features, as LLVM reports them); the cache size
