@@ -2,7 +2,8 @@
 
 Runs after FuseOps. Per dataflow block: build the graph, partition it into
 convex memory-bound groups, and for each group outline -> FuseTIR -> plan ->
-schedule. A group that succeeds becomes one `call_tir` of a scheduled
+schedule, everything for the TargetSpec read once per run from the target
+(or given). A group that succeeds becomes one `call_tir` of a scheduled
 PrimFunc (attribute `tirx.is_scheduled`, so dlight leaves it alone, and
 `tvm_stitch.plan` holding its plan). A group that fails at any step keeps
 its original bindings — TVM's default path — and the reason is recorded.
