@@ -1,16 +1,25 @@
 """Build and pack the GPU check kit: everything a CUDA machine without a compiler needs.
 
 `tvm-stitch gpu-kit --out DIR` writes into DIR:
-- libs/: the suite built with TVM's default CUDA pipeline and with tvm-stitch
-  (sm_90, kernels compiled to device code here by nvcc), each exported as a
-  shared library; one small stitched CPU build for the dry run;
+- libs/: every kit entry built with TVM's default CUDA pipeline and with
+  tvm-stitch (planned for sm_90), its kernels compiled here to sm_90a cubins
+  (nvcc to PTX, ptxas to the cubin; see device_code.py for why TVM needs a
+  stand-in driver for that), each exported as a shared library; one small
+  stitched CPU build for the dry run;
 - site/tvm: the installed `tvm` package without its compiler library (TVM's
   runtime-only mode, `TVM_USE_RUNTIME_LIB=1`);
 - wheels/: the `apache-tvm-ffi` wheel for CPython 3.12 (the GPU machine's Python);
-- run_kit.py and torch_graphs.py (from tvm_stitch/gpu_runner), suite_data.py
-  and manifest.json.
-Inputs are not stored: the runner regenerates them (and numpy references)
-from the seeds in the manifest, which keeps the pack small.
+- run_kit.py and torch_graphs.py (from gpu_runner/), suite_data.py,
+  tolerance.py and manifest.json.
+The entries: the suite at its bench size, and (at that size) the HBM set,
+shapes whose working set is several times the H200's 60 MB L2. Inputs are
+not stored: the runner regenerates them (and numpy references) from the
+seed and dims in the manifest, which keeps the pack small. The manifest
+also records, per kernel, registers, static shared memory, stack and spills
+from ptxas at build time.
+
+The CUDA builds run in a child process (TVM's CUDA runtime, loaded there
+through the stand-in driver, makes every CUDA build of its process call nvcc).
 """
 
 from __future__ import annotations
@@ -20,23 +29,165 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
-from tvm_stitch.tools.build import build
-from tvm_stitch.tools.launches import count_launches
-from tvm_stitch.tools.suite import SUITE, dims
-from tvm_stitch.check.traffic import program_traffic
-
-LIMIT_BYTES = 60 << 20
+LIMIT_BYTES = 40 << 20
+ARCH = "sm_90a"
+PLAN_TARGET = {"kind": "cuda", "arch": "sm_90"}
+L2_BYTES = 60 << 20
+# HBM set: graph -> (dims overriding the bench size, dtypes). Working sets: LayerNorm, RMSNorm and
+# softmax 65536x1024 move 512 MiB in float32; cross-entropy 16384x8192 reads 512 MiB; Adam over
+# 18 * 2360^2 = 100.3M parameters moves 2.8 GB (4 tensors read, 3 written).
+HBM = {
+    "layernorm": ({"rows": 65536, "cols": 1024}, ("float32", "float16")),
+    "rmsnorm": ({"rows": 65536, "cols": 1024}, ("float32", "float16")),
+    "softmax": ({"rows": 65536, "cols": 1024}, ("float32", "float16")),
+    "cross_entropy": ({"rows": 16384, "vocab": 8192}, ("float32",)),
+    "adam_update": ({"cols": 2360}, ("float32",)),
+}
 _SKIP_IN_RUNTIME = ("libtvm_compiler.so", "3rdparty", "src", "include", "web", "__pycache__")
 _KIT_FILES = ("run_kit.py", "torch_graphs.py")
+_DRY_GRAPH = "layernorm_softmax"
 
 
-def _export(mod, stitched: bool, path: str) -> dict:
-    built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched)
+def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = True) -> list:
+    """The kit's entries: {name, graph, dtype, dims, seed}; the suite at `size`, then (when `hbm`)
+    the HBM set, each named `<graph>_hbm`."""
+    from tvm_stitch.tools.suite import SUITE, dims
+
+    names = graphs or list(SUITE)
+    unknown = [n for n in names if n not in SUITE]
+    if unknown:
+        raise ValueError(f"unknown suite graphs: {', '.join(unknown)} (known: {', '.join(SUITE)})")
+    work = [{"name": n, "graph": n, "dtype": dt, "dims": dict(dims(size)), "seed": 0}
+            for n in names for dt in dtypes if dt in SUITE[n].dtypes]
+    if hbm:
+        for graph, (override, hbm_dtypes) in HBM.items():
+            if graph in names:
+                work += [{"name": f"{graph}_hbm", "graph": graph, "dtype": dt,
+                          "dims": dict(dims(size), **override), "seed": 0}
+                         for dt in hbm_dtypes if dt in dtypes]
+    return work
+
+
+def folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def build_kit(out: str, size: str = "bench", graphs=None, dtypes=("float32", "float16"), wheel: bool = True,
+              hbm: bool | None = None, progress=None) -> dict:
+    """Build, export and pack the kit into `out`; returns the manifest. `hbm` (default: at the bench
+    size only) adds the HBM set. Raises RuntimeError when a step fails or the pack is too large."""
+    from tvm_stitch.tools import device_code
+
+    work = kit_work(size, graphs, dtypes, size == "bench" if hbm is None else hbm)
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, "libs"))
+    with tempfile.TemporaryDirectory(prefix="tvm-stitch-driver-") as driver:
+        device_code.write_standin_driver(driver)
+        _build_in_child(out, work, driver, progress)
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    dry = {"graph": _DRY_GRAPH, "dtype": "float32", "seed": 0, "size": "test",
+           "library": os.path.join("libs", f"dryrun_{_DRY_GRAPH}_cpu.so")}
+    _export_dry_run(os.path.join(out, dry["library"]))
+    dry["dims"] = _dims("test")
+    _copy_runtime(os.path.join(out, "site"))
+    wheel_note = _download_ffi_wheel(os.path.join(out, "wheels")) if wheel else "skipped"
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in _KIT_FILES:
+        shutil.copy(os.path.join(here, "gpu_runner", name), os.path.join(out, name))
+    for name in ("suite_data.py", "tolerance.py"):
+        shutil.copy(os.path.join(here, name), os.path.join(out, name))
+    manifest.update(size=size, dry_run=dry, ffi_wheel=wheel_note or "ok")
+    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+    manifest["bytes"] = folder_bytes(out)
+    if manifest["bytes"] > LIMIT_BYTES:
+        raise RuntimeError(f"the kit is {manifest['bytes'] / 2**20:.1f} MiB, over the {LIMIT_BYTES >> 20} MiB limit")
+    return manifest
+
+
+def _dims(size: str) -> dict:
+    from tvm_stitch.tools.suite import dims
+
+    return dict(dims(size))
+
+
+def _build_in_child(out: str, work: list, driver: str, progress) -> None:
+    """Run `_build_cuda` in a fresh process whose `import tvm` finds the stand-in driver."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (driver, env.get("LD_LIBRARY_PATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    work_file = os.path.join(out, "work.json")
+    with open(work_file, "w", encoding="utf-8") as f:
+        json.dump(work, f)
+    child = subprocess.Popen([sys.executable, "-m", "tvm_stitch.tools.gpu_kit", out, work_file], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tail = []
+    for line in child.stderr:
+        tail = (tail + [line.rstrip()])[-40:]
+        if progress and line.startswith("["):
+            progress(line.rstrip())
+    child.wait()
+    os.remove(work_file)
+    if child.returncode != 0:
+        raise RuntimeError("building the kit's CUDA libraries failed:\n" + "\n".join(tail))
+
+
+def _build_cuda(out: str, work: list) -> None:
+    """(In the child) build, compile and export every entry; write manifest.json."""
+    from tvm_stitch.tools import device_code
+
+    if not device_code.cuda_runtime_loaded():
+        raise RuntimeError("TVM's CUDA runtime did not load (is the stand-in libcuda.so.1 on LD_LIBRARY_PATH?)")
+    resources: dict = {}
+    device_code.register_compiler(ARCH, resources)
+    entries = []
+    for i, item in enumerate(work):
+        print(f"[{i + 1}/{len(work)}] {item['name']} {item['dtype']}", file=sys.stderr, flush=True)
+        entry = dict(item)
+        for key, stitched in (("default", False), ("stitched", True)):
+            rel = os.path.join("libs", f"{item['name']}_{item['dtype']}_{key}.so")
+            resources.clear()
+            info = _export_cuda(item, stitched, os.path.join(out, rel), resources)
+            entry["ideal_bytes"] = info.pop("ideal_bytes")
+            entry.update({f"{k}_{key}": v for k, v in info.items()})
+            entry[key] = rel
+        entries.append(entry)
+    manifest = {"device": f"CUDA, planned for {PLAN_TARGET['arch']}, device code {ARCH} cubins",
+                "arch": ARCH, "entries": entries}
+    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict:
+    from tvm_stitch.check.traffic import program_traffic
+    from tvm_stitch.tools import device_code
+    from tvm_stitch.tools.build import build
+    from tvm_stitch.tools.launches import count_launches, cuda_source
+    from tvm_stitch.tools.suite import SUITE
+
+    built = build(SUITE[item["graph"]].build(item["dtype"], item["dims"]), PLAN_TARGET, stitched)
     built.executable.export_library(path)
     modeled, ideal = program_traffic(built.lowered)
-    return {"launches": count_launches(built.lowered, built.executable), "modeled_bytes": modeled,
-            "ideal_bytes": ideal}
+    source = cuda_source(built.executable)
+    info = {"launches": count_launches(built.lowered, built.executable), "modeled_bytes": modeled,
+            "ideal_bytes": ideal, "kernels": {k: v for k, v in sorted(resources.items()) if f" {k}(" in source},
+            "device_code": device_code.device_code_kinds(path)}
+    if built.report is not None:
+        info["schemes"] = sorted({plan.scheme for plan in built.report.plans})
+    return info
+
+
+def _export_dry_run(path: str) -> None:
+    from tvm_stitch.tools.build import build
+    from tvm_stitch.tools.suite import SUITE
+
+    cpu = build(SUITE[_DRY_GRAPH].build("float32", _dims("test")), {"kind": "llvm"}, stitched=True)
+    cpu.executable.export_library(path)
 
 
 def _copy_runtime(dest: str) -> None:
@@ -61,61 +212,6 @@ def _download_ffi_wheel(dest: str) -> str:
     return ""
 
 
-def folder_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
-
-
-def build_kit(out: str, size: str = "bench", graphs=None, dtypes=("float32", "float16"),
-              wheel: bool = True, progress=None) -> dict:
-    """Build, export and pack the kit into `out`; returns the manifest."""
-    os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
-    import tvm.support.nvcc  # noqa: F401 - registers the CUDA compile callback (nvcc: fatbin here)
-
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    libs = os.path.join(out, "libs")
-    os.makedirs(libs)
-    names = graphs or list(SUITE)
-    entries = []
-    for i, name in enumerate(names):
-        graph = SUITE[name]
-        for dtype in dtypes:
-            if dtype not in graph.dtypes:
-                continue
-            if progress:
-                progress(f"[{i + 1}/{len(names)}] {name} {dtype}")
-            mod = graph.build(dtype, dims(size))
-            entry = {"graph": name, "dtype": dtype, "seed": 0}
-            for key, stitched in (("default", False), ("stitched", True)):
-                rel = os.path.join("libs", f"{name}_{dtype}_{key}.so")
-                info = _export(mod, stitched, os.path.join(out, rel))
-                entry[key] = rel
-                entry[f"launches_{key}"] = info["launches"]
-                entry[f"modeled_bytes_{key}"] = info["modeled_bytes"]
-                entry["ideal_bytes"] = info["ideal_bytes"]
-            entries.append(entry)
-    dry_graph = "layernorm_softmax"
-    dry_lib = os.path.join("libs", f"dryrun_{dry_graph}_cpu.so")
-    cpu = build(SUITE[dry_graph].build("float32", dims("test")), {"kind": "llvm"}, stitched=True)
-    cpu.executable.export_library(os.path.join(out, dry_lib))
-    _copy_runtime(os.path.join(out, "site"))
-    wheel_note = _download_ffi_wheel(os.path.join(out, "wheels")) if wheel else "skipped"
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in _KIT_FILES:
-        shutil.copy(os.path.join(here, "gpu_runner", name), os.path.join(out, name))
-    for name in ("suite_data.py", "tolerance.py"):
-        shutil.copy(os.path.join(here, name), os.path.join(out, name))
-    manifest = {
-        "size": size,
-        "device": "CUDA sm_90",
-        "entries": entries,
-        "dry_run": {"graph": dry_graph, "dtype": "float32", "seed": 0, "size": "test", "library": dry_lib},
-        "ffi_wheel": wheel_note or "ok",
-    }
-    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-    total = folder_bytes(out)
-    manifest["bytes"] = total
-    if total > LIMIT_BYTES:
-        raise RuntimeError(f"the kit is {total / 2**20:.1f} MiB, over the {LIMIT_BYTES >> 20} MiB limit")
-    return manifest
+if __name__ == "__main__":
+    with open(sys.argv[2], encoding="utf-8") as work_json:
+        _build_cuda(sys.argv[1], json.load(work_json))
