@@ -178,7 +178,8 @@ def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict
             "ideal_bytes": ideal, "kernels": {k: v for k, v in sorted(resources.items()) if f" {k}(" in source},
             "device_code": device_code.device_code_kinds(path)}
     if built.report is not None:
-        info["schemes"] = sorted({plan.scheme for plan in built.report.plans})
+        packed = ["independent"] if built.report.packs else []
+        info["schemes"] = sorted({plan.scheme for plan in built.report.plans}) + packed
     return info
 
 
