@@ -218,15 +218,17 @@ def _square(entry):
     return entry["seed"] ** 2
 
 
-def test_prefetch_serves_in_order_skips_and_reports_errors():
-    entries = [{"name": n, "dtype": "float32", "seed": i} for i, n in enumerate(["a", "b", "bad", "c", "d"])]
-    prefetch = run_kit.Prefetch(_square, entries, workers=2, ahead=2)
+def test_prefetch_serves_every_use_and_reports_errors():
+    entries = [{"name": n, "dtype": "float32", "seed": i, "ideal_bytes": i} for i, n in enumerate("ab") ]
+    bad = {"name": "bad", "dtype": "float32", "seed": 9}
+    prefetch = run_kit.Prefetch(_square, entries + [bad] + entries[:1], workers=2)
     try:
-        assert prefetch(entries[0]) == 0
+        assert prefetch(entries[1]) == 1  # in any order
         with pytest.raises(ValueError, match="bad entry"):
-            prefetch(entries[2])  # b skipped (done before, say); the worker's error reaches the caller
-        assert prefetch(entries[4]) == 16
-        assert prefetch(entries[1]) == 1  # out of order: made here
+            prefetch(bad)  # the worker's error reaches the caller
+        assert prefetch(entries[0]) == 0 and prefetch(entries[0]) == 0  # two uses, one making
+        assert "a/float32" not in prefetch.futures
+        assert prefetch({"name": "c", "dtype": "float32", "seed": 3}) == 9  # not in the order: made here
     finally:
         prefetch.close()
 

@@ -25,6 +25,7 @@ through the stand-in driver, makes every CUDA build of its process call nvcc).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -70,6 +71,44 @@ def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = 
     return work
 
 
+# The duration model (expected_seconds). Copy bandwidth: about 4.3 TB/s was seen on the H200 here
+# (KINDS.md); per launch a device-side gap, per VM call host work; the L2 flush writes 120 MB;
+# numpy makes inputs and float64 references at 7-58 s per GB of work on this (shared) machine;
+# torch.compile took 30 s for its first graph on the CPU here, later shapes are a guess.
+_BANDWIDTH = 4.0e12
+_LAUNCH_S, _HOST_CALL_S, _HOST_LAUNCH_S = 3e-6, 8e-6, 4e-6
+_FLUSH_S = 2 * L2_BYTES / 3.0e12
+_LOAD_S, _TRANSFER_BYTES_PER_S = 0.3, 10e9
+_NUMPY_S_PER_BYTE = 30e-9
+_STARTUP_S = 30.0
+_COMPILE_FIRST_S, _COMPILE_NEXT_S = 30.0, 6.0
+
+
+def _contender_seconds(ideal_bytes: int, launches: int, rounds: int) -> float:
+    """One contender on one entry: load, correctness, the 3-call estimate, warm-up and `rounds`
+    measurements of at least 20 ms of device time each, each call after an L2 flush."""
+    device = ideal_bytes / _BANDWIDTH + _LAUNCH_S * launches
+    per_call = max(device + _FLUSH_S, _HOST_CALL_S + _HOST_LAUNCH_S * launches)
+    calls = math.ceil(0.020 / device)
+    return _LOAD_S + 3 * ideal_bytes / _TRANSFER_BYTES_PER_S + (rounds + 1) * calls * per_call + 3 * per_call
+
+
+def expected_seconds(entries: list, workers: int = 8, rounds: int = 4) -> dict:
+    """Expected wall time of the runner's quick and full modes on the H200 machine, from the work:
+    startup, plus the larger of the device work and the numpy work spread over `workers`
+    processes (it overlaps the device work), never less than the largest single entry's numpy."""
+    tvm = sum(_contender_seconds(e["ideal_bytes"], e[f"launches_{b}"], rounds)
+              for e in entries for b in ("default", "stitched"))
+    numpy = [_NUMPY_S_PER_BYTE * e["ideal_bytes"] for e in entries]
+    host = max(sum(numpy) / workers, max(numpy, default=0.0))
+    quick = _STARTUP_S + max(tvm, host)
+    eager = sum(_contender_seconds(e["ideal_bytes"], e["launches_default"], rounds) for e in entries)
+    compile_s = _COMPILE_FIRST_S + _COMPILE_NEXT_S * max(len(entries) - 1, 0) if entries else 0.0
+    full = quick + max(2 * eager + compile_s, host)
+    return {"quick": round(quick), "full": round(full), "device_work_quick": round(tvm),
+            "numpy_work": round(sum(numpy))}
+
+
 def folder_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
@@ -100,7 +139,8 @@ def build_kit(out: str, size: str = "bench", graphs=None, dtypes=("float32", "fl
         shutil.copy(os.path.join(here, "gpu_runner", name), os.path.join(out, name))
     for name in ("suite_data.py", "tolerance.py"):
         shutil.copy(os.path.join(here, name), os.path.join(out, name))
-    manifest.update(size=size, dry_run=dry, ffi_wheel=wheel_note or "ok")
+    manifest.update(size=size, dry_run=dry, ffi_wheel=wheel_note or "ok",
+                    expected_seconds=expected_seconds(manifest["entries"]))
     with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
     manifest["bytes"] = folder_bytes(out)

@@ -110,8 +110,8 @@ def _flatten(result) -> list:
 
 
 def _agree(outs, refs, dtype) -> tuple:
-    """(every output within the tolerance table's bound and no NaN where the reference has none,
-    max absolute error)."""
+    """(every output has its reference's shape and is within the tolerance table's bound, numpy's
+    allclose rule, with NaN never passing; max absolute error), in one pass over each output."""
     import numpy as np
 
     from tolerance import tolerance
@@ -119,10 +119,16 @@ def _agree(outs, refs, dtype) -> tuple:
     rtol, atol = tolerance(dtype)
     if len(outs) != len(refs):
         return False, float("inf")
-    err = max((float(np.max(np.abs(np.asarray(o, np.float64) - r))) if np.size(r) else 0.0
-               for o, r in zip(outs, refs)), default=0.0)
-    ok = all(np.shape(o) == np.shape(r) and np.allclose(np.asarray(o, np.float64), r, rtol=rtol, atol=atol)
-             for o, r in zip(outs, refs))
+    ok, err = True, 0.0
+    for out, ref in zip(outs, refs):
+        if np.shape(out) != np.shape(ref):
+            return False, float("inf")
+        if not np.size(ref):
+            continue
+        diff = np.abs(np.asarray(out, np.float64) - ref)
+        ok = ok and bool(np.all(diff <= atol + rtol * np.abs(ref)))
+        worst = float(np.max(diff))
+        err = worst if math.isnan(worst) or worst > err else err
     return ok, err
 
 
@@ -141,46 +147,49 @@ def _key(entry: dict) -> str:
 
 
 class Prefetch:
-    """Inputs and numpy references made ahead in worker processes, served in the order given.
+    """Inputs and numpy references made in worker processes, all submitted at once, largest first.
 
-    numpy builds them on one core at about 10-60 s per GB of work here; made one after the other,
-    the HBM entries alone would take minutes while the GPU waits. `ahead` bounds the results held.
-    Workers are spawned (never forked from a process holding a CUDA context). An entry asked for
-    out of order is made in this process.
+    numpy makes them on one core at about 10-60 s per GB of work; made one after the other, the
+    HBM entries alone would take minutes while the GPU waits. Each entry is made once and kept
+    until its last use in `order` (full mode uses it twice): at most every entry's data at once,
+    about 12 GB for the whole kit. Workers are spawned, never forked from a process holding a CUDA
+    context. An entry not in `order` is made in this process.
     """
 
-    def __init__(self, load, order: list, workers: int, ahead: int = 4):
-        self.load, self.order, self.workers, self.ahead = load, list(order), workers, ahead
+    def __init__(self, load, order: list, workers: int):
+        self.load, self.workers = load, workers
+        self.uses: dict = {}
+        self.entries: dict = {}
+        for entry in order:
+            self.uses[_key(entry)] = self.uses.get(_key(entry), 0) + 1
+            self.entries[_key(entry)] = entry
         self.futures: dict = {}
-        self.next = 0
-        self.pool = self._pool()
+        self.pool = None
+        self._submit()
 
-    def _pool(self):
+    def _submit(self) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        pending = [e for k, e in self.entries.items() if k not in self.futures and self.uses[k] > 0]
+        for entry in sorted(pending, key=lambda e: -e.get("ideal_bytes", 0)):
+            self.futures[_key(entry)] = self.pool.submit(self.load, entry)
 
     def __call__(self, entry: dict):
         from concurrent.futures.process import BrokenProcessPool
 
-        while self.next < len(self.order) and _key(self.order[self.next]) != _key(entry):
-            skipped = self.futures.pop(self.next, None)
-            if skipped is not None:
-                skipped.cancel()
-            self.next += 1
-        if self.next == len(self.order):
+        key = _key(entry)
+        if self.uses.get(key, 0) == 0:
             return self.load(entry)
-        for i in range(self.next, min(len(self.order), self.next + self.ahead + 1)):
-            if i not in self.futures:
-                self.futures[i] = self.pool.submit(self.load, self.order[i])
-        future = self.futures.pop(self.next)
-        self.next += 1
+        self.uses[key] -= 1
+        future = self.futures[key] if self.uses[key] else self.futures.pop(key)
         try:
             return future.result()
-        except BrokenProcessPool:  # a worker died (out of memory, say): start again, make this one here
+        except BrokenProcessPool:  # a worker died (out of memory, say): make this one here, restart the rest
             self.close()
-            self.futures, self.pool = {}, self._pool()
+            self.futures = {k: f for k, f in self.futures.items() if f.done() and f.exception() is None}
+            self._submit()
             return self.load(entry)
 
     def close(self) -> None:
