@@ -246,3 +246,18 @@ def test_torch_graphs_match_the_numpy_references():
         assert len(out) == len(refs), name
         for got, want in zip(out, refs):
             np.testing.assert_allclose(got.numpy(), want, rtol=2e-4, atol=2e-4, err_msg=name)
+
+
+def test_a_crash_is_recorded_beside_the_results(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(TOOLS)
+    state = run_kit._new_state("quick")
+    state["rows"]["g/float32"] = {"key": "g/float32", "name": "g", "dtype": "float32", "passes": ["tvm"]}
+    run_kit.write_results(str(tmp_path), state)
+    try:
+        raise OSError("libcudart.so.13 not found")
+    except OSError as err:
+        run_kit.record_crash(str(tmp_path), "results", err)
+    saved = json.load(open(tmp_path / "results.json", encoding="utf-8"))
+    assert saved["rows"][0]["name"] == "g" and "libcudart.so.13" in saved["header"]["crash"]
+    run_kit.record_crash(str(tmp_path / "none"), "sanitize", ValueError("no manifest entry"))  # no results yet
+    assert "no manifest entry" in json.load(open(tmp_path / "none" / "sanitize.json", encoding="utf-8"))["header"]["crash"]

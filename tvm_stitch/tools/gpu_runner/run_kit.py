@@ -681,9 +681,27 @@ def main(argv=None) -> int:
         manifest = json.load(f)
     if args.dry_run:
         return dry_run(manifest, args.out)
-    if args.sanitize:
-        return sanitize(manifest, args)
-    return run_gpu(manifest, args)
+    stem = "sanitize" if args.sanitize else "results"
+    try:
+        return sanitize(manifest, args) if args.sanitize else run_gpu(manifest, args)
+    except Exception as err:
+        record_crash(args.out, stem, err)
+        raise
+
+
+def record_crash(out: str, stem: str, err: BaseException) -> None:
+    """Put an error that ended the run into the header of the results in `out` (made if none), so
+    that it comes back with them."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, f"{stem}.json")
+    state = _new_state(stem)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        state = {"header": saved["header"], "rows": {r["key"]: r for r in saved["rows"]}}
+    state["header"]["crash"] = _short(err)
+    state["header"]["crash_traceback"] = traceback.format_exc()[-3000:]
+    write_results(out, state, stem)
 
 
 if __name__ == "__main__":
