@@ -78,10 +78,12 @@ def _import_runtime():
 
 
 def _cudart_candidates() -> list:
-    found = ["libcudart.so.13"]
-    for pattern in ("/usr/local/cuda*/lib64/libcudart.so.13*", "/usr/local/cuda*/targets/*/lib/libcudart.so.13*",
-                    os.path.join(sys.prefix, "lib", "python3*", "site-packages", "nvidia", "**", "libcudart.so.13*")):
-        found += sorted(glob.glob(pattern, recursive=True))
+    """PyTorch's own libcudart first (torch, imported later, then shares it), the loader's, CUDA's."""
+    found = sorted(glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages", "nvidia", "**",
+                                          "libcudart.so.13*"), recursive=True))
+    found.append("libcudart.so.13")
+    for pattern in ("/usr/local/cuda*/lib64/libcudart.so.13*", "/usr/local/cuda*/targets/*/lib/libcudart.so.13*"):
+        found += sorted(glob.glob(pattern))
     return found
 
 
