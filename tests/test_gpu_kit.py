@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tvm_stitch.tools import device_code
-from tvm_stitch.tools.gpu_kit import LIMIT_BYTES, build_kit, folder_bytes
+from tvm_stitch.tools.gpu_kit import L2_BYTES, LIMIT_BYTES, build_kit, folder_bytes, kit_work
 from tvm_stitch.tools.gpu_runner import run_kit
 
 TOOLS = os.path.dirname(os.path.dirname(run_kit.__file__))
@@ -61,7 +61,18 @@ def test_every_library_carries_sm90a_device_code(kit):
             assert entry[f"kernels_{build}"], entry[build]
             assert all(k["registers"] > 0 for k in entry[f"kernels_{build}"].values())
     assert manifest["entries"][2]["schemes_stitched"] == ["row-resident", "independent"]
+    assert 0 < manifest["expected_seconds"]["quick"] < manifest["expected_seconds"]["full"]
     assert folder_bytes(out) < LIMIT_BYTES - (8 << 20)  # room for the ~3 MB ffi wheel
+
+
+def test_kit_work_adds_the_hbm_set_at_the_bench_size():
+    work = kit_work("bench", graphs=["softmax", "adam_update", "rmsnorm"], dtypes=("float32",))
+    assert [(w["name"], w["dims"]["rows"], w["dims"]["cols"]) for w in work] == [
+        ("softmax", 4096, 768), ("adam_update", 4096, 768), ("rmsnorm", 4096, 768),
+        ("rmsnorm_hbm", 65536, 1024), ("softmax_hbm", 65536, 1024), ("adam_update_hbm", 4096, 2360)]
+    assert 65536 * 1024 * 4 >= 4 * L2_BYTES and 18 * 2360 ** 2 >= 100e6  # several times the L2; 100M parameters
+    with pytest.raises(ValueError, match="unknown suite graphs: nope"):
+        kit_work("bench", graphs=["nope"])
 
 
 def test_libraries_load_with_the_runtime_only_tvm_and_no_compiler(kit, tmp_path):
