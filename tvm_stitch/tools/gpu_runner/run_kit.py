@@ -24,8 +24,9 @@ stream (where TVM launches too), after a write of twice the L2 that flushes
 it; the events exclude the flush. One measurement sums calls until at least
 20 ms of bracketed time; rounds alternate default and stitched (order
 reversed every round) after a warm-up; the median per-call time is kept.
-TVM's time_evaluator was not used: it cannot flush the L2 between calls on
-CUDA. Achieved bandwidth counts each input read once and each output
+TVM's time_evaluator was not used: its L2 flush (`cache_flush_bytes`, or
+`f_preproc="l2_cache_flush_cuda"`) runs once per repeat, before `number`
+back-to-back calls, so every call after the first finds a warm L2. Achieved bandwidth counts each input read once and each output
 written once, as a fraction of a device-to-device copy measured in the
 same run.
 """
