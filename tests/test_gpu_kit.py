@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tvm_stitch.tools import device_code
-from tvm_stitch.tools.gpu_kit import L2_BYTES, LIMIT_BYTES, build_kit, folder_bytes, kit_work
+from tvm_stitch.tools.gpu_kit import L2_BYTES, LIMIT_BYTES, build_kit, folder_bytes, kit_work, resource_warnings
 from tvm_stitch.tools.gpu_runner import run_kit
 
 TOOLS = os.path.dirname(os.path.dirname(run_kit.__file__))
@@ -62,7 +62,15 @@ def test_every_library_carries_sm90a_device_code(kit):
             assert all(k["registers"] > 0 for k in entry[f"kernels_{build}"].values())
     assert manifest["entries"][2]["schemes_stitched"] == ["row-resident", "independent"]
     assert 0 < manifest["expected_seconds"]["quick"] < manifest["expected_seconds"]["full"]
+    assert manifest["warnings"] == []  # no kernel over 48 KiB of static shared memory or spilling here
     assert folder_bytes(out) < LIMIT_BYTES - (8 << 20)  # room for the ~3 MB ffi wheel
+
+
+def test_resource_warnings_name_big_static_shared_memory_and_spills():
+    entries = [{"name": "g", "dtype": "float16", "kernels_default": {"k": {"shared_bytes": 100}},
+                "kernels_stitched": {"s": {"shared_bytes": 74304, "spill_store_bytes": 8}}}]
+    assert resource_warnings(entries) == ["g float16 stitched s: 74304 B static shared memory (> 48 KiB)",
+                                          "g float16 stitched s: 8 B register spill stores"]
 
 
 def test_kit_work_adds_the_hbm_set_at_the_bench_size():

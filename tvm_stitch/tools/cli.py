@@ -134,6 +134,10 @@ def _gpu_kit(args) -> int:
                          wheel=not args.no_wheel, hbm=False if args.no_hbm else None, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"kit in {args.out}: {len(manifest['entries'])} entries, {manifest['bytes'] / 2**20:.1f} MiB, "
           f"ffi wheel: {manifest['ffi_wheel']}")
+    for warning in manifest.get("warnings", []):
+        print(f"warning: {warning}")
+    print(f"expected on the H200: quick {manifest['expected_seconds']['quick']} s, "
+          f"full {manifest['expected_seconds']['full']} s")
     print(f"on the GPU machine: python3 {args.out}/run_kit.py --out $OUT [--full | --sanitize]")
     return 0
 

@@ -36,6 +36,7 @@ LIMIT_BYTES = 40 << 20
 ARCH = "sm_90a"
 PLAN_TARGET = {"kind": "cuda", "arch": "sm_90"}
 L2_BYTES = 60 << 20
+STATIC_SHARED_BYTES = 48 << 10
 # HBM set: graph -> (dims overriding the bench size, dtypes). Working sets: LayerNorm, RMSNorm and
 # softmax 65536x1024 move 512 MiB in float32; cross-entropy 16384x8192 reads 512 MiB; Adam over
 # 18 * 2360^2 = 100.3M parameters moves 2.8 GB (4 tensors read, 3 written).
@@ -198,9 +199,24 @@ def _build_cuda(out: str, work: list) -> None:
             entry[key] = rel
         entries.append(entry)
     manifest = {"device": f"CUDA, planned for {PLAN_TARGET['arch']}, device code {ARCH} cubins",
-                "arch": ARCH, "entries": entries}
+                "arch": ARCH, "entries": entries, "warnings": resource_warnings(entries)}
     with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
+
+
+def resource_warnings(entries: list) -> list:
+    """Kernels whose ptxas figures predict trouble at launch: static shared memory over the 48 KiB
+    that CUDA guarantees a block without opting in, or register spills."""
+    warnings = []
+    for entry in entries:
+        for build in ("default", "stitched"):
+            for kernel, res in entry.get(f"kernels_{build}", {}).items():
+                where = f"{entry['name']} {entry['dtype']} {build} {kernel}"
+                if res.get("shared_bytes", 0) > STATIC_SHARED_BYTES:
+                    warnings.append(f"{where}: {res['shared_bytes']} B static shared memory (> 48 KiB)")
+                if res.get("spill_store_bytes", 0):
+                    warnings.append(f"{where}: {res['spill_store_bytes']} B register spill stores")
+    return warnings
 
 
 def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict:

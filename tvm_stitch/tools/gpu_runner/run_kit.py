@@ -567,6 +567,7 @@ def run_gpu(manifest: dict, args) -> int:
                 "torch_eager": lambda entry, inputs: TorchContender(entry["graph"], inputs, compiled=False),
                 "torch_compile": lambda entry, inputs: TorchContender(entry["graph"], inputs, compiled=True)}))
     header["allocator"] = args.allocator
+    header["build_warnings"] = manifest.get("warnings", [])
     header["kernel_resources"] = "registers and static shared memory from ptxas -v at build time (manifest)"
     for entry in entries:
         state["rows"].setdefault(_key(entry), _base_row(entry))["kernels_stitched"] = \
