@@ -279,4 +279,5 @@ def test_a_crash_is_recorded_beside_the_results(tmp_path, monkeypatch):
     saved = json.load(open(tmp_path / "results.json", encoding="utf-8"))
     assert saved["rows"][0]["name"] == "g" and "libcudart.so.13" in saved["header"]["crash"]
     run_kit.record_crash(str(tmp_path / "none"), "sanitize", ValueError("no manifest entry"))  # no results yet
-    assert "no manifest entry" in json.load(open(tmp_path / "none" / "sanitize.json", encoding="utf-8"))["header"]["crash"]
+    with open(tmp_path / "none" / "sanitize.json", encoding="utf-8") as f:
+        assert "no manifest entry" in json.load(f)["header"]["crash"]

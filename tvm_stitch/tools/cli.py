@@ -131,7 +131,8 @@ def _gpu_kit(args) -> int:
 
     graphs = args.graphs.split(",") if args.graphs else None
     manifest = build_kit(args.out, size=args.size, graphs=graphs, dtypes=tuple(args.dtype.split(",")),
-                         wheel=not args.no_wheel, hbm=False if args.no_hbm else None, progress=lambda m: print(m, file=sys.stderr, flush=True))
+                         wheel=not args.no_wheel, hbm=False if args.no_hbm else None,
+                         progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"kit in {args.out}: {len(manifest['entries'])} entries, {manifest['bytes'] / 2**20:.1f} MiB, "
           f"ffi wheel: {manifest['ffi_wheel']}")
     for warning in manifest.get("warnings", []):

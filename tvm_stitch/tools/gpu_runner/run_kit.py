@@ -26,9 +26,9 @@ it; the events exclude the flush. One measurement sums calls until at least
 reversed every round) after a warm-up; the median per-call time is kept.
 TVM's time_evaluator was not used: its L2 flush (`cache_flush_bytes`, or
 `f_preproc="l2_cache_flush_cuda"`) runs once per repeat, before `number`
-back-to-back calls, so every call after the first finds a warm L2. Achieved bandwidth counts each input read once and each output
-written once, as a fraction of a device-to-device copy measured in the
-same run.
+back-to-back calls, so every call after the first finds a warm L2.
+Achieved bandwidth counts each input read once and each output written
+once, as a fraction of a device-to-device copy measured in the same run.
 """
 
 from __future__ import annotations
@@ -594,8 +594,9 @@ def run_gpu(manifest: dict, args) -> int:
 
 def sanitize(manifest: dict, args) -> int:
     """compute-sanitizer memcheck and racecheck on the stitched build of one graph per scheme
-    (`SANITIZE_FIRST` where it uses the scheme, else the smallest float32 entry using it), with TVM's naive allocator so that out-of-bounds accesses and
-    use-after-free are not hidden inside pooled blocks."""
+    (`SANITIZE_FIRST` where it uses the scheme, else the smallest float32 entry using it), with
+    TVM's naive allocator so that out-of-bounds accesses and use-after-free are not hidden inside
+    pooled blocks."""
     state = _load_state(args.out, "sanitize", "sanitize", args.resume)
     header = state["header"]
     header.setdefault("device", device_info())
