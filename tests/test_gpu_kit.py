@@ -281,3 +281,15 @@ def test_a_crash_is_recorded_beside_the_results(tmp_path, monkeypatch):
     run_kit.record_crash(str(tmp_path / "none"), "sanitize", ValueError("no manifest entry"))  # no results yet
     with open(tmp_path / "none" / "sanitize.json", encoding="utf-8") as f:
         assert "no manifest entry" in json.load(f)["header"]["crash"]
+
+
+def test_agreement_uses_the_tolerance_table_and_never_passes_nan(monkeypatch):
+    monkeypatch.syspath_prepend(TOOLS)
+    ref = [np.array([1.0, 2.0, 3.0])]
+    assert run_kit._agree([np.array([1.0, 2.0002, 3.0], np.float32)], ref, "float32")[0]
+    assert not run_kit._agree([np.array([1.0, 2.01, 3.0], np.float32)], ref, "float32")[0]
+    assert run_kit._agree([np.array([1.0, 2.01, 3.0], np.float16)], ref, "float16")[0]
+    ok, err = run_kit._agree([np.array([1.0, np.nan, 3.0])], ref, "float32")
+    assert not ok and np.isnan(err)
+    assert run_kit._agree([np.ones(2)], ref, "float32") == (False, float("inf"))  # wrong shape
+    assert run_kit._agree([], ref, "float32") == (False, float("inf"))  # an output missing
