@@ -131,10 +131,15 @@ def _gpu_kit(args) -> int:
 
     graphs = args.graphs.split(",") if args.graphs else None
     manifest = build_kit(args.out, size=args.size, graphs=graphs, dtypes=tuple(args.dtype.split(",")),
-                         wheel=not args.no_wheel, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    print(f"kit in {args.out}: {len(manifest['entries'])} graphs, {manifest['bytes'] / 2**20:.1f} MiB, "
+                         wheel=not args.no_wheel, hbm=False if args.no_hbm else None,
+                         progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"kit in {args.out}: {len(manifest['entries'])} entries, {manifest['bytes'] / 2**20:.1f} MiB, "
           f"ffi wheel: {manifest['ffi_wheel']}")
-    print(f"on a CUDA machine: python3 {args.out}/run_kit.py --out RESULTS [--sanitize]")
+    for warning in manifest.get("warnings", []):
+        print(f"warning: {warning}")
+    print(f"expected on the H200: quick {manifest['expected_seconds']['quick']} s, "
+          f"full {manifest['expected_seconds']['full']} s")
+    print(f"on the GPU machine: python3 {args.out}/run_kit.py --out $OUT [--full | --sanitize]")
     return 0
 
 
@@ -250,6 +255,7 @@ def main(argv=None) -> int:
     kit.add_argument("--graphs", default="", help="comma-separated suite graphs (default: all)")
     kit.add_argument("--dtype", default="float32,float16")
     kit.add_argument("--no-wheel", action="store_true", help="do not download the apache-tvm-ffi wheel")
+    kit.add_argument("--no-hbm", action="store_true", help="leave out the HBM-sized entries (bench size only)")
     kit.set_defaults(func=_gpu_kit)
 
     tn = sub.add_parser("tune", help="time every candidate configuration of the suite's groups (CPU), "

@@ -1,41 +1,249 @@
 """Build and pack the GPU check kit: everything a CUDA machine without a compiler needs.
 
 `tvm-stitch gpu-kit --out DIR` writes into DIR:
-- libs/: the suite built with TVM's default CUDA pipeline and with tvm-stitch
-  (sm_90, kernels compiled to device code here by nvcc), each exported as a
-  shared library; one small stitched CPU build for the dry run;
+- libs/: every kit entry built with TVM's default CUDA pipeline and with
+  tvm-stitch (planned for sm_90), its kernels compiled here to sm_90a cubins
+  (nvcc to PTX, ptxas to the cubin; see device_code.py for why TVM needs a
+  stand-in driver for that), each exported as a shared library; one small
+  stitched CPU build for the dry run;
 - site/tvm: the installed `tvm` package without its compiler library (TVM's
   runtime-only mode, `TVM_USE_RUNTIME_LIB=1`);
 - wheels/: the `apache-tvm-ffi` wheel for CPython 3.12 (the GPU machine's Python);
-- run_kit.py and torch_graphs.py (from tvm_stitch/gpu_runner), suite_data.py
-  and manifest.json.
-Inputs are not stored: the runner regenerates them (and numpy references)
-from the seeds in the manifest, which keeps the pack small.
+- run_kit.py and torch_graphs.py (from gpu_runner/), suite_data.py,
+  tolerance.py and manifest.json.
+The entries: the suite at its bench size, and (at that size) the HBM set,
+shapes whose working set is several times the H200's 60 MB L2. Inputs are
+not stored: the runner regenerates them (and numpy references) from the
+seed and dims in the manifest, which keeps the pack small. The manifest
+also records, per kernel, registers, static shared memory, stack and spills
+from ptxas at build time.
+
+The CUDA builds run in a child process (TVM's CUDA runtime, loaded there
+through the stand-in driver, makes every CUDA build of its process call nvcc).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
-from tvm_stitch.tools.build import build
-from tvm_stitch.tools.launches import count_launches, program_traffic
-from tvm_stitch.tools.suite import SUITE, dims
-
-LIMIT_BYTES = 60 << 20
+LIMIT_BYTES = 40 << 20
+ARCH = "sm_90a"
+PLAN_TARGET = {"kind": "cuda", "arch": "sm_90"}
+L2_BYTES = 60 << 20
+STATIC_SHARED_BYTES = 48 << 10
+# HBM set: graph -> (dims overriding the bench size, dtypes). Working sets: LayerNorm, RMSNorm and
+# softmax 65536x1024 move 512 MiB in float32; cross-entropy 16384x8192 reads 512 MiB; Adam over
+# 18 * 2360^2 = 100.3M parameters moves 2.8 GB (4 tensors read, 3 written).
+HBM = {
+    "layernorm": ({"rows": 65536, "cols": 1024}, ("float32", "float16")),
+    "rmsnorm": ({"rows": 65536, "cols": 1024}, ("float32", "float16")),
+    "softmax": ({"rows": 65536, "cols": 1024}, ("float32", "float16")),
+    "cross_entropy": ({"rows": 16384, "vocab": 8192}, ("float32",)),
+    "adam_update": ({"cols": 2360}, ("float32",)),
+}
 _SKIP_IN_RUNTIME = ("libtvm_compiler.so", "3rdparty", "src", "include", "web", "__pycache__")
 _KIT_FILES = ("run_kit.py", "torch_graphs.py")
+_DRY_GRAPH = "layernorm_softmax"
 
 
-def _export(mod, stitched: bool, path: str) -> dict:
-    built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched)
+def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = True) -> list:
+    """The kit's entries: {name, graph, dtype, dims, seed}; the suite at `size`, then (when `hbm`)
+    the HBM set, each named `<graph>_hbm`."""
+    from tvm_stitch.tools.suite import SUITE, dims
+
+    names = graphs or list(SUITE)
+    unknown = [n for n in names if n not in SUITE]
+    if unknown:
+        raise ValueError(f"unknown suite graphs: {', '.join(unknown)} (known: {', '.join(SUITE)})")
+    work = [{"name": n, "graph": n, "dtype": dt, "dims": dict(dims(size)), "seed": 0}
+            for n in names for dt in dtypes if dt in SUITE[n].dtypes]
+    if hbm:
+        for graph, (override, hbm_dtypes) in HBM.items():
+            if graph in names:
+                work += [{"name": f"{graph}_hbm", "graph": graph, "dtype": dt,
+                          "dims": dict(dims(size), **override), "seed": 0}
+                         for dt in hbm_dtypes if dt in dtypes]
+    return work
+
+
+# The duration model (expected_seconds). Copy bandwidth: about 4.3 TB/s was seen on the H200 here
+# (KINDS.md); per launch a device-side gap, per VM call host work; the L2 flush writes 120 MB;
+# numpy makes inputs and float64 references at 7-58 s per GB of work on this (shared) machine;
+# torch.compile took 30 s for its first graph on the CPU here, later shapes are a guess.
+_BANDWIDTH = 4.0e12
+_LAUNCH_S, _HOST_CALL_S, _HOST_LAUNCH_S = 3e-6, 8e-6, 4e-6
+_FLUSH_S = 2 * L2_BYTES / 3.0e12
+_LOAD_S, _TRANSFER_BYTES_PER_S = 0.3, 10e9
+_NUMPY_S_PER_BYTE = 30e-9
+_STARTUP_S = 30.0
+_COMPILE_FIRST_S, _COMPILE_NEXT_S = 30.0, 6.0
+
+
+def _contender_seconds(ideal_bytes: int, launches: int, rounds: int) -> float:
+    """One contender on one entry: load, correctness, the 3-call estimate, warm-up and `rounds`
+    measurements of at least 20 ms of device time each, each call after an L2 flush."""
+    device = ideal_bytes / _BANDWIDTH + _LAUNCH_S * launches
+    per_call = max(device + _FLUSH_S, _HOST_CALL_S + _HOST_LAUNCH_S * launches)
+    calls = math.ceil(0.020 / device)
+    return _LOAD_S + 3 * ideal_bytes / _TRANSFER_BYTES_PER_S + (rounds + 1) * calls * per_call + 3 * per_call
+
+
+def expected_seconds(entries: list, workers: int = 8, rounds: int = 4) -> dict:
+    """Expected wall time of the runner's quick and full modes on the H200 machine, from the work.
+
+    Quick: startup, plus the larger of the device work and the numpy work spread over `workers`
+    processes (it overlaps the device work), never less than the largest single entry's numpy.
+    Full adds the PyTorch pass (its data is kept from the first): eager and compiled timed like a
+    TVM contender (the default build's launch count stands in for theirs), plus compile time."""
+    tvm = sum(_contender_seconds(e["ideal_bytes"], e[f"launches_{b}"], rounds)
+              for e in entries for b in ("default", "stitched"))
+    numpy = [_NUMPY_S_PER_BYTE * e["ideal_bytes"] for e in entries]
+    quick = _STARTUP_S + max(tvm, sum(numpy) / workers, max(numpy, default=0.0))
+    torch = sum(2 * _contender_seconds(e["ideal_bytes"], e["launches_default"], rounds) for e in entries)
+    torch += _COMPILE_FIRST_S + _COMPILE_NEXT_S * (len(entries) - 1) if entries else 0.0
+    return {"quick": round(quick), "full": round(quick + torch), "device_work_quick": round(tvm),
+            "numpy_work": round(sum(numpy))}
+
+
+def folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def build_kit(out: str, size: str = "bench", graphs=None, dtypes=("float32", "float16"), wheel: bool = True,
+              hbm: bool | None = None, progress=None) -> dict:
+    """Build, export and pack the kit into `out`; returns the manifest. `hbm` (default: at the bench
+    size only) adds the HBM set. Raises RuntimeError when a step fails or the pack is too large."""
+    from tvm_stitch.tools import device_code
+
+    work = kit_work(size, graphs, dtypes, size == "bench" if hbm is None else hbm)
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, "libs"))
+    with tempfile.TemporaryDirectory(prefix="tvm-stitch-driver-") as driver:
+        device_code.write_standin_driver(driver)
+        _build_in_child(out, work, driver, progress)
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    dry = {"graph": _DRY_GRAPH, "dtype": "float32", "seed": 0, "dims": _dims("test"),
+           "library": os.path.join("libs", f"dryrun_{_DRY_GRAPH}_cpu.so")}
+    _export_dry_run(os.path.join(out, dry["library"]))
+    _copy_runtime(os.path.join(out, "site"))
+    wheel_note = _download_ffi_wheel(os.path.join(out, "wheels")) if wheel else "skipped"
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in _KIT_FILES:
+        shutil.copy(os.path.join(here, "gpu_runner", name), os.path.join(out, name))
+    for name in ("suite_data.py", "tolerance.py"):
+        shutil.copy(os.path.join(here, name), os.path.join(out, name))
+    manifest.update(size=size, dry_run=dry, ffi_wheel=wheel_note or "ok",
+                    expected_seconds=expected_seconds(manifest["entries"]))
+    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+    manifest["bytes"] = folder_bytes(out)
+    if manifest["bytes"] > LIMIT_BYTES:
+        raise RuntimeError(f"the kit is {manifest['bytes'] / 2**20:.1f} MiB, over the {LIMIT_BYTES >> 20} MiB limit")
+    return manifest
+
+
+def _dims(size: str) -> dict:
+    from tvm_stitch.tools.suite import dims
+
+    return dict(dims(size))
+
+
+def _build_in_child(out: str, work: list, driver: str, progress) -> None:
+    """Run `_build_cuda` in a fresh process whose `import tvm` finds the stand-in driver."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (driver, env.get("LD_LIBRARY_PATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    work_file = os.path.join(out, "work.json")
+    with open(work_file, "w", encoding="utf-8") as f:
+        json.dump(work, f)
+    child = subprocess.Popen([sys.executable, "-m", "tvm_stitch.tools.gpu_kit", out, work_file], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tail = []
+    for line in child.stderr:
+        tail = (tail + [line.rstrip()])[-40:]
+        if progress and line.startswith("["):
+            progress(line.rstrip())
+    child.wait()
+    os.remove(work_file)
+    if child.returncode != 0:
+        raise RuntimeError("building the kit's CUDA libraries failed:\n" + "\n".join(tail))
+
+
+def _build_cuda(out: str, work: list) -> None:
+    """(In the child) build, compile and export every entry; write manifest.json."""
+    from tvm_stitch.tools import device_code
+
+    if not device_code.cuda_runtime_loaded():
+        raise RuntimeError("TVM's CUDA runtime did not load (is the stand-in libcuda.so.1 on LD_LIBRARY_PATH?)")
+    resources: dict = {}
+    device_code.register_compiler(ARCH, resources)
+    entries = []
+    for i, item in enumerate(work):
+        print(f"[{i + 1}/{len(work)}] {item['name']} {item['dtype']}", file=sys.stderr, flush=True)
+        entry = dict(item)
+        for key, stitched in (("default", False), ("stitched", True)):
+            rel = os.path.join("libs", f"{item['name']}_{item['dtype']}_{key}.so")
+            resources.clear()
+            info = _export_cuda(item, stitched, os.path.join(out, rel), resources)
+            entry["ideal_bytes"] = info.pop("ideal_bytes")
+            entry.update({f"{k}_{key}": v for k, v in info.items()})
+            entry[key] = rel
+        entries.append(entry)
+    manifest = {"device": f"CUDA, planned for {PLAN_TARGET['arch']}, device code {ARCH} cubins",
+                "arch": ARCH, "entries": entries, "warnings": resource_warnings(entries)}
+    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def resource_warnings(entries: list) -> list:
+    """Kernels whose ptxas figures predict trouble at launch: static shared memory over the 48 KiB
+    that CUDA guarantees a block without opting in, or register spills."""
+    warnings = []
+    for entry in entries:
+        for build in ("default", "stitched"):
+            for kernel, res in entry.get(f"kernels_{build}", {}).items():
+                where = f"{entry['name']} {entry['dtype']} {build} {kernel}"
+                if res.get("shared_bytes", 0) > STATIC_SHARED_BYTES:
+                    warnings.append(f"{where}: {res['shared_bytes']} B static shared memory (> 48 KiB)")
+                if res.get("spill_store_bytes", 0):
+                    warnings.append(f"{where}: {res['spill_store_bytes']} B register spill stores")
+    return warnings
+
+
+def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict:
+    from tvm_stitch.tools import device_code
+    from tvm_stitch.tools.build import build
+    from tvm_stitch.tools.launches import count_launches, cuda_source, program_traffic
+    from tvm_stitch.tools.suite import SUITE
+
+    built = build(SUITE[item["graph"]].build(item["dtype"], item["dims"]), PLAN_TARGET, stitched)
     built.executable.export_library(path)
-    modeled, ideal = program_traffic(built.lowered, {"kind": "cuda", "arch": "sm_90"})
-    return {"launches": count_launches(built.lowered, built.executable), "modeled_bytes": modeled,
-            "ideal_bytes": ideal}
+    modeled, ideal = program_traffic(built.lowered, PLAN_TARGET)
+    source = cuda_source(built.executable)
+    info = {"launches": count_launches(built.lowered, built.executable), "modeled_bytes": modeled,
+            "ideal_bytes": ideal, "kernels": {k: v for k, v in sorted(resources.items()) if f" {k}(" in source},
+            "device_code": device_code.device_code_kinds(path)}
+    if built.report is not None:
+        packed = ["independent"] if built.report.packs else []
+        info["schemes"] = sorted({plan.scheme for plan in built.report.plans}) + packed
+    return info
+
+
+def _export_dry_run(path: str) -> None:
+    from tvm_stitch.tools.build import build
+    from tvm_stitch.tools.suite import SUITE
+
+    cpu = build(SUITE[_DRY_GRAPH].build("float32", _dims("test")), {"kind": "llvm"}, stitched=True)
+    cpu.executable.export_library(path)
 
 
 def _copy_runtime(dest: str) -> None:
@@ -60,61 +268,6 @@ def _download_ffi_wheel(dest: str) -> str:
     return ""
 
 
-def folder_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
-
-
-def build_kit(out: str, size: str = "bench", graphs=None, dtypes=("float32", "float16"),
-              wheel: bool = True, progress=None) -> dict:
-    """Build, export and pack the kit into `out`; returns the manifest."""
-    os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
-    import tvm.support.nvcc  # noqa: F401 - registers the CUDA compile callback (nvcc: fatbin here)
-
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    libs = os.path.join(out, "libs")
-    os.makedirs(libs)
-    names = graphs or list(SUITE)
-    entries = []
-    for i, name in enumerate(names):
-        graph = SUITE[name]
-        for dtype in dtypes:
-            if dtype not in graph.dtypes:
-                continue
-            if progress:
-                progress(f"[{i + 1}/{len(names)}] {name} {dtype}")
-            mod = graph.build(dtype, dims(size))
-            entry = {"graph": name, "dtype": dtype, "seed": 0}
-            for key, stitched in (("default", False), ("stitched", True)):
-                rel = os.path.join("libs", f"{name}_{dtype}_{key}.so")
-                info = _export(mod, stitched, os.path.join(out, rel))
-                entry[key] = rel
-                entry[f"launches_{key}"] = info["launches"]
-                entry[f"modeled_bytes_{key}"] = info["modeled_bytes"]
-                entry["ideal_bytes"] = info["ideal_bytes"]
-            entries.append(entry)
-    dry_graph = "layernorm_softmax"
-    dry_lib = os.path.join("libs", f"dryrun_{dry_graph}_cpu.so")
-    cpu = build(SUITE[dry_graph].build("float32", dims("test")), {"kind": "llvm"}, stitched=True)
-    cpu.executable.export_library(os.path.join(out, dry_lib))
-    _copy_runtime(os.path.join(out, "site"))
-    wheel_note = _download_ffi_wheel(os.path.join(out, "wheels")) if wheel else "skipped"
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in _KIT_FILES:
-        shutil.copy(os.path.join(here, "gpu_runner", name), os.path.join(out, name))
-    for name in ("suite_data.py", "tolerance.py"):
-        shutil.copy(os.path.join(here, name), os.path.join(out, name))
-    manifest = {
-        "size": size,
-        "device": "CUDA sm_90",
-        "entries": entries,
-        "dry_run": {"graph": dry_graph, "dtype": "float32", "seed": 0, "size": "test", "library": dry_lib},
-        "ffi_wheel": wheel_note or "ok",
-    }
-    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-    total = folder_bytes(out)
-    manifest["bytes"] = total
-    if total > LIMIT_BYTES:
-        raise RuntimeError(f"the kit is {total / 2**20:.1f} MiB, over the {LIMIT_BYTES >> 20} MiB limit")
-    return manifest
+if __name__ == "__main__":
+    with open(sys.argv[2], encoding="utf-8") as work_json:
+        _build_cuda(sys.argv[1], json.load(work_json))
