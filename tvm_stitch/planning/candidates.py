@@ -23,7 +23,7 @@ from schedules.cpu.row_resident import MIN_LANES
 
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, plan_row_resident
-from tvm_stitch.planning.resources import estimate_registers, occupancy
+from tvm_stitch.planning.resources import cuda_shared_bytes, estimate_registers, occupancy
 from tvm_stitch.threads import cpu_threads
 from tvm_stitch.analysis.tir_view import static_product
 
@@ -99,18 +99,18 @@ def _cuda(rule: StitchPlan) -> list:
     m = rule.mapping
     if m.rows <= 0 or rule.scheme != "row-resident":
         return []
-    shared_per_row = rule.shared_bytes // max(1, m.rows_per_task)
     thread_choices = [1] if m.threads == 1 else list(CUDA_THREADS)
     out = []
     for threads in thread_choices:
         per = 1
         while threads * per <= CUDA_MAX_THREADS and per <= m.rows:
-            fits = shared_per_row * per <= CUDA_SHARED_LIMIT
+            shared = cuda_shared_bytes(rule.shared_rows, rule.shared_reductions, threads, per)
+            fits = shared <= CUDA_SHARED_LIMIT
             # A barrier may not sit under a thread predicate: rows split evenly over blocks.
             even = threads == 1 or m.rows % per == 0
             if fits and even:
                 mapping = dataclasses.replace(m, threads=threads, rows_per_task=per, grid=-(-m.rows // per))
-                plan = dataclasses.replace(rule, mapping=mapping, shared_bytes=shared_per_row * per)
+                plan = dataclasses.replace(rule, mapping=mapping, shared_bytes=shared)
                 registers = estimate_registers(plan)
                 out.append(dataclasses.replace(plan, registers=registers, occupancy=occupancy(
                     plan.threads_per_block, registers, plan.shared_bytes)))

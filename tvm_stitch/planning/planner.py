@@ -21,7 +21,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
-from tvm_stitch.planning.resources import estimate_registers, occupancy
+from tvm_stitch.planning.resources import cuda_shared_bytes, estimate_registers, occupancy
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
 from tvm_stitch.planning.row_split import SplitError, plan_row_split
 from tvm_stitch.threads import cpu_threads
@@ -148,9 +148,10 @@ def _cacheable_inputs(views: list, params: list, rank: int) -> list:
     return out
 
 
-def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial_only: bool) -> int:
+def _rows_per_block(rows: int | None, threads: int, shared_at, spatial_only: bool) -> int:
     """Rows packed into one thread block: up to CUDA_MAX_THREADS threads, dividing the rows
-    evenly (no thread predicate around a barrier), within shared memory, leaving enough blocks."""
+    evenly (no thread predicate around a barrier), within shared memory (`shared_at(rows
+    per block)`: bytes), leaving enough blocks."""
     if rows is None:
         return 1
     per = 1
@@ -166,7 +167,7 @@ def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial
         threads * per * 2 <= CUDA_MAX_THREADS
         and rows % (per * 2) == 0
         and rows // (per * 2) >= CUDA_MIN_ROWS // 2
-        and shared_per_row * per * 2 <= CUDA_SHARED_LIMIT
+        and shared_at(per * 2) <= CUDA_SHARED_LIMIT
     ):
         per *= 2
     return per
@@ -340,7 +341,7 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
 
     columns = walks_columns(kept, params, rank)
     thread_per_row = family == "cuda" and (spatial_only or columns)
-    intermediates, shared, within_max = [], 0, 1
+    intermediates, shared_rows, within_max = [], [], 1
     for view in kept:
         within = static_product(view.extents[rank:])
         if within is None:
@@ -359,29 +360,17 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         if level == SHARED and thread_per_row:
             level, why = REGISTER, f"{why}; one thread per row: kept in that thread"
         if level == SHARED:
-            shared += nbytes
+            shared_rows.append(nbytes)
         intermediates.append(Intermediate(view.name, REGISTER if level == INLINE else level, nbytes, why,
                                           inlined=level == INLINE))
 
-    cached_inputs = []
-    if family == "cuda":
-        for buffer in _cacheable_inputs(kept, params, rank):
-            row_bytes = _row_bytes(buffer, rank)
-            if thread_per_row:
-                cached_inputs.append(buffer.name)
-            elif row_bytes is not None and shared + row_bytes <= CUDA_SHARED_LIMIT:
-                cached_inputs.append(buffer.name)
-                shared += row_bytes
-    if family == "cuda" and shared > CUDA_SHARED_LIMIT:
-        view_of = {v.name: v for v in views}
-        demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in outputs
-                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
-                           key=lambda i: -i.bytes_per_row)
-        raise SharedMemoryError(f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory",
-                                [i.name for i in demotable])
-
     notes = []
-    rows_per_task, split = 1, 1
+    # Each reduced value: (bytes, outputs per row); with fewer outputs than threads, threads share it.
+    reductions = tuple(
+        (max(1, w.buffer.dtype.bits // 8),
+         static_product(e for e, r in zip(v.extents[rank:], v.is_reduce[rank:]) if not r) or 0)
+        for v in kept if v.has_reduction for w in v.writes)
+    threads = vector = 1
     if family == "cuda":
         if thread_per_row:
             # Consecutive rows are consecutive in memory: a thread per row keeps loads coalesced.
@@ -396,10 +385,36 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
             if vector > 1:
                 notes.append(f"{vector * _widest_bytes(kept) * 8}-bit accesses: {vector} elements per thread "
                              "in element-wise loops")
-        rows_per_task = _rows_per_block(rows, threads, shared, spatial_only)
+
+    def shared_at(rows_per_block: int, buffers: list | None = None) -> int:
+        """Static shared bytes of a block of `rows_per_block` rows (of `buffers`, default: those kept so far)."""
+        return cuda_shared_bytes(shared_rows if buffers is None else buffers, reductions, threads, rows_per_block)
+
+    cached_inputs = []
+    if family == "cuda":
+        for buffer in _cacheable_inputs(kept, params, rank):
+            row_bytes = _row_bytes(buffer, rank)
+            if thread_per_row:
+                cached_inputs.append(buffer.name)
+            elif row_bytes is not None and shared_at(1, shared_rows + [row_bytes]) <= CUDA_SHARED_LIMIT:
+                cached_inputs.append(buffer.name)
+                shared_rows.append(row_bytes)
+    shared = shared_at(1) if family == "cuda" else 0
+    if shared > CUDA_SHARED_LIMIT:
+        view_of = {v.name: v for v in views}
+        demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in outputs
+                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
+                           key=lambda i: -i.bytes_per_row)
+        raise SharedMemoryError(f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
+                                f"staging) exceed {CUDA_SHARED_LIMIT} of shared memory",
+                                [i.name for i in demotable])
+
+    rows_per_task, split = 1, 1
+    if family == "cuda":
+        rows_per_task = _rows_per_block(rows, threads, shared_at, spatial_only)
         if rows_per_task > 1 and threads > 1:
             notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
-        shared *= rows_per_task
+        shared = shared_at(rows_per_task)
         grid = rows // rows_per_task if rows is not None else -1
     else:
         work = max(static_product(v.extents) or CPU_PARALLEL_MIN_WORK for v in views)
@@ -447,7 +462,9 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         intermediates=tuple(intermediates),
         outputs=tuple(v.name for v in views if v.name in outputs),
         cached_inputs=tuple(cached_inputs),
-        shared_bytes=shared if family == "cuda" else 0,
+        shared_bytes=shared,
+        shared_rows=tuple(shared_rows) if family == "cuda" else (),
+        shared_reductions=reductions if family == "cuda" else (),
         reductions=sum(1 for v in views if v.has_reduction),
         notes=tuple(notes),
         aligned_depth=depth,

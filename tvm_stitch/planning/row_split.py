@@ -31,6 +31,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
+from tvm_stitch.planning.resources import cuda_shared_bytes
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
 from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
 
@@ -194,6 +195,9 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
     if any(v.expensive for v in inlined):
         notes.append("expensive element-wise ops are recomputed in each kernel that reads them")
     dominant = tuple(v.name for v in kept if v.has_reduction) or (kept[-1].name,)
+    # A kernel holds the partials or the combine of each reduction at most once; every reduced
+    # value is counted as shared by the block's threads (a bound on TVM's all-reduce staging).
+    reductions = tuple((max(1, w.buffer.dtype.bits // 8), 0) for v in kept if v.has_reduction for w in v.writes)
     return StitchPlan(
         kernel=name,
         target="cuda",
@@ -208,6 +212,8 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         phases=tuple((v.name, levels[v.name]) for v in kept) + tuple(
             (f"{n}:combine", lvl) for n, lvl in combine_level.items()),
         kernels=kernels,
+        shared_bytes=cuda_shared_bytes((), reductions, threads, rows_per_block),
+        shared_reductions=reductions,
         reductions=sum(1 for v in kept if v.has_reduction),
         notes=tuple(notes),
     )
