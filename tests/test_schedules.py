@@ -1,12 +1,14 @@
 """What the row-resident schedules guarantee: expensive ops once, on-chip reuse within limits."""
 
+import numpy as np
 import pytest
 import tvm
 import tvm_ffi
 
-from tvm_stitch.tools.build import build
+from tvm_stitch.tools.build import build, run_cpu
+from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.planning.plan import StitchPlan
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.suite import SUITE, dims, reference
 from tvm_stitch.analysis.tir_view import expensive_ops
 
 from conftest import CUDA, LLVM, make_module, tensor
@@ -54,6 +56,20 @@ def test_cuda_plan_fits_shared_memory_and_binds_threads():
 
     tvm_ffi.structural_walk(func.body, (tvm.tirx.For, on_for), order="pre")
     assert bound == {"blockIdx.x", "threadIdx.x"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rows_packed_over_several_axes_match_numpy_without_thread_bindings(dtype, rng):
+    """4 rows of (2, 3, 128) per block: the on-chip buffers take one fused row axis (CUDA schedule
+    run on the CPU)."""
+    graph, size = SUITE["attention_softmax"], {**dims("test"), "seq": 128}
+    inputs = graph.inputs(rng, dtype, size)
+    built = build(graph.build(dtype, size), LLVM, stitched=True, strict=True, emulate="cuda")
+    (plan,) = built.report.plans
+    assert plan.target == "cuda" and plan.rank == 3 and plan.mapping.rows_per_task > 1
+    rtol, atol = tolerance(dtype)
+    for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
 
 
 def test_row_resident_kernels_move_the_ideal_bytes():

@@ -44,6 +44,40 @@ def _cache_input_row(sch: s_tir.Schedule, buffer_name: str, scope: str) -> None:
     sch.cache_read(first, index, scope, consumer_blocks=[b for b, _ in readers])
 
 
+def _fused_rows(extents: list, rank: int):
+    """The index map (r0, .., r{rank-1}, *rest) -> (fused row, *rest) for row extents `extents`."""
+    def fused(*indices):
+        row = indices[0]
+        for i, extent in zip(indices[1:rank], extents[1:]):
+            row = row * extent + i
+        return (row, *indices[rank:])
+    return fused
+
+
+def _flatten_row_axes(sch: s_tir.Schedule, rank: int) -> None:
+    """Give every buffer the kernel allocates one row axis: (r0, .., r{rank-1}, *rest) -> (r, *rest).
+
+    With several rows per block, a block's rows are consecutive values of the
+    fused row index, but per row axis they are not a box: 8 rows of
+    (8, 12, 128) span 8 values of the last axis and, as far as TVM's region
+    analysis can tell, all 12 of the middle one, so a shared buffer would be
+    compacted to 96 rows where the plan pays for 8. Over the fused index the
+    block's region is exactly its rows. Parameters keep their layout.
+    """
+    params = list(sch.mod["main"].params)
+    done = set()  # names of buffers already flattened (a buffer written by several blocks)
+    for block in blocks_by_name(sch).values():
+        for index, region in enumerate(sch.get(block).writes):
+            buffer = region.source
+            extents = [int(e) for e in buffer.shape[:rank] if isinstance(e, tirx.IntImm)]
+            if buffer.name in done or any(buffer.same_as(p) for p in params) or len(extents) < rank:
+                continue
+            done.add(buffer.name)
+            index_map = tirx.IndexMap.from_func(_fused_rows(extents, rank), ndim=len(buffer.shape),
+                                                index_dtype=str(buffer.shape[0].ty))
+            sch.transform_layout(block, ("write", index), index_map)
+
+
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     bind = target.kind.name == "cuda"
     one_thread_per_row = plan.mapping.threads == 1
@@ -100,4 +134,6 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             sch.set_scope(sch.get_sblock(inter.name), 0, "shared")
         elif inter.level == REGISTER:
             sch.set_scope(sch.get_sblock(inter.name), 0, "local")
+    if packed > 1 and threads > 1 and plan.rank > 1:
+        _flatten_row_axes(sch, plan.rank)
     return sch

@@ -23,7 +23,7 @@ from tvm_stitch.analysis.tir_view import static_product
 from tvm_stitch.planning.common import PlanError, block_threads
 from tvm_stitch.planning.plan import MIN_LANES, StitchPlan
 from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
-from tvm_stitch.planning.resources import with_resources
+from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
 from tvm_stitch.planning.spec import TargetSpec
 
 CUDA_THREADS = (32, 64, 128, 256)  # threads per block tried (those within the spec's limit)
@@ -103,19 +103,18 @@ def _cuda(rule: StitchPlan, spec: TargetSpec) -> list:
     m = rule.mapping
     if m.rows <= 0 or rule.scheme != "row-resident":
         return []
-    shared_per_row = rule.shared_bytes // max(1, m.rows_per_task)
     most = block_threads(spec)
     thread_choices = [1] if m.threads == 1 else [t for t in CUDA_THREADS if t <= most]
     out = []
     for threads in thread_choices:
         per = 1
         while threads * per <= most and per <= m.rows:
-            fits = shared_per_row * per <= spec.shared_bytes_per_block
+            shared = cuda_shared_bytes(rule.shared_rows, rule.shared_reductions, threads, per, spec.warp_size)
+            fits = shared <= spec.shared_bytes_per_block
             # A barrier may not sit under a thread predicate: rows split evenly over blocks.
             even = threads == 1 or m.rows % per == 0
             if fits and even:
                 mapping = dataclasses.replace(m, threads=threads, rows_per_task=per, grid=-(-m.rows // per))
-                out.append(with_resources(dataclasses.replace(rule, mapping=mapping,
-                                                              shared_bytes=shared_per_row * per)))
+                out.append(with_resources(dataclasses.replace(rule, mapping=mapping, shared_bytes=shared)))
             per *= 2
     return out

@@ -74,7 +74,9 @@ class StitchPlan:
     intermediates: tuple = ()
     outputs: tuple = ()  # blocks that write the kernel's outputs
     cached_inputs: tuple = ()  # inputs whose row is loaded once into shared memory, then reused
-    shared_bytes: int = 0
+    shared_bytes: int = 0  # CUDA: static shared memory per block (resources.cuda_shared_bytes)
+    shared_rows: tuple = ()  # CUDA: bytes per row of each shared buffer (on-chip intermediates, cached input rows)
+    shared_reductions: tuple = ()  # CUDA: (value bytes, outputs per row) of each reduced value of the kernel
     modeled_bytes: int = -1  # global-memory traffic of the scheduled kernel (see traffic.py)
     ideal_bytes: int = -1  # its inputs read once and outputs written once
     reductions: int = 0  # reduction blocks in the kernel
@@ -94,8 +96,9 @@ class StitchPlan:
         data = json.loads(text)
         data["mapping"] = ThreadMapping(**data["mapping"])
         data["intermediates"] = tuple(Intermediate(**i) for i in data["intermediates"])
-        for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes"):
-            data[key] = tuple(data[key])
+        for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes", "shared_rows"):
+            data[key] = tuple(data.get(key, ()))
+        data["shared_reductions"] = tuple(tuple(r) for r in data.get("shared_reductions", ()))
         data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
         if data.get("spec") is not None:
             data["spec"] = TargetSpec.from_dict(data["spec"])

@@ -24,7 +24,7 @@ from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_in
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
-from tvm_stitch.planning.resources import with_resources
+from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
 from tvm_stitch.planning.row_split import SplitError, plan_row_split
 from tvm_stitch.planning.spec import TargetSpec
 
@@ -124,10 +124,10 @@ def _cacheable_inputs(views: list, params: list, rank: int) -> list:
     return out
 
 
-def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial_only: bool,
-                    spec: TargetSpec) -> int:
+def _rows_per_block(rows: int | None, threads: int, shared_at, spatial_only: bool, spec: TargetSpec) -> int:
     """Rows packed into one thread block: up to `block_threads` threads, dividing the rows
-    evenly (no thread predicate around a barrier), within shared memory, leaving a block per SM."""
+    evenly (no thread predicate around a barrier), within shared memory (`shared_at(rows per
+    block)`: bytes), leaving a block per SM."""
     if rows is None:
         return 1
     per = 1
@@ -144,7 +144,7 @@ def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial
         threads * per * 2 <= most
         and rows % (per * 2) == 0
         and rows // (per * 2) >= wanted_blocks(spec) // 2
-        and shared_per_row * per * 2 <= spec.shared_bytes_per_block
+        and shared_at(per * 2) <= spec.shared_bytes_per_block
     ):
         per *= 2
     return per
@@ -321,9 +321,9 @@ def _rows(analysis: Analysis, rank: int | None, spec: TargetSpec) -> _Rows:
 
 
 def _intermediates(analysis: Analysis, rank: int, thread_per_row: bool) -> tuple:
-    """(intermediates, shared bytes per row) for the levels chosen, at `rank` row axes."""
+    """(intermediates, bytes per row of each shared one) for the levels chosen, at `rank` row axes."""
     kept_by_name = {v.name: v for v in analysis.kept}
-    intermediates, shared = [], 0
+    intermediates, shared_rows = [], []
     for view in analysis.views:
         if view.name not in analysis.levels:
             continue
@@ -336,10 +336,10 @@ def _intermediates(analysis: Analysis, rank: int, thread_per_row: bool) -> tuple
         if level == SHARED and thread_per_row:
             level, why = REGISTER, f"{why}; one thread per row: kept in that thread"
         if level == SHARED:
-            shared += nbytes
+            shared_rows.append(nbytes)
         intermediates.append(Intermediate(view.name, REGISTER if level == INLINE else level, nbytes, why,
                                           inlined=level == INLINE))
-    return intermediates, shared
+    return intermediates, shared_rows
 
 
 def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recompute: tuple = (),
@@ -357,13 +357,13 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
         raise ValueError("the analysis passed was made for another function, family or demotion")
     rows = _rows(analysis, rank, spec)
     thread_per_row = spec.family == "cuda" and (rows.spatial_only or rows.columns)
-    intermediates, shared = _intermediates(analysis, rows.rank, thread_per_row)
+    intermediates, shared_rows = _intermediates(analysis, rows.rank, thread_per_row)
     if spec.family == "cuda":
-        mapping, shared, cached_inputs, notes = _cuda_mapping(analysis, rows, intermediates, shared,
-                                                              thread_per_row, spec)
+        mapping, shared, cached_inputs, notes, shared_rows, reductions = _cuda_mapping(
+            analysis, rows, intermediates, shared_rows, thread_per_row, spec)
     else:
         mapping, notes = _cpu_mapping(analysis, rows, spec)
-        shared, cached_inputs = 0, []
+        shared, cached_inputs, shared_rows, reductions = 0, [], (), ()
     views = analysis.views
     dominant = tuple(v.name for v in views if v.has_reduction) or tuple(
         v.name for v in views if v.expensive
@@ -383,6 +383,8 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
         outputs=tuple(v.name for v in views if v.name in analysis.outputs),
         cached_inputs=tuple(cached_inputs),
         shared_bytes=shared,
+        shared_rows=tuple(shared_rows),
+        shared_reductions=reductions,
         reductions=sum(1 for v in views if v.has_reduction),
         notes=tuple(notes),
         aligned_depth=analysis.depth,
@@ -390,27 +392,13 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
     )
 
 
-def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared: int, thread_per_row: bool,
+def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_rows: list, thread_per_row: bool,
                   spec: TargetSpec) -> tuple:
-    """(mapping, shared bytes per block, inputs cached on chip, notes) of a CUDA row-resident plan;
-    SharedMemoryError when the row's intermediates do not fit a block's shared memory."""
+    """(mapping, shared bytes per block, inputs cached on chip, notes, bytes per row of each shared
+    buffer, reduced values) of a CUDA row-resident plan; SharedMemoryError when one row's buffers
+    (with TVM's all-reduce staging) do not fit a block's shared memory."""
     kept, rank = list(analysis.kept), rows.rank
     limit = spec.shared_bytes_per_block
-    cached_inputs = []
-    for buffer in _cacheable_inputs(kept, list(analysis.func.params), rank):
-        row_bytes = _row_bytes(buffer, rank)
-        if thread_per_row:
-            cached_inputs.append(buffer.name)
-        elif row_bytes is not None and shared + row_bytes <= limit:
-            cached_inputs.append(buffer.name)
-            shared += row_bytes
-    if shared > limit:
-        view_of = {v.name: v for v in analysis.views}
-        demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in analysis.outputs
-                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
-                           key=lambda i: -i.bytes_per_row)
-        raise SharedMemoryError(f"{shared} bytes of per-row intermediates exceed {limit} of shared memory",
-                                [i.name for i in demotable])
     notes = []
     if thread_per_row:
         # Consecutive rows are consecutive in memory: a thread per row keeps loads coalesced.
@@ -425,12 +413,40 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared: 
         if vector > 1:
             notes.append(f"{vector * _widest_bytes(kept) * 8}-bit accesses: {vector} elements per thread "
                          "in element-wise loops")
-    rows_per_task = _rows_per_block(rows.rows, threads, shared, rows.spatial_only, spec)
+    # Each reduced value: (bytes, outputs per row); with fewer outputs than threads, threads share it.
+    reductions = tuple(
+        (max(1, w.buffer.dtype.bits // 8),
+         static_product(e for e, r in zip(v.extents[rank:], v.is_reduce[rank:]) if not r) or 0)
+        for v in kept if v.has_reduction for w in v.writes)
+    shared_rows = list(shared_rows)
+
+    def shared_at(rows_per_block: int, buffers: list | None = None) -> int:
+        """Static shared bytes of a block of `rows_per_block` rows (of `buffers`, default: those kept so far)."""
+        return cuda_shared_bytes(shared_rows if buffers is None else buffers, reductions, threads, rows_per_block,
+                                 spec.warp_size)
+
+    cached_inputs = []
+    for buffer in _cacheable_inputs(kept, list(analysis.func.params), rank):
+        row_bytes = _row_bytes(buffer, rank)
+        if thread_per_row:
+            cached_inputs.append(buffer.name)
+        elif row_bytes is not None and shared_at(1, shared_rows + [row_bytes]) <= limit:
+            cached_inputs.append(buffer.name)
+            shared_rows.append(row_bytes)
+    shared = shared_at(1)
+    if shared > limit:
+        view_of = {v.name: v for v in analysis.views}
+        demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in analysis.outputs
+                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
+                           key=lambda i: -i.bytes_per_row)
+        raise SharedMemoryError(f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
+                                f"staging) exceed {limit} of shared memory", [i.name for i in demotable])
+    rows_per_task = _rows_per_block(rows.rows, threads, shared_at, rows.spatial_only, spec)
     if rows_per_task > 1 and threads > 1:
         notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
     grid = rows.rows // rows_per_task if rows.rows is not None else -1
     mapping = ThreadMapping(rows.rows if rows.rows is not None else -1, rows_per_task, threads, vector, grid)
-    return mapping, shared * rows_per_task, cached_inputs, notes
+    return mapping, shared_at(rows_per_task), cached_inputs, notes, shared_rows, reductions
 
 
 def _cpu_mapping(analysis: Analysis, rows: _Rows, spec: TargetSpec) -> tuple:

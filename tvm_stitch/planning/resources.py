@@ -33,6 +33,33 @@ def estimate_registers(plan: StitchPlan) -> int:
     return registers
 
 
+SHARED_ALIGN = 64  # bytes: TVM's CUDA code generator aligns every __shared__ array (alignas(64))
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // SHARED_ALIGN) * SHARED_ALIGN
+
+
+def cuda_shared_bytes(shared_rows, reductions, threads: int, rows_per_block: int, warp: int) -> int:
+    """Static shared memory of a CUDA block, as ptxas counts it or more.
+
+    `shared_rows`: bytes per row of each buffer the schedule puts in shared
+    memory, allocated for the block's `rows_per_block` rows, each array
+    padded to SHARED_ALIGN (ptxas may leave the last one unpadded).
+    `reductions`: (value bytes, outputs per row) of each reduced value; one
+    with fewer outputs per row than `threads` is reduced across the threads,
+    and past one warp (`warp` threads) TVM's all-reduce (LowerThreadAllreduce)
+    stages a value per warp and per row (red_buf_staging) and broadcasts the
+    result per row (red_result), both in shared memory. Within a warp it shuffles.
+    """
+    total = sum(_aligned(nbytes * rows_per_block) for nbytes in shared_rows)
+    if threads > warp:
+        warps = -(-threads // warp)
+        total += sum(_aligned(nbytes * warps * rows_per_block) + _aligned(nbytes * rows_per_block)
+                     for nbytes, outputs in reductions if outputs < threads)
+    return total
+
+
 def occupancy(threads_per_block: int, registers: int, shared_bytes: int, spec: TargetSpec) -> float:
     """Resident warps over the SM's maximum, limited by threads, registers, shared memory and blocks."""
     warp = spec.warp_size

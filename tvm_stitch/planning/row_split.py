@@ -37,6 +37,7 @@ from tvm_stitch.planning.common import (PlanError, block_threads, check_describa
                                         wanted_blocks)
 from tvm_stitch.planning.plan import (GLOBAL, REGISTER, Intermediate, Phase, PhaseRole, StitchPlan,
                                       ThreadMapping)
+from tvm_stitch.planning.resources import cuda_shared_bytes
 from tvm_stitch.planning.spec import TargetSpec
 
 # Rows fewer than the SMs (spec.sms) and at least this long are split.
@@ -233,6 +234,9 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
         _check_worth_splitting(kept, rank, kernels, unsplit_blocks)
     dtype_bytes = max(1, max(v.writes[0].buffer.dtype.bits for v in kept) // 8)
     mapping = _mapping(rows, length, columns, dtype_bytes, spec)
+    # A kernel holds the partials or the combine of each reduction at most once; every reduced
+    # value is counted as shared by the block's threads (a bound on TVM's all-reduce staging).
+    reductions = tuple((max(1, w.buffer.dtype.bits // 8), 0) for v in kept if v.has_reduction for w in v.writes)
     return StitchPlan(
         kernel=name,
         target="cuda",
@@ -247,6 +251,8 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
         phases=tuple(Phase(v.name, kernels.level[v.name]) for v in kept) + tuple(
             Phase(n, lvl, PhaseRole.COMBINE) for n, lvl in kernels.combine.items()),
         kernels=kernels.count,
+        shared_bytes=cuda_shared_bytes((), reductions, mapping.threads, mapping.rows_per_task, spec.warp_size),
+        shared_reductions=reductions,
         reductions=sum(1 for v in kept if v.has_reduction),
         notes=tuple(_notes(mapping, length, columns, kernels, inlined)),
         spec=spec,
