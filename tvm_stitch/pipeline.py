@@ -10,6 +10,9 @@
         their epilogues, fallbacks) become PrimFuncs as usual
     CUDA only: TVM's dlight rules for those, each guarded, then a per-block
         schedule that is always valid (dlight 0.27 crashes on some graphs)
+    llvm only: our CPU rules (schedules/cpu/contraction: matmuls and
+        convolutions with their epilogues), each guarded; the rest stays as
+        TVM leaves it
     dataflow lowering and finalisation (TVM)
 """
 
@@ -19,6 +22,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.target import Target
 
+from schedules.cpu import contraction
 from schedules.cuda import per_block
 
 from tvm_stitch.fusion.precision import AccumulateInFloat32
@@ -61,6 +65,37 @@ class GuardedDefaultSchedule:
             if sch is None:
                 sch = per_block.apply(func)
             updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+
+CPU_RULES = (contraction.apply,)  # dlight's contract: apply(func, target) -> Schedule | None
+
+
+@tvm.transform.module_pass(opt_level=0, name="GuardedCpuSchedule")
+class GuardedCpuSchedule:
+    """Our CPU rules for the PrimFuncs StitchFusion left (compute-intensive ops and fallbacks).
+
+    dlight 0.27 has CPU rules for GEMV and reductions only, TVM's topi no x86
+    schedules. A rule that does not apply, or raises, leaves the function as
+    it was (TVM's unscheduled loop nest).
+    """
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = Target.current(allow_none=False)
+        updates = {}
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+                continue
+            for rule in CPU_RULES:
+                try:
+                    sch = rule(func, target)
+                except Exception:  # noqa: BLE001 - a failing rule leaves the function unscheduled
+                    sch = None
+                if sch is not None:
+                    updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                    break
         for gv, func in updates.items():
             mod[gv] = func
         return mod
@@ -115,7 +150,7 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
         stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math,
                       cost_model=cost_model)
         + [relax.transform.FuseTIR()]
-        + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [])
+        + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [GuardedCpuSchedule()])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)
     )

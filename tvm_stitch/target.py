@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tvm
 from tvm.target import Target
 
@@ -34,6 +36,34 @@ def host_target() -> Target:
     of fast `exp`, which then calls libm once per lane.
     """
     return Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    """What the CPU schedules need to know of an llvm target."""
+
+    cpu: str  # the CPU model the code is compiled for ("generic" when the target names none)
+    vector_bits: int  # the widest vector register
+    vector_registers: int  # architectural vector registers (accumulators of a matmul tile live there)
+
+
+def cpu_facts(target: Target) -> CpuFacts:
+    """The CPU an llvm target compiles for: its model, vector width and vector register count.
+
+    The width is LLVM's for the target's CPU and features, or 128 bits
+    (x86-64's SSE2, Arm's NEON baseline) when the target names neither: LLVM
+    answers for the host then, but the code is compiled for the baseline.
+    x86's AVX-512 has 32 vector registers, narrower x86 ISAs 16 (Arm's NEON
+    and SVE have 32).
+    """
+    if target.kind.name != "llvm":
+        raise ValueError(f"cpu_facts needs an llvm target, not {target.kind.name!r}")
+    cpu = str(target.attrs.get("mcpu", "") or "generic")
+    named = cpu != "generic" or bool(target.attrs.get("mattr", None))
+    bits = int(tvm.target.codegen.llvm_get_vector_width(target)) if named else 128
+    triple = str(target.attrs.get("mtriple", "") or "")
+    arm = triple.startswith(("aarch64", "arm"))
+    return CpuFacts(cpu=cpu, vector_bits=bits, vector_registers=32 if arm or bits >= 512 else 16)
 
 
 def backend_passes(target: Target):
