@@ -4,7 +4,8 @@
     LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
-    FastMathTransform on llvm (vectorisable exp, erf, tanh)
+    FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
+        gelu, gelu_tanh, sigmoid, silu, softplus)
     StitchFusion: memory-bound groups -> stitched, scheduled kernels
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
         their epilogues, fallbacks) become PrimFuncs as usual
@@ -25,6 +26,7 @@ from tvm.target import Target
 from schedules.cpu import contraction
 from schedules.cuda import per_block
 
+from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
@@ -110,7 +112,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
     return (
         backend_passes(target).library_dispatch_passes(target)
         + [AccumulateInFloat32(arithmetic=target.kind.name == "llvm")]
-        + ([relax.transform.FastMathTransform()] if fast_math else [])
+        + ([FastMath()] if fast_math else [])
         + [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
@@ -138,8 +140,9 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     `StitchReport`) receives every group's plan or fallback reason.
     `emulate="cuda"` (llvm targets only) builds the CUDA schedules without
     thread bindings, to run and check them on the CPU. `fast_math` replaces
-    exp, erf and tanh by TVM's vectorisable approximations (max relative
-    error measured in tests/test_fast_math.py); the default is on for llvm
+    exp, erf, tanh, softmax, gelu, gelu_tanh, sigmoid, silu and softplus by
+    vectorisable approximations (fusion/fast_math.py; max relative error
+    measured in tests/test_fast_math.py); the default is on for llvm
     targets, where libm's versions do not vectorise, and off for CUDA.
     `cost_model=True` (the default) lets the learned model
     (schedules/cost_models/, CPU only) pick each kernel's configuration among
