@@ -30,7 +30,7 @@ from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
-from tvm_stitch.target import as_target, backend_passes
+from tvm_stitch.target import as_target, backend_passes, warn_if_generic_cpu
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -146,9 +146,11 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     targets, where libm's versions do not vectorise, and off for CUDA.
     `cost_model=True` (the default) lets the learned model
     (schedules/cost_models/, CPU only) pick each kernel's configuration among
-    the rule plan's variants; `False` keeps the rules alone.
+    the rule plan's variants; `False` keeps the rules alone. An llvm target
+    without `mcpu` warns (GenericCpuWarning): see `target.host_target()`.
     """
     target = as_target(target)
+    warn_if_generic_cpu(target)
     passes = (
         stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math,
                       cost_model=cost_model)

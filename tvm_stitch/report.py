@@ -26,6 +26,7 @@ class GroupRecord:
 @dataclass
 class StitchReport:
     target: str = ""
+    made_for: str = ""  # the machine the plans were made for, in words (target.describe_target)
     groups: list = field(default_factory=list)
     opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
     packs: list = field(default_factory=list)  # (packed kernel, member kernels): one launch each
@@ -66,6 +67,8 @@ class StitchReport:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
+        if self.made_for:
+            lines.insert(0, f"plans made for: {self.made_for}")
         stitched = sum(1 for g in self.groups if g.stitched)
         lines.append(f"{stitched} stitched kernels, {len(self.fallbacks)} fallbacks, "
                      f"{len(self.opaque)} bindings left to TVM (compute-intensive or other)")

@@ -29,7 +29,7 @@ from tvm_stitch.planning.planner import CPU_SPLIT_MIN_ROW, CPU_TASKS_PER_CORE, p
 from tvm_stitch.planning.row_split import SPLIT_BELOW_ROWS, SPLIT_MIN_ROW
 from schedules import schedule_for
 from tvm_stitch.report import GroupRecord, StitchReport
-from tvm_stitch.target import as_target
+from tvm_stitch.target import as_target, describe_target
 from tvm_stitch.threads import cpu_threads
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.check.builds import check_builds
@@ -280,6 +280,7 @@ def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
     report = report if report is not None else StitchReport()
     plan_target = plan_target if plan_target is not None else target
     report.target = str(plan_target.kind.name)
+    report.made_for = describe_target(plan_target)
     stitcher = _Stitcher(mod, target, strict, report, plan_target, choose)
     bb = relax.BlockBuilder(mod)
     calls = _LazyGlobals(bb, stitcher.new_funcs)

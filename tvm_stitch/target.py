@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import tvm
 from tvm.target import Target
+
+from tvm_stitch.threads import cpu_threads
 
 SUPPORTED_KINDS = ("cuda", "llvm")
 
@@ -50,20 +53,45 @@ class CpuFacts:
 def cpu_facts(target: Target) -> CpuFacts:
     """The CPU an llvm target compiles for: its model, vector width and vector register count.
 
-    The width is LLVM's for the target's CPU and features, or 128 bits
-    (x86-64's SSE2, Arm's NEON baseline) when the target names neither: LLVM
-    answers for the host then, but the code is compiled for the baseline.
-    x86's AVX-512 has 32 vector registers, narrower x86 ISAs 16 (Arm's NEON
-    and SVE have 32).
+    The width comes from the CPU's features as LLVM knows them for the
+    target's `mcpu` / `mattr` (x86: AVX-512F 512 bits, AVX 256, else SSE's
+    128; other ISAs 128, NEON's). `llvm_get_vector_width` is not used: in
+    TVM 0.27 it answers 512 for every x86 CPU model on an AVX-512 host.
+    AVX-512 has 32 vector registers, narrower x86 ISAs 16, Arm's NEON 32.
     """
     if target.kind.name != "llvm":
         raise ValueError(f"cpu_facts needs an llvm target, not {target.kind.name!r}")
     cpu = str(target.attrs.get("mcpu", "") or "generic")
-    named = cpu != "generic" or bool(target.attrs.get("mattr", None))
-    bits = int(tvm.target.codegen.llvm_get_vector_width(target)) if named else 128
+    features = set(tvm.target.codegen.llvm_get_cpu_features(target))
+    bits = 512 if "avx512f" in features else 256 if "avx" in features else 128
     triple = str(target.attrs.get("mtriple", "") or "")
-    arm = triple.startswith(("aarch64", "arm"))
+    arm = triple.startswith(("aarch64", "arm")) or "neon" in features
     return CpuFacts(cpu=cpu, vector_bits=bits, vector_registers=32 if arm or bits >= 512 else 16)
+
+
+class GenericCpuWarning(UserWarning):
+    """An llvm target without a CPU model: code for the ISA's baseline (x86-64: SSE2)."""
+
+
+def warn_if_generic_cpu(target: Target) -> None:
+    """Warn (once per call site, Python's default) when an llvm target names no CPU model."""
+    if target.kind.name == "llvm" and cpu_facts(target).cpu == "generic" and not target.attrs.get("mattr", None):
+        warnings.warn(
+            "llvm target without 'mcpu': code is compiled for the generic baseline (x86-64: SSE2, "
+            "4-lane vectors), several times slower than for this machine's CPU; use "
+            "tvm_stitch.target.host_target() (or name the CPU: {'kind': 'llvm', 'mcpu': ...})",
+            GenericCpuWarning, stacklevel=3)
+
+
+def describe_target(target: Target) -> str:
+    """Which machine the plans are made for, in words (the header of explain's report)."""
+    if target.kind.name == "llvm":
+        facts = cpu_facts(target)
+        cpu = ("generic CPU (no mcpu; tvm_stitch.target.host_target() names this machine's)"
+               if facts.cpu == "generic" else f"CPU {facts.cpu}")
+        return f"llvm, {cpu}, {facts.vector_bits}-bit vectors, {cpu_threads()} threads"
+    arch = target.attrs.get("arch", None)
+    return f"{target.kind.name}{', ' + str(arch) if arch else ''}"
 
 
 def backend_passes(target: Target):

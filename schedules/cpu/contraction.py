@@ -136,13 +136,14 @@ def apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     tile = i0
 
     consumers = blocks[position + 1:]
+    consumer_names = {n.name_hint for n in nodes[position + 1:]}
     for block in consumers[:-1]:
         try:
             sch.compute_inline(block)
         except s_tir.ScheduleError:
             pass
     remaining = sch.get_child_blocks(get_root_block(sch))
-    after = [b for b in remaining if sch.get(b).name_hint in {sch.get(c).name_hint for c in consumers}]
+    after = [b for b in remaining if sch.get(b).name_hint in consumer_names]
     attached = None
     if after:
         try:
