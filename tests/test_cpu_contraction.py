@@ -96,6 +96,20 @@ def test_convolution_with_bias(rng, groups):
     np.testing.assert_allclose(out, want + bias, rtol=1e-4, atol=1e-4)
 
 
+def test_strided_convolution_keeps_tvms_loop_nest(rng):
+    """Along a stride-2 convolution's output columns its input is gathered: the rule declines."""
+    x, w = tensor("x", (1, 4, 16, 16)), tensor("w", (8, 4, 2, 2))
+    mod = make_module([x, w], lambda bb, x, w: bb.emit(relax.op.nn.conv2d(x, w, strides=2)))
+    with HOST:
+        funcs = [f for gv, f in relax.transform.LegalizeOps()(mod).functions_items() if "conv" in gv.name_hint]
+    assert funcs and contraction.apply(funcs[0], HOST) is None
+    _, ex = _build(mod)
+    a, wt = rng.standard_normal((1, 4, 16, 16)).astype("float32"), rng.standard_normal((8, 4, 2, 2)).astype("float32")
+    (out,) = run_cpu(ex, [a, wt])
+    want = np.einsum("cpiqj,ocij->opq", a[0].reshape(4, 8, 2, 8, 2), wt)[None]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
 def test_rule_declines_what_is_not_a_contraction():
     x = tensor("x", (16, 32))
     mod = make_module([x], lambda bb, x: bb.emit(relax.op.sum(relax.op.exp(x), axis=1)))

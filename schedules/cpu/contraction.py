@@ -3,8 +3,11 @@
 The dlight-like contract: `apply(func, target)` returns a schedule, or None
 when the function is not one this rule handles. It takes a function with one
 reduction block that multiplies two operands (dense or batched matmul,
-depthwise, pointwise or strided convolution), element-wise or injective
-producers (padding) and consumers (bias, GELU, residual, transposes).
+depthwise or pointwise convolution), element-wise or injective producers
+(padding) and consumers (bias, GELU, residual, transposes), where the
+innermost output axis walks every operand contiguously (or not at all): a
+strided convolution's input would be gathered, and was slower than TVM's
+loop nest.
 
 The reduction is register-blocked: its last two spatial axes (rows i and
 columns j of a matmul; output rows and columns of a convolution) are cut into
@@ -23,10 +26,11 @@ producers run before, as their own parallel, vectorised loops.
 from __future__ import annotations
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import s_tir, sym, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.target import Target
 
+from tvm_stitch.analysis.tir_view import vars_in
 from tvm_stitch.target import cpu_facts
 
 MAX_TILE_ROWS = 8  # rows of the accumulator tile; 8 x 2 vectors x 4 bytes x 16 lanes is 1 KiB
@@ -59,6 +63,27 @@ def _multiplies_two_operands(block: s_tir.SBlock) -> bool:
     while isinstance(product, tirx.Cast):
         product = product.value
     return isinstance(product, tirx.Mul) and len({r.source for r in block.reads} - {store.buffer}) == 2
+
+
+def _stride(expr, var) -> int | None:
+    """How far `expr` moves when `var` grows by one (0: it does not use it); None if not affine."""
+    if not any(v.same_as(var) for v in vars_in(expr)):
+        return 0
+    coefficients = sym.detect_linear_equation(expr, [var])
+    if len(coefficients) != 2 or not isinstance(coefficients[0], tirx.IntImm):
+        return None
+    return int(coefficients[0].value)
+
+
+def _contiguous_along(block: s_tir.SBlock, var) -> bool:
+    """Every access of the block moves by one element or not at all along `var`, in its last
+    dimension only, and the output moves: vectors along `var` are plain loads and stores, no
+    gathers (a strided convolution's input along its output columns is one)."""
+    for region in list(block.reads) + list(block.writes):
+        mins = [r.min for r in region.region]
+        if any(_stride(m, var) != 0 for m in mins[:-1]) or (mins and _stride(mins[-1], var) not in (0, 1)):
+            return False
+    return all(r.region and _stride(r.region[-1].min, var) == 1 for r in block.writes)
 
 
 def _tile(columns: int, rows: int, lanes: int, registers: int) -> tuple[int, int]:
@@ -101,8 +126,8 @@ def _schedule_at_root(sch: s_tir.Schedule, block, lanes: int) -> None:
 
 def apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """A register-blocked, parallel, vectorised schedule of a contraction and its epilogue; None
-    when `func` is not a single contraction with element-wise or injective neighbours, or its
-    shapes are symbolic."""
+    when `func` is not a single contraction with element-wise or injective neighbours, its
+    shapes are symbolic, or its innermost output axis is not contiguous in its operands."""
     if target.kind.name != "llvm":
         return None
     sch = s_tir.Schedule(func)
@@ -122,6 +147,9 @@ def apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     reduce = [l for l, k in zip(loops, kinds) if k == tirx.IterVar.CommReduce]
     if len(spatial) + len(reduce) != len(loops) or len(spatial) < 2:
         return None
+    spatial_vars = [iv.var for iv in node.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    if not _contiguous_along(node, spatial_vars[-1]):
+        return None  # TVM's loop nest beat gathered vectors (ConvNeXt's stride-4 stem: 0.5x)
     facts = cpu_facts(target)
     out_bits = node.writes[0].source.dtype.bits if node.writes else 32
     lanes = max(1, facts.vector_bits // max(32, out_bits))
