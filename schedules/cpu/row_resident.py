@@ -121,12 +121,15 @@ def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
         _merge_nests(sch, group)
         if plan.mapping.threads > 1:
             sch.parallel(sch.get_loops(sch.get_sblock(group[0]))[0])
+        lanes = plan.mapping.vector
         for name in group:
             inner = sch.get_loops(sch.get_sblock(name))[-1]
-            if per_task > plan.mapping.vector > 1 and per_task % plan.mapping.vector == 0:
-                # Vectors of the plan's width, in a loop: one vector of all the task's rows is as
-                # fast, but LLVM compiles a 128-lane vector of per-lane index arithmetic for seconds.
-                inner = sch.split(inner, [None, plan.mapping.vector])[1]
+            if sch.get(inner).kind == tirx.ForKind.VECTORIZED:
+                continue  # a walk shared with a block already done
+            if per_task > lanes > 1 and per_task % lanes == 0:
+                # Vectors of the plan's width, in a loop: no slower than one vector of all the task's
+                # rows, which LLVM compiled for seconds (a 128-lane vector of per-lane index arithmetic).
+                inner = sch.split(inner, [None, lanes])[1]
             sch.vectorize(inner)
 
 
