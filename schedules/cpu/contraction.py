@@ -100,8 +100,8 @@ def _tile(columns: int, rows: int, lanes: int, registers: int) -> tuple[int, int
 
 
 def _vectorise_inner(sch: s_tir.Schedule, block, lanes: int) -> None:
-    """Vectorise a block's innermost loop (split by the lanes when longer); parallel outer loops
-    when the block is at the root. A loop the vectoriser refuses stays serial."""
+    """Vectorise a block's innermost loop (split by the lanes when a multiple of them). A loop
+    the vectoriser refuses stays serial."""
     loops = sch.get_loops(block)
     if not loops:
         return
@@ -118,6 +118,8 @@ def _vectorise_inner(sch: s_tir.Schedule, block, lanes: int) -> None:
 
 
 def _schedule_at_root(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """A block left outside the tile loop (padding, an epilogue that could not follow the tile):
+    its outer loops fused and parallel, its innermost loop vectorised."""
     loops = sch.get_loops(block)
     if len(loops) > 1:
         sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
