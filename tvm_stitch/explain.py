@@ -7,7 +7,7 @@ import tvm
 from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
-from tvm_stitch.target import as_target
+from tvm_stitch.target import as_target, warn_if_generic_cpu
 
 
 def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
@@ -16,6 +16,7 @@ def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"explain expects a Relax IRModule, got {type(mod).__name__}")
     target = as_target(target)
+    warn_if_generic_cpu(target)
     report = StitchReport()
     with target:
         grouped = tvm.transform.Sequential(grouping_passes(target, fast_math=fast_math))(

@@ -4,12 +4,16 @@
     LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
-    FastMathTransform on llvm (vectorisable exp, erf, tanh)
+    FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
+        gelu, gelu_tanh, sigmoid, silu, softplus)
     StitchFusion: memory-bound groups -> stitched, scheduled kernels
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
         their epilogues, fallbacks) become PrimFuncs as usual
     CUDA only: TVM's dlight rules for those, each guarded, then a per-block
         schedule that is always valid (dlight 0.27 crashes on some graphs)
+    llvm only: our CPU rules (schedules/cpu/contraction: matmuls and
+        convolutions with their epilogues), each guarded; the rest stays as
+        TVM leaves it
     dataflow lowering and finalisation (TVM)
 """
 
@@ -19,12 +23,14 @@ import tvm
 from tvm import relax, tirx
 from tvm.target import Target
 
+from schedules.cpu import contraction
 from schedules.cuda import per_block
 
+from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
-from tvm_stitch.target import as_target, backend_passes
+from tvm_stitch.target import as_target, backend_passes, warn_if_generic_cpu
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -66,6 +72,37 @@ class GuardedDefaultSchedule:
         return mod
 
 
+CPU_RULES = (contraction.apply,)  # dlight's contract: apply(func, target) -> Schedule | None
+
+
+@tvm.transform.module_pass(opt_level=0, name="GuardedCpuSchedule")
+class GuardedCpuSchedule:
+    """Our CPU rules for the PrimFuncs StitchFusion left (compute-intensive ops and fallbacks).
+
+    dlight 0.27 has CPU rules for GEMV and reductions only, TVM's topi no x86
+    schedules. A rule that does not apply, or raises, leaves the function as
+    it was (TVM's unscheduled loop nest).
+    """
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = Target.current(allow_none=False)
+        updates = {}
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+                continue
+            for rule in CPU_RULES:
+                try:
+                    sch = rule(func, target)
+                except Exception:  # noqa: BLE001 - a failing rule leaves the function unscheduled
+                    sch = None
+                if sch is not None:
+                    updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+                    break
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+
 def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
     """The passes before StitchFusion: the graph it groups (FuseOps' output)."""
     if fast_math is None:
@@ -75,7 +112,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
     return (
         backend_passes(target).library_dispatch_passes(target)
         + [AccumulateInFloat32(arithmetic=target.kind.name == "llvm")]
-        + ([relax.transform.FastMathTransform()] if fast_math else [])
+        + ([FastMath()] if fast_math else [])
         + [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
@@ -104,20 +141,23 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     `StitchReport`) receives every group's plan or fallback reason.
     `emulate="cuda"` (llvm targets only) builds the CUDA schedules without
     thread bindings, to run and check them on the CPU. `fast_math` replaces
-    exp, erf and tanh by TVM's vectorisable approximations (max relative
-    error measured in tests/test_fast_math.py); the default is on for llvm
+    exp, erf, tanh, softmax, gelu, gelu_tanh, sigmoid, silu and softplus by
+    vectorisable approximations (fusion/fast_math.py; max relative error
+    measured in tests/test_fast_math.py); the default is on for llvm
     targets, where libm's versions do not vectorise, and off for CUDA.
     `cost_model=True` (the default) lets the learned model
     (planning/cost_models/, CPU only) pick each kernel's configuration among
     the rule plan's variants; `False` keeps the rules alone. Plans are made
     for the target's `TargetSpec`, or for `spec` where given (see `StitchFusion`).
+    An llvm target without `mcpu` warns (GenericCpuWarning): see `target.host_target()`.
     """
     target = as_target(target)
+    warn_if_generic_cpu(target)
     passes = (
         stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math,
                       cost_model=cost_model, spec=spec)
         + [relax.transform.FuseTIR()]
-        + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [])
+        + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [GuardedCpuSchedule()])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)
     )

@@ -68,9 +68,9 @@ class StitchReport:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        stitched = sum(1 for g in self.groups if g.stitched)
         if self.spec is not None:
-            lines.append(f"planned for {self.spec.describe()}")
+            lines.insert(0, f"plans made for {self.spec.describe()}")
+        stitched = sum(1 for g in self.groups if g.stitched)
         lines.append(f"{stitched} stitched kernels, {len(self.fallbacks)} fallbacks, "
                      f"{len(self.opaque)} bindings left to TVM (compute-intensive or other)")
         for packed, members in self.packs:
@@ -82,7 +82,7 @@ class StitchReport:
 
     def details(self) -> str:
         """Every plan in full: mapping and the level of each intermediate."""
-        out = [f"planned for {self.spec.describe()}"] if self.spec is not None else []
+        out = [f"plans made for {self.spec.describe()}"] if self.spec is not None else []
         for plan in self.plans:
             out.append(f"{plan.kernel}: {plan.scheme}, rows {plan.row_shape}, dominant {list(plan.dominant)}")
             out.append(f"  mapping: {plan.mapping}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import tvm
 from tvm.target import Target
 
@@ -34,6 +36,20 @@ def host_target() -> Target:
     of fast `exp`, which then calls libm once per lane.
     """
     return Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+
+
+class GenericCpuWarning(UserWarning):
+    """An llvm target without a CPU model: code for the ISA's baseline (x86-64: SSE2)."""
+
+
+def warn_if_generic_cpu(target: Target) -> None:
+    """Warn (once per call site, Python's default) when an llvm target names no CPU model."""
+    if target.kind.name == "llvm" and not target.attrs.get("mcpu", None) and not target.attrs.get("mattr", None):
+        warnings.warn(
+            "llvm target without 'mcpu': code is compiled for the generic baseline (x86-64: SSE2, "
+            "4-lane vectors), several times slower than for this machine's CPU; use "
+            "tvm_stitch.target.host_target() (or name the CPU: {'kind': 'llvm', 'mcpu': ...})",
+            GenericCpuWarning, stacklevel=3)
 
 
 def backend_passes(target: Target):

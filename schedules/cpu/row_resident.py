@@ -78,7 +78,8 @@ def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
     """Tasks of `rows_per_task` adjacent rows, the rows innermost and vectorised, in parallel.
 
     Per block: its row loops fused and split into (task, row in task), the
-    row-in-task loop moved below the block's own loops, so that a task
+    row-in-task loop moved below the block's own loops (and cut into
+    vectors of the plan's width), so that a task
     walks the reduction axis once for all its rows, each step one
     contiguous vector load per input. A reduction keeps its initialisation
     attached (on the first step): s_tir vectorises no loop over a
@@ -117,8 +118,16 @@ def _stream_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
         _merge_nests(sch, group)
         if plan.mapping.threads > 1:
             sch.parallel(sch.get_loops(sch.get_sblock(group[0]))[0])
+        lanes = plan.mapping.vector
         for name in group:
-            sch.vectorize(sch.get_loops(sch.get_sblock(name))[-1])
+            inner = sch.get_loops(sch.get_sblock(name))[-1]
+            if sch.get(inner).kind == tirx.ForKind.VECTORIZED:
+                continue  # a walk shared with a block already done
+            if per_task > lanes > 1 and per_task % lanes == 0:
+                # Vectors of the plan's width, in a loop: no slower than one vector of all the task's
+                # rows, which LLVM compiled for seconds (a 128-lane vector of per-lane index arithmetic).
+                inner = sch.split(inner, [None, lanes])[1]
+            sch.vectorize(inner)
 
 
 def _split_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:

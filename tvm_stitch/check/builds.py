@@ -4,6 +4,11 @@ Some schedules are accepted by s_tir but rejected later by TIR lowering
 (e.g. a barrier that would sit inside a thread predicate). The stitch pass
 builds each new kernel on its own before using it, so such a kernel falls
 back to TVM's default path instead of failing the user's build.
+
+On llvm the check runs TVM's TIR lowering and host finalisation but not
+LLVM's code generation, which is most of a CPU kernel's compile time and
+would be paid again by the real build (ConvNeXt: 1.2 s of checks in a
+3.2 s stitched compile, against 1.2 s for TVM's default pipeline).
 """
 
 from __future__ import annotations
@@ -31,10 +36,14 @@ def check_bound(func: tirx.PrimFunc) -> None:
 
 
 def check_builds(func: tirx.PrimFunc, target: Target) -> None:
-    """Raise (TVM raises RuntimeError subclasses) if `func` does not build for `target`,
-    or, for a GPU, if some block would run on the host."""
+    """Raise (TVM raises RuntimeError subclasses) if `func` does not lower (llvm) or build (CUDA)
+    for `target`, or, for a GPU, if some block would run on the host."""
     if target.kind.name == "cuda":
         check_bound(func)
     name = "stitch_check"
     mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
+    if target.kind.name == "llvm":
+        lower, finalize_host, _ = tvm.tirx.get_default_tir_pipeline(target)
+        finalize_host()(lower(tvm.tirx.transform.BindTarget(target.with_host(target))(mod)))
+        return
     tvm.tirx.build(mod, target=target)

@@ -73,6 +73,7 @@ class TargetSpec:
     sm_blocks: int = 0  # resident blocks per SM at most
     sm_shared_bytes: int = 0  # shared memory of an SM, over its resident blocks
     register_granule: int = 0
+    vector_registers: int = 0  # CPU: architectural vector registers (a matmul tile's accumulators live there)
 
     @staticmethod
     def from_target(target: Target) -> "TargetSpec":
@@ -91,7 +92,8 @@ class TargetSpec:
                     f"{self.max_threads_per_block} threads/block, warp {self.warp_size}, "
                     f"{self.vector_bytes}-byte vectors, L2 {self.cache_bytes >> 20} MB")
         half = ", converts half vectors" if self.converts_half else ""
-        return (f"cpu {self.arch or 'generic'}: {self.cores} cores, {self.vector_bytes * 8}-bit vectors{half}, "
+        cpu = self.arch or "generic (no mcpu: tvm_stitch.target.host_target() names this machine's CPU)"
+        return (f"cpu {cpu}: {self.cores} cores, {self.vector_bytes * 8}-bit vectors{half}, "
                 f"last-level cache {self.cache_bytes >> 20} MB")
 
     @staticmethod
@@ -140,11 +142,27 @@ def _cpu_spec(target: Target) -> TargetSpec:
     return TargetSpec(
         family="cpu",
         arch=str(target.attrs.get("mcpu", "")),
-        vector_bytes=max(1, int(tvm.target.codegen.llvm_get_vector_width(target)) // 8),
+        vector_bytes=_cpu_vector_bits(target) // 8,
+        vector_registers=_cpu_vector_registers(target),
         cores=int(tvm.get_global_func("runtime.NumThreads")()),  # the runtime's threads, as threads.py sets them
         converts_half=_has_feature(target, "f16c"),
         cache_bytes=_host_cache_bytes(),
     )
+
+
+def _cpu_vector_bits(target: Target) -> int:
+    """The widest SIMD register of the target's CPU, from its features as LLVM knows them for
+    the target's mcpu / mattr: x86 AVX-512F 512 bits, AVX 256, else 128 (SSE, Arm NEON).
+    TVM 0.27's `llvm_get_vector_width` is not used: it answers 512 for every x86 CPU model
+    on an AVX-512 host, generic x86-64 included."""
+    return 512 if _has_feature(target, "avx512f") else 256 if _has_feature(target, "avx") else 128
+
+
+def _cpu_vector_registers(target: Target) -> int:
+    """AVX-512 and Arm's NEON have 32 vector registers, narrower x86 ISAs 16."""
+    triple = str(target.attrs.get("mtriple", "") or "")
+    arm = triple.startswith(("aarch64", "arm")) or _has_feature(target, "neon")
+    return 32 if arm or _cpu_vector_bits(target) >= 512 else 16
 
 
 def _host_cache_bytes() -> int:

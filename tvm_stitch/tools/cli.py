@@ -32,10 +32,12 @@ def _bench(args) -> int:
         rows += run_bench(graphs, dtype=dtype, size=args.size, target=args.target, with_torch=args.torch,
                           copy_gbps=copy_gbps)
     meta = bench_metadata(args.size, args.dtype)
+    meta["model_size"] = args.model_size or args.size
     meta["command"] = "tvm-stitch " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
     lines = [f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, target {meta['target']}, "
              f"{meta['threads']} threads, size {args.size})", format_table(rows)]
-    model_rows = run_models(models, size=args.size, steps=args.steps.split(",")) if models else []
+    model_rows = (run_models(models, size=args.model_size or args.size, steps=args.steps.split(","))
+                  if models else [])
     if model_rows:
         lines += ["", format_models(model_rows)]
     elif not args.models:
@@ -219,6 +221,8 @@ def main(argv=None) -> int:
     bench.add_argument("--models", default="",
                        help="real models too: 'all' or comma-separated (bert, gpt2, llama, convnext; "
                             "needs the torch extra); --size test makes them tiny")
+    bench.add_argument("--model-size", choices=["bench", "cpu", "test"], default="",
+                       help="size of the models (default: --size); cpu: hidden 384, batch 4 x 128 (models.py)")
     bench.add_argument("--steps", default="forward,backward,adam",
                        help="model steps: forward, backward (joint forward + backward), adam (optimizer step)")
     bench.add_argument("--torch", action="store_true",

@@ -3,8 +3,10 @@
 Per model and step (forward; backward: joint forward + backward; adam: one
 Adam step over every parameter): memory-intensive and compute-intensive
 CUDA launches, modeled traffic and CUDA compile time of both pipelines; CPU
-(llvm) time of both builds measured in the same run; the stitched CPU
-build's largest absolute and relative difference from PyTorch eager.
+(llvm, this machine's CPU model) time of both builds and, for the forward
+step, of PyTorch eager, measured in the same run (alternating rounds), and
+the CPU compile time of both pipelines; the stitched CPU build's largest
+absolute and relative difference from PyTorch eager.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvm_stitch.tools.build import alternating_times, build, run_cpu, vm_round
+from tvm_stitch.tools.build import alternating_times, build, python_round, run_cpu, vm_round
 from tvm_stitch.tools.launches import launches_by_kind, program_traffic
 
 STEPS = ("forward", "backward", "adam")
@@ -35,6 +37,9 @@ class ModelRow:
     compile_s_stitched: float
     cpu_ms_default: float  # llvm builds, median per step, measured in the same run
     cpu_ms_stitched: float
+    cpu_ms_torch: float  # PyTorch eager (forward step; NaN for the others), in the same alternating rounds
+    cpu_compile_s_default: float  # llvm pipeline + codegen
+    cpu_compile_s_stitched: float
     max_error: float  # stitched llvm build vs PyTorch eager, max abs over outputs
     rel_error: float  # the same, relative to each output's largest magnitude (see relative_error)
     fallbacks: int
@@ -73,6 +78,20 @@ def import_step(name: str, step: str, size: str = "bench"):
     return {"forward": import_model, "backward": import_backward, "adam": import_adam}[step](name, size)
 
 
+def torch_forward(name: str, size: str):
+    """A round function timing PyTorch eager's forward of a model (the weights import_step uses)."""
+    from tvm_stitch.tools.models import _require_torch, make_model
+
+    torch = _require_torch()
+    model, inputs = make_model(name, size)
+
+    def forward():
+        with torch.no_grad():
+            model(*inputs)
+
+    return python_round(forward)
+
+
 def model_steps(names: list) -> list:
     """(model, step) pairs to run: every step the model has."""
     from tvm_stitch.tools.models import MODELS
@@ -105,7 +124,10 @@ def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> 
                               program_traffic(built.lowered, gpu)[0], built.compile_seconds, built.report)
         cpu = {stitched: build(mod, cpu_target, stitched=stitched) for stitched in (False, True)}
         outs = run_cpu(cpu[True].executable, inputs)
-        ms = alternating_times({stitched: vm_round(cpu[stitched].executable, inputs) for stitched in (False, True)})
+        rounds = {stitched: vm_round(cpu[stitched].executable, inputs) for stitched in (False, True)}
+        if step == "forward":
+            rounds["torch"] = torch_forward(name, size)
+        ms = alternating_times(rounds)
         rows.append(ModelRow(
             model=name, step=step,
             description=MODELS[name].description,
@@ -115,6 +137,9 @@ def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> 
             compile_s_default=cuda[False][2], compile_s_stitched=cuda[True][2],
             cpu_ms_default=ms[False],
             cpu_ms_stitched=ms[True],
+            cpu_ms_torch=ms.get("torch", float("nan")),
+            cpu_compile_s_default=cpu[False].compile_seconds,
+            cpu_compile_s_stitched=cpu[True].compile_seconds,
             max_error=max_abs_error(outs, expected),
             rel_error=relative_error(outs, expected),
             fallbacks=len(cuda[True][3].fallbacks),
@@ -125,16 +150,17 @@ def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> 
 def format_models(rows: list) -> str:
     header = ("model", "step", "memory-intensive CUDA launches (default -> stitched)", "compute-intensive launches",
               "modeled MB (default -> stitched)", "CUDA compile s (default / stitched)",
-              "CPU ms default", "CPU ms stitched", "CPU speedup", "max abs err vs PyTorch", "max rel err",
-              "fallbacks")
+              "CPU ms torch eager", "CPU ms default", "CPU ms stitched", "CPU speedup", "stitched / torch",
+              "CPU compile s (default / stitched)", "max abs err vs PyTorch", "max rel err", "fallbacks")
     lines = [header]
     for r in rows:
         lines.append((r.model, r.step, f"{r.memory_default} -> {r.memory_stitched}",
                       f"{r.compute_default} -> {r.compute_stitched}", f"{r.mb_default:.1f} -> {r.mb_stitched:.1f}",
                       f"{r.compile_s_default:.1f} / {r.compile_s_stitched:.1f}",
-                      f"{r.cpu_ms_default:.2f}", f"{r.cpu_ms_stitched:.2f}",
-                      f"{r.cpu_ms_default / r.cpu_ms_stitched:.2f}x", f"{r.max_error:.1e}", f"{r.rel_error:.1e}",
-                      str(r.fallbacks)))
+                      f"{r.cpu_ms_torch:.2f}", f"{r.cpu_ms_default:.2f}", f"{r.cpu_ms_stitched:.2f}",
+                      f"{r.cpu_ms_default / r.cpu_ms_stitched:.2f}x", f"{r.cpu_ms_stitched / r.cpu_ms_torch:.2f}x",
+                      f"{r.cpu_compile_s_default:.1f} / {r.cpu_compile_s_stitched:.1f}",
+                      f"{r.max_error:.1e}", f"{r.rel_error:.1e}", str(r.fallbacks)))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths)) + " |" for line in lines]
     out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")

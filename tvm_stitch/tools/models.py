@@ -26,12 +26,12 @@ from typing import Callable
 class ModelCase:
     name: str
     description: str
-    make: Callable  # (size) -> (torch module, example inputs tuple); size "bench" or "test" (tiny, for tests)
+    make: Callable  # (size) -> (torch module, example inputs tuple); a size of SIZES
     frozen: tuple = ()  # parameter name prefixes left out of the backward graph
     no_backward: str = ""  # why the model has no backward graph ("" when it has one)
 
 
-SIZES = ("bench", "test")
+SIZES = ("bench", "cpu", "test")  # "cpu": the CPU model bench's sizes (hidden 384, batch 4 x 128)
 
 
 def _require_torch():
@@ -46,9 +46,9 @@ def _bert(size):
     torch = _require_torch()
     from transformers import BertConfig, BertModel
 
-    d, batch, seq = (768, 8, 128) if size == "bench" else (64, 2, 16)
-    cfg = BertConfig(num_hidden_layers=2, hidden_size=d, num_attention_heads=12 if size == "bench" else 4,
-                     intermediate_size=4 * d, vocab_size=30522 if size == "bench" else 512,
+    d, heads, batch, seq = {"bench": (768, 12, 8, 128), "cpu": (384, 6, 4, 128), "test": (64, 4, 2, 16)}[size]
+    cfg = BertConfig(num_hidden_layers=2, hidden_size=d, num_attention_heads=heads,
+                     intermediate_size=4 * d, vocab_size=512 if size == "test" else 30522,
                      attn_implementation="eager")
     bert = BertModel(cfg).eval()
 
@@ -83,7 +83,8 @@ def _block_stack(nn, make_block, layers: int, final_norm):
 def _gpt2(size):
     torch = _require_torch()
     nn = torch.nn
-    d, heads, layers, batch, seq = (768, 12, 2, 4, 128) if size == "bench" else (64, 4, 1, 2, 16)
+    d, heads, layers, batch, seq = {"bench": (768, 12, 2, 4, 128), "cpu": (384, 6, 2, 4, 128),
+                                    "test": (64, 4, 1, 2, 16)}[size]
 
     class Block(nn.Module):
         def __init__(self):
@@ -107,7 +108,8 @@ def _gpt2(size):
 def _llama(size):
     torch = _require_torch()
     nn = torch.nn
-    d, heads, hidden, layers, batch, seq = (512, 8, 1376, 2, 4, 128) if size == "bench" else (64, 4, 160, 1, 2, 16)
+    d, heads, hidden, layers, batch, seq = {"bench": (512, 8, 1376, 2, 4, 128), "cpu": (384, 6, 1024, 2, 4, 128),
+                                            "test": (64, 4, 160, 1, 2, 16)}[size]
 
     class RMSNorm(nn.Module):
         def __init__(self):
@@ -150,7 +152,7 @@ def _llama(size):
 def _convnext(size):
     torch = _require_torch()
     nn = torch.nn
-    dim, layers, batch, image = (192, 2, 8, 224) if size == "bench" else (32, 1, 2, 32)
+    dim, layers, batch, image = {"bench": (192, 2, 8, 224), "cpu": (96, 2, 2, 224), "test": (32, 1, 2, 32)}[size]
 
     class Block(nn.Module):
         def __init__(self):

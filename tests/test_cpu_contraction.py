@@ -1,0 +1,119 @@
+"""CPU schedules of compute-intensive ops (schedules/cpu/contraction.py) in the llvm stitch pipeline:
+matmuls and convolutions with their fused epilogues are scheduled (parallel, vectorised) and match numpy."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from tvm_stitch.pipeline import pipeline  # before schedules: tvm_stitch's import order breaks the cycle
+from tvm_stitch.target import host_target
+from tvm_stitch.tools.build import run_cpu
+
+from schedules.cpu import contraction
+
+from conftest import make_module, tensor
+
+HOST = host_target()
+
+
+def _build(mod):
+    with HOST:
+        lowered = pipeline(HOST)(mod)
+    return lowered, tvm.compile(lowered, target=HOST, relax_pipeline=None)
+
+
+def _contraction_funcs(lowered) -> list:
+    """The PrimFuncs that hold a matmul or convolution reduction."""
+    out = []
+    for gv, func in lowered.functions_items():
+        if isinstance(func, tirx.PrimFunc) and ("matmul" in gv.name_hint or "conv" in gv.name_hint):
+            out.append(func)
+    return out
+
+
+def _assert_scheduled(lowered):
+    funcs = _contraction_funcs(lowered)
+    assert funcs
+    for func in funcs:
+        assert func.attrs.get("tirx.is_scheduled", False)
+        text = func.script()
+        assert "T.parallel(" in text and "T.vectorized(" in text
+
+
+def test_dense_matmul_with_bias_and_gelu(rng):
+    m, k, n = 48, 40, 96
+    x, w, b = tensor("x", (m, k)), tensor("w", (k, n)), tensor("b", (n,))
+    mod = make_module([x, w, b], lambda bb, x, w, b: bb.emit(relax.op.nn.gelu(relax.op.add(relax.op.matmul(x, w), b))))
+    lowered, ex = _build(mod)
+    _assert_scheduled(lowered)
+    a, wt, bias = (rng.standard_normal(s).astype("float32") for s in ((m, k), (k, n), (n,)))
+    (out,) = run_cpu(ex, [a, wt, bias])
+    from math import erf
+
+    y = a.astype(np.float64) @ wt + bias
+    want = y * 0.5 * (1.0 + np.vectorize(erf)(y / np.sqrt(2.0)))
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_batched_matmul_with_residual(rng):
+    shape_a, shape_b, shape_r = (6, 32, 16), (6, 16, 24), (6, 32, 24)
+    x, y, r = tensor("x", shape_a), tensor("y", shape_b), tensor("r", shape_r)
+    mod = make_module([x, y, r], lambda bb, x, y, r: bb.emit(relax.op.add(relax.op.matmul(x, y), r)))
+    lowered, ex = _build(mod)
+    _assert_scheduled(lowered)
+    a, b, res = (rng.standard_normal(s).astype("float32") for s in (shape_a, shape_b, shape_r))
+    (out,) = run_cpu(ex, [a, b, res])
+    np.testing.assert_allclose(out, a @ b + res, rtol=1e-4, atol=1e-4)
+
+
+def test_odd_shapes_still_match(rng):
+    """Extents that no vector width divides: tiles shrink to divisors, results stay exact."""
+    m, k, n = 7, 300, 13
+    x, w = tensor("x", (m, k)), tensor("w", (k, n))
+    mod = make_module([x, w], lambda bb, x, w: bb.emit(relax.op.matmul(x, w)))
+    lowered, ex = _build(mod)
+    a, wt = rng.standard_normal((m, k)).astype("float32"), rng.standard_normal((k, n)).astype("float32")
+    (out,) = run_cpu(ex, [a, wt])
+    np.testing.assert_allclose(out, a @ wt, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("groups", [1, 8])
+def test_convolution_with_bias(rng, groups):
+    """ConvNeXt's depthwise 7x7 (groups = channels) and a dense convolution, padded."""
+    n, c, hw = 2, 8, 14
+    x, w, b = tensor("x", (n, c, hw, hw)), tensor("w", (c, c // groups, 7, 7)), tensor("b", (1, c, 1, 1))
+    mod = make_module([x, w, b], lambda bb, x, w, b: bb.emit(
+        relax.op.add(relax.op.nn.conv2d(x, w, padding=3, groups=groups), b)))
+    lowered, ex = _build(mod)
+    _assert_scheduled(lowered)
+    a = rng.standard_normal((n, c, hw, hw)).astype("float32")
+    wt = rng.standard_normal((c, c // groups, 7, 7)).astype("float32")
+    bias = rng.standard_normal((1, c, 1, 1)).astype("float32")
+    (out,) = run_cpu(ex, [a, wt, bias])
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.conv2d(torch.from_numpy(a), torch.from_numpy(wt), padding=3, groups=groups).numpy()
+    np.testing.assert_allclose(out, want + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_strided_convolution_keeps_tvms_loop_nest(rng):
+    """Along a stride-2 convolution's output columns its input is gathered: the rule declines."""
+    x, w = tensor("x", (1, 4, 16, 16)), tensor("w", (8, 4, 2, 2))
+    mod = make_module([x, w], lambda bb, x, w: bb.emit(relax.op.nn.conv2d(x, w, strides=2)))
+    with HOST:
+        funcs = [f for gv, f in relax.transform.LegalizeOps()(mod).functions_items() if "conv" in gv.name_hint]
+    assert funcs and contraction.apply(funcs[0], HOST) is None
+    _, ex = _build(mod)
+    a, wt = rng.standard_normal((1, 4, 16, 16)).astype("float32"), rng.standard_normal((8, 4, 2, 2)).astype("float32")
+    (out,) = run_cpu(ex, [a, wt])
+    want = np.einsum("cpiqj,ocij->opq", a[0].reshape(4, 8, 2, 8, 2), wt)[None]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_rule_declines_what_is_not_a_contraction():
+    x = tensor("x", (16, 32))
+    mod = make_module([x], lambda bb, x: bb.emit(relax.op.sum(relax.op.exp(x), axis=1)))
+    with HOST:
+        funcs = [f for _, f in relax.transform.LegalizeOps()(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert funcs and all(contraction.apply(f, HOST) is None for f in funcs)
+    assert contraction.apply(funcs[0], tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) is None
