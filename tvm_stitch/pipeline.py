@@ -1,7 +1,10 @@
 """The Relax pipeline per target: TVM's default passes with the stitch pass inside.
 
     library dispatch (TVM)
-    LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps (TVM)
+    LegalizeOps, AnnotateTIROpPattern (TVM)
+    CUDA only: RelabelMatmulEpilogues (the copies after a matmul join its
+        epilogue, where dlight's Matmul rule inlines them)
+    FoldConstant, FuseOps (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
     FastMathTransform on llvm (vectorisable exp, erf, tanh)
@@ -9,7 +12,8 @@
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
         their epilogues, fallbacks) become PrimFuncs as usual
     CUDA only: TVM's dlight rules for those, each guarded, then a per-block
-        schedule that is always valid (dlight 0.27 crashes on some graphs)
+        schedule that is always valid (dlight 0.27 crashes on some graphs);
+        each function records the rule in `tvm_stitch.schedule_rule`
     dataflow lowering and finalisation (TVM)
 """
 
@@ -21,6 +25,7 @@ from tvm.target import Target
 
 from schedules.cuda import per_block
 
+from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
 from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
@@ -33,7 +38,12 @@ def _is_scheduled(func: tirx.PrimFunc) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="GuardedDefaultSchedule")
 class GuardedDefaultSchedule:
-    """dlight's default GPU rules, one at a time, with a per-block schedule as the last resort."""
+    """dlight's default GPU rules, one at a time, with a per-block schedule as the last resort.
+
+    Each scheduled function records the rule that scheduled it (the dlight
+    rule's class name, or "per_block") in its `tvm_stitch.schedule_rule`
+    attribute.
+    """
 
     def __init__(self, report: StitchReport | None = None):
         self.report = report
@@ -48,7 +58,7 @@ class GuardedDefaultSchedule:
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            sch = None
+            sch, name = None, "per_block"
             for rule in rules:
                 try:
                     sch = rule.apply(func, target, False)
@@ -57,10 +67,11 @@ class GuardedDefaultSchedule:
                 if isinstance(sch, list):
                     sch = sch[0] if sch else None
                 if sch is not None:
+                    name = type(rule).__name__
                     break
             if sch is None:
                 sch = per_block.apply(func)
-            updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_stitch.schedule_rule": name})
         for gv, func in updates.items():
             mod[gv] = func
         return mod
@@ -79,6 +90,9 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
         + [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
+        ]
+        + ([RelabelMatmulEpilogues()] if target.kind.name == "cuda" else [])
+        + [
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
         ]

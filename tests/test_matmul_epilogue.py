@@ -1,0 +1,100 @@
+"""Copies after a matmul join its kernel on CUDA; dlight's Matmul rule still schedules it; numerics hold."""
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvm_stitch.analysis.classify import is_compute_kernel
+from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues, copy_kind
+from tvm_stitch.tools.build import build
+from tvm_stitch.tools.launches import launches_by_kind, primfunc_calls
+
+from conftest import CUDA, legalized, make_module, static_shape, tensor
+
+B, T, HEADS, D = 2, 8, 2, 16
+HIDDEN = HEADS * D
+
+
+def _attention_and_mlp():
+    """Head split (reshape, transpose) with scale, head merge (transpose, reshape), GELU behind reshapes."""
+    x = tensor("x", (B * T, HIDDEN))
+    wq, wk, wv = (tensor(name, (HIDDEN, HIDDEN)) for name in ("wq", "wk", "wv"))
+    w1, w2 = tensor("w1", (HIDDEN, 4 * HIDDEN)), tensor("w2", (4 * HIDDEN, HIDDEN))
+    op = relax.op
+
+    def heads(bb, h):
+        return bb.emit(op.permute_dims(op.reshape(h, (B, T, HEADS, D)), [0, 2, 1, 3]))
+
+    def body(bb, x, wq, wk, wv, w1, w2):
+        q = heads(bb, op.matmul(x, wq))
+        q = bb.emit(op.multiply(q, relax.const(0.25)))
+        k = bb.emit(op.permute_dims(heads(bb, op.matmul(x, wk)), [0, 1, 3, 2]))
+        v = heads(bb, op.matmul(x, wv))
+        att = bb.emit(op.matmul(q, k))
+        o = bb.emit(op.matmul(att, v))
+        merged = bb.emit(op.reshape(op.permute_dims(o, [0, 2, 1, 3]), (B * T, HIDDEN)))
+        u = bb.emit(op.reshape(op.matmul(merged, w1), (B, T, 4 * HIDDEN)))
+        act = bb.emit(op.reshape(op.multiply(u, op.sigmoid(u)), (B * T, 4 * HIDDEN)))
+        return bb.emit(op.add(op.matmul(act, w2), x))
+
+    def numpy_ref(x, wq, wk, wv, w1, w2):
+        def split(h):
+            return h.reshape(B, T, HEADS, D).transpose(0, 2, 1, 3)
+
+        q, k, v = split(x @ wq) * 0.25, split(x @ wk), split(x @ wv)
+        o = (q @ k.transpose(0, 1, 3, 2)) @ v
+        u = o.transpose(0, 2, 1, 3).reshape(B * T, HIDDEN) @ w1
+        return (u / (1 + np.exp(-u))) @ w2 + x
+
+    return make_module([x, wq, wk, wv, w1, w2], body), numpy_ref
+
+
+def _relabelled(mod):
+    return RelabelMatmulEpilogues()(legalized(mod))
+
+
+def test_copy_kinds_come_from_the_tir():
+    mod = legalized(_attention_and_mlp()[0])
+    kinds = {gv.name_hint: copy_kind(f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert kinds["transpose"] == "transpose"
+    assert kinds["reshape"] == "reshape"
+    assert kinds["matmul"] == "" and kinds["multiply"] == ""
+
+
+def test_copies_after_a_matmul_are_relabelled_but_the_head_merge_reshape_is_not():
+    mod = _relabelled(_attention_and_mlp()[0])
+    calls = primfunc_calls(mod)
+    relabelled = {name for name in calls if name.endswith("_epilogue")}
+    for name in relabelled:
+        assert int(mod[name].attrs["op_pattern"]) == 0
+        assert int(mod[name[: -len("_epilogue")]].attrs["op_pattern"]) == 2
+    # Head split (reshape, transpose) of q, k and v, k's transpose for the scores, the merge's
+    # transpose, the MLP's two reshapes.
+    assert sum(calls[name] for name in relabelled) == 10
+    # The head merge: a reshape of a transpose's output keeps its injective label.
+    merge = [name for name in calls if name.startswith("reshape") and not name.endswith("_epilogue")]
+    assert len(merge) == 1 and calls[merge[0]] == 1
+
+
+def test_cuda_epilogues_leave_no_memory_launch_and_matmul_rule_schedules_every_matmul():
+    mod, _ = _attention_and_mlp()
+    stitched = build(mod, CUDA, stitched=True)
+    default = build(mod, CUDA, stitched=False)
+    memory, compute = launches_by_kind(stitched.lowered, stitched.executable)
+    default_memory, default_compute = launches_by_kind(default.lowered, default.executable)
+    assert memory == 0 < default_memory
+    assert compute == default_compute == 7
+    for name in primfunc_calls(stitched.lowered):
+        func = stitched.lowered[name]
+        if is_compute_kernel(func):
+            assert str(func.attrs["tvm_stitch.schedule_rule"]) == "Matmul", name
+
+
+def test_fused_epilogues_match_numpy_on_llvm(rng):
+    mod, numpy_ref = _attention_and_mlp()
+    fused = tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(_relabelled(mod))
+    assert any("_epilogue" in gv.name_hint and "matmul" in gv.name_hint for gv in fused.get_global_vars())
+    inputs = [rng.standard_normal(static_shape(v)).astype("float32") * 0.5 for v in mod["main"].params]
+    vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    np.testing.assert_allclose(out, numpy_ref(*[a.astype(np.float64) for a in inputs]), rtol=1e-4, atol=1e-4)
