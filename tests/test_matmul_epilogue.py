@@ -1,4 +1,5 @@
-"""Copies after a matmul join its kernel on CUDA; dlight's Matmul rule still schedules it; numerics hold."""
+"""Copies after a matmul, and transposes before one, join its kernel on CUDA; dlight's Matmul rule still
+schedules it; numerics hold."""
 
 import numpy as np
 import tvm
@@ -6,6 +7,7 @@ from tvm import relax
 
 from tvm_stitch.analysis.classify import is_compute_kernel
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues, copy_kind
+from tvm_stitch.fusion.matmul_prologue import FoldTransposesIntoMatmuls
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import launches_by_kind, primfunc_calls
 
@@ -98,3 +100,53 @@ def test_fused_epilogues_match_numpy_on_llvm(rng):
     vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
     np.testing.assert_allclose(out, numpy_ref(*[a.astype(np.float64) for a in inputs]), rtol=1e-4, atol=1e-4)
+
+
+def _weight_gradients():
+    """dW = x^T @ dy (x^T feeds only the matmul); a transpose of a transpose; a transpose also doubled."""
+    x, dy = tensor("x", (B * T, HIDDEN)), tensor("dy", (B * T, 2 * HIDDEN))
+    w, v = tensor("w", (2 * HIDDEN, HIDDEN)), tensor("v", (HIDDEN, HIDDEN))
+    op = relax.op
+
+    def body(bb, x, dy, w, v):
+        dw = bb.emit(op.matmul(op.permute_dims(x, [1, 0]), dy))
+        twice = bb.emit(op.matmul(op.permute_dims(op.permute_dims(dy, [1, 0]), [1, 0]), w))
+        vt = bb.emit(op.permute_dims(v, [1, 0]))
+        kept = bb.emit(op.matmul(x, vt))
+        return bb.emit(relax.Tuple([dw, twice, kept, op.multiply(vt, relax.const(2.0))]))
+
+    def numpy_ref(x, dy, w, v):
+        return [x.T @ dy, dy @ w, x @ v.T, 2 * v.T]
+
+    return make_module([x, dy, w, v], body), numpy_ref
+
+
+def test_transposes_feeding_only_matmuls_fold_into_them():
+    mod = FoldTransposesIntoMatmuls()(legalized(_weight_gradients()[0]))
+    calls = primfunc_calls(mod)
+    prologues = [name for name in calls if name.endswith("_prologue")]
+    assert sum(calls[name] for name in prologues) == 2  # x^T's matmul, the chain's matmul (folded twice)
+    kept = [name for name in calls if name.startswith("transpose")]
+    assert len(kept) == 1 and calls[kept[0]] == 1  # v^T: also doubled, so kept
+    for name in prologues:
+        assert int(mod[name].attrs["op_pattern"]) == 4 and is_compute_kernel(mod[name])
+
+
+def test_folded_transposes_match_numpy_on_llvm_and_leave_one_cuda_copy(rng):
+    mod, numpy_ref = _weight_gradients()
+    fused = tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(
+        FoldTransposesIntoMatmuls()(legalized(mod)))
+    inputs = [rng.standard_normal(static_shape(v)).astype("float32") for v in mod["main"].params]
+    vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
+    outs = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    for out, ref in zip(outs, numpy_ref(*[a.astype(np.float64) for a in inputs])):
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+    stitched = build(mod, CUDA, stitched=True)
+    default = build(mod, CUDA, stitched=False)
+    memory, compute = launches_by_kind(stitched.lowered, stitched.executable)
+    default_memory, default_compute = launches_by_kind(default.lowered, default.executable)
+    assert memory == 1 < default_memory  # v^T with its doubling
+    assert compute == default_compute == 3
+    for name in primfunc_calls(stitched.lowered):
+        if is_compute_kernel(stitched.lowered[name]):
+            assert str(stitched.lowered[name].attrs["tvm_stitch.schedule_rule"]) == "Matmul", name
