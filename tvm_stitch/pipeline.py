@@ -2,9 +2,9 @@
 
     library dispatch (TVM)
     LegalizeOps, AnnotateTIROpPattern (TVM)
-    CUDA only: FoldTransposesIntoMatmuls (a transpose feeding only matmuls
-        becomes part of them), RelabelMatmulEpilogues (the copies after a
-        matmul join its epilogue); dlight's Matmul rule inlines both
+    CUDA only: FoldProloguesIntoMatmuls (a cheap spatial op feeding only
+        matmuls becomes part of them), RelabelMatmulEpilogues (the copies
+        after a matmul join its epilogue); dlight's Matmul rule inlines both
     FoldConstant, FuseOps (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
@@ -27,7 +27,7 @@ from tvm.target import Target
 from schedules.cuda import per_block
 
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
-from tvm_stitch.fusion.matmul_prologue import FoldTransposesIntoMatmuls
+from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
@@ -93,7 +93,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
         ]
-        + ([FoldTransposesIntoMatmuls(), RelabelMatmulEpilogues()] if target.kind.name == "cuda" else [])
+        + ([FoldProloguesIntoMatmuls(target), RelabelMatmulEpilogues()] if target.kind.name == "cuda" else [])
         + [
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),

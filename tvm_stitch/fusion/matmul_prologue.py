@@ -1,20 +1,27 @@
-"""Transposes that feed only matmuls folded into them: the matmul reads through the transpose.
+"""Cheap spatial producers that feed only matmuls folded into them: the matmul reads through them.
 
 FuseOps never fuses a producer into a matmul, so a transpose whose only
 consumers are matmuls (the activation transposes of weight gradients,
-`x^T @ dy`, and the transposes of transposes of backward graphs) is a
-memory-only launch of its own. This pass runs after AnnotateTIROpPattern and
-before FuseOps: each such matmul call gets a PrimFunc of its own that holds
-the transpose's block before the matmul's (TVM's FuseTIR merges the two),
-labelled like the matmul; dlight's Matmul rule inlines the transpose into
-its global-to-shared load. A transpose used by anything but matmuls stays.
-Repeated until nothing folds, so a chain of transposes folds whole.
+`x^T @ dy`, the transposes of transposes of backward graphs), the copies
+between a split and the attention matmuls, or a rotary embedding applied
+to the queries and keys is a memory-only launch of its own. This pass runs
+after AnnotateTIROpPattern and before FuseOps. A producer folds into a
+matmul when it is spatial (element-wise, broadcast or injective: no
+reduction), has no expensive intrinsic (a tiled matmul loads each input
+element once per output tile, so the producer is recomputed that often),
+has one output, and every user of that output is a matmul. The matmul call
+then gets a PrimFunc of its own holding the producer's blocks before the
+matmul's (TVM's FuseTIR merges them), labelled like the matmul, kept only
+when dlight's Matmul rule schedules it (it inlines the producer into its
+global-to-shared load); a producer it would not schedule stays a kernel.
+Repeated until nothing folds, so a chain of producers folds whole.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax, tirx
+from tvm.target import Target
 
 from tvm_stitch.analysis.classify import is_compute_kernel
 from tvm_stitch.fusion.matmul_epilogue import OUT_EWISE_FUSABLE, copy_kind
@@ -28,15 +35,7 @@ def _call_tir_bindings(func: relax.Function) -> dict:
             if isinstance(b.value, relax.Call) and b.value.op.same_as(_CALL_TIR)}
 
 
-def _is_matmul(mod: tvm.IRModule, call: relax.Call) -> bool:
-    func = mod[call.args[0]]
-    pattern = func.attrs.get("op_pattern") if isinstance(func, tirx.PrimFunc) and func.attrs is not None else None
-    return pattern is not None and int(pattern) == OUT_EWISE_FUSABLE and is_compute_kernel(func)
-
-
-def _fold_site(mod: tvm.IRModule, func: relax.Function):
-    """(matmul var, argument position, transpose call) of one foldable transpose, or None."""
-    calls = _call_tir_bindings(func)
+def _users(func: relax.Function) -> dict:
     uses: dict = {}
     for block in func.body.blocks:
         for binding in block.bindings:
@@ -44,66 +43,129 @@ def _fold_site(mod: tvm.IRModule, func: relax.Function):
                 uses.setdefault(var, []).append(binding.var)
     for var in relax.analysis.free_vars(func.body.body):
         uses.setdefault(var, []).append(None)
+    return uses
+
+
+class _Kinds:
+    """Per PrimFunc (by GlobalVar), whether it is a matmul, and whether a pure copy."""
+
+    def __init__(self, mod: tvm.IRModule):
+        self.mod = mod
+        self.matmul: dict = {}
+        self.copy: dict = {}
+
+    def is_matmul(self, call: relax.Call) -> bool:
+        gv = call.args[0]
+        if gv not in self.matmul:
+            func = self.mod[gv]
+            pattern = func.attrs.get("op_pattern") if func.attrs is not None else None
+            self.matmul[gv] = pattern is not None and int(pattern) == OUT_EWISE_FUSABLE and is_compute_kernel(func)
+        return self.matmul[gv]
+
+    def is_copy(self, call: relax.Call) -> bool:
+        gv = call.args[0]
+        if gv not in self.copy:
+            self.copy[gv] = bool(copy_kind(self.mod[gv]))
+        return self.copy[gv]
+
+
+def _fold_sites(kinds: _Kinds, func: relax.Function):
+    """(matmul var, argument position, producer call) of each foldable producer, in binding order."""
+    calls = _call_tir_bindings(func)
+    uses = _users(func)
     for var, call in calls.items():
-        if not _is_matmul(mod, call):
+        if not kinds.is_matmul(call):
             continue
         for position, arg in enumerate(call.args[1].fields):
             producer = calls.get(arg)
-            if producer is None or copy_kind(mod[producer.args[0]]) != "transpose":
+            if producer is None or not kinds.is_copy(producer):
                 continue
-            if all(user in calls and _is_matmul(mod, calls[user]) for user in uses[arg]):
-                return var, position, producer
-    return None
+            if all(user in calls and kinds.is_matmul(calls[user]) for user in uses[arg]):
+                yield var, position, producer
 
 
-def _composed(mod: tvm.IRModule, matmul: relax.Call, position: int, transpose: relax.Call) -> tirx.PrimFunc:
-    """One PrimFunc: the transpose's block, then the matmul's reading its result at `position`."""
-    mini = tvm.IRModule({gv: mod[gv] for gv in (matmul.args[0], transpose.args[0])})
-    builder = relax.BlockBuilder(mini)
-    source = transpose.args[1].fields[0]
+def _outer_args(matmul: relax.Call, position: int, producer: relax.Call) -> list:
+    """The matmul's arguments with the producer's inputs in place of its result."""
     args = list(matmul.args[1].fields)
-    params = [relax.Var(f"p{i}", a.ty) for i, a in enumerate(args[:position] + [source] + args[position + 1:])]
+    return args[:position] + list(producer.args[1].fields) + args[position + 1:]
+
+
+def _composed(mod: tvm.IRModule, matmul: relax.Call, position: int, producer: relax.Call):
+    """(PrimFunc, order): the producer's blocks, then the matmul's reading their result; its
+    parameters are `_outer_args(...)[i]` for i in `order` (FuseTIR merges repeated arguments)."""
+    mini = tvm.IRModule({gv: mod[gv] for gv in (matmul.args[0], producer.args[0])})
+    builder = relax.BlockBuilder(mini)
+    outer_args = _outer_args(matmul, position, producer)
+    width = len(producer.args[1].fields)
+    params = [relax.Var(f"p{i}", a.ty) for i, a in enumerate(outer_args)]
     with builder.function("group", params, attrs={"Primitive": True}, private=True):
         with builder.dataflow():
-            moved = builder.emit(relax.Call(transpose.op, [transpose.args[0], relax.Tuple([params[position]])],
-                                            transpose.attrs, transpose.ty_args))
-            inner = params[:position] + [moved] + params[position + 1:]
+            made = builder.emit(relax.Call(producer.op, [producer.args[0], relax.Tuple(params[position:position + width])],
+                                           producer.attrs, producer.ty_args))
+            inner = params[:position] + [made] + params[position + width:]
             out = builder.emit_output(relax.Call(matmul.op, [matmul.args[0], relax.Tuple(inner)],
                                                  matmul.attrs, matmul.ty_args))
         group = builder.emit_func_output(out)
-    outer = [relax.Var(f"a{i}", p.ty) for i, p in enumerate(params)]
-    with builder.function("main", outer):
+    main_params = [relax.Var(f"a{i}", p.ty) for i, p in enumerate(params)]
+    with builder.function("main", main_params):
         with builder.dataflow():
-            out = builder.emit_output(relax.Call(group, outer))
+            out = builder.emit_output(relax.Call(group, main_params))
         builder.emit_func_output(out)
     fused = relax.transform.FuseTIR()(builder.get())
-    (func,) = [f for f in fused.functions.values() if isinstance(f, tirx.PrimFunc)]
-    return func.with_attr("op_pattern", OUT_EWISE_FUSABLE)
+    (call,) = _call_tir_bindings(fused["main"]).values()
+    index = {p: i for i, p in enumerate(main_params)}
+    func = fused[call.args[0]].with_attr("op_pattern", OUT_EWISE_FUSABLE)
+    return func, [index[a] for a in call.args[1].fields]
 
 
-@tvm.transform.module_pass(opt_level=0, name="FoldTransposesIntoMatmuls")
-class FoldTransposesIntoMatmuls:
-    """Folds each transpose that feeds only matmuls into them (see the module docstring)."""
+def matmul_rule_applies(func: tirx.PrimFunc, target: Target) -> bool:
+    """Whether dlight's Matmul rule schedules `func` for `target`."""
+    from tvm.s_tir import dlight as dl
+
+    try:
+        return dl.gpu.Matmul().apply(func, target, False) is not None
+    except Exception:  # noqa: BLE001 - a rule that raises does not apply
+        return False
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldProloguesIntoMatmuls")
+class FoldProloguesIntoMatmuls:
+    """Folds each cheap spatial producer that feeds only matmuls into them (see the module docstring)."""
+
+    def __init__(self, target: Target):
+        self.target = target
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        composed: dict = {}  # (matmul PrimFunc, position, transpose PrimFunc) -> GlobalVar
+        # (matmul PrimFunc, position, producer PrimFunc) -> (GlobalVar, argument order), or None: not scheduled
+        composed: dict = {}
+        kinds = _Kinds(mod)
         for gv, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function):
                 continue
-            while (site := _fold_site(mod, func)) is not None:
-                var, position, transpose = site
-                matmul = _call_tir_bindings(func)[var]
-                key = (matmul.args[0], position, transpose.args[0])
-                if key not in composed:
-                    builder = relax.BlockBuilder(mod)
-                    name = f"{matmul.args[0].name_hint}_{transpose.args[0].name_hint}_prologue"
-                    composed[key] = builder.add_func(_composed(mod, matmul, position, transpose), name)
-                    mod = builder.get()
-                args = list(matmul.args[1].fields)
-                args[position] = transpose.args[1].fields[0]
-                new_call = relax.Call(matmul.op, [composed[key], relax.Tuple(args)], matmul.attrs, matmul.ty_args)
-                func = _replace_binding(func, var, new_call, matmul.args[1].fields[position])
-                mod[gv] = func
+            folded = True
+            while folded:
+                folded = False
+                for var, position, producer in _fold_sites(kinds, func):
+                    matmul = _call_tir_bindings(func)[var]
+                    key = (matmul.args[0], position, producer.args[0])
+                    if key not in composed:
+                        prim, order = _composed(mod, matmul, position, producer)
+                        composed[key] = None
+                        if matmul_rule_applies(prim, self.target):
+                            builder = relax.BlockBuilder(mod)
+                            name = f"{matmul.args[0].name_hint}_{producer.args[0].name_hint}_prologue"
+                            composed[key] = (builder.add_func(prim, name), order)
+                            mod = kinds.mod = builder.get()
+                    if composed[key] is None:
+                        continue
+                    callee, order = composed[key]
+                    outer_args = _outer_args(matmul, position, producer)
+                    new_call = relax.Call(matmul.op, [callee, relax.Tuple([outer_args[i] for i in order])],
+                                          matmul.attrs, matmul.ty_args)
+                    func = _replace_binding(func, var, new_call, matmul.args[1].fields[position])
+                    mod[gv] = func
+                    folded = True
+                    break
         return mod
 
 
