@@ -153,3 +153,31 @@ def test_folded_copies_match_numpy_on_llvm_and_leave_one_cuda_copy(rng):
     for name in primfunc_calls(stitched.lowered):
         if is_compute_kernel(stitched.lowered[name]):
             assert str(stitched.lowered[name].attrs["tvm_stitch.schedule_rule"]) == "Matmul", name
+
+
+def test_split_outputs_feeding_only_matmuls_fold_into_them(rng):
+    """GPT-2's fused qkv projection: split, then per-head copies, then the attention matmuls."""
+    x, w = tensor("x", (B * T, HIDDEN)), tensor("w", (HIDDEN, 3 * HIDDEN))
+    op = relax.op
+
+    def heads(h):
+        return op.permute_dims(op.reshape(h, (B, T, HEADS, D)), [0, 2, 1, 3])
+
+    def body(bb, x, w):
+        qkv = bb.emit(op.split(op.matmul(x, w), 3, axis=1))
+        q, k, v = (bb.emit(heads(relax.TupleGetItem(qkv, i))) for i in range(3))
+        return bb.emit(op.matmul(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), v))
+
+    mod = make_module([x, w], body)
+    folded = FoldProloguesIntoMatmuls(CUDA)(legalized(mod))
+    calls = primfunc_calls(folded)
+    assert not [name for name in calls if name.startswith("split")]
+    inputs = [rng.standard_normal(static_shape(v)).astype("float32") for v in mod["main"].params]
+    fused = tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(folded)
+    vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    qkv = inputs[0] @ inputs[1]
+    q, k, v = (qkv[:, i * HIDDEN:(i + 1) * HIDDEN].reshape(B, T, HEADS, D).transpose(0, 2, 1, 3) for i in range(3))
+    np.testing.assert_allclose(out, (q @ k.transpose(0, 1, 3, 2)) @ v, rtol=1e-4, atol=1e-3)
+    stitched = build(mod, CUDA, stitched=True)
+    assert launches_by_kind(stitched.lowered, stitched.executable) == (0, 3)

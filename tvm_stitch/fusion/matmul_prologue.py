@@ -20,7 +20,8 @@ Repeated until nothing folds, so a chain of producers folds whole.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, tirx
+import tvm_ffi
+from tvm import relax, s_tir, tirx
 from tvm.target import Target
 
 from tvm_stitch.analysis.classify import is_compute_kernel
@@ -69,18 +70,25 @@ class _Kinds:
         return self.copy[gv]
 
 
-def _fold_sites(kinds: _Kinds, func: relax.Function):
-    """(matmul var, argument position, producer call) of each foldable producer, in binding order."""
+def _fold_sites(kinds: _Kinds, func: relax.Function, output_call):
+    """(matmul var, argument position, producer call) of each foldable producer, in binding order.
+
+    A producer is a call_tir of a pure copy, or an output of a multi-output copy (a split), which
+    `output_call(split call, index)` turns into a call of that output's own copy (or None)."""
     calls = _call_tir_bindings(func)
+    items = {b.var: b.value for block in func.body.blocks for b in block.bindings
+             if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in calls}
     uses = _users(func)
     for var, call in calls.items():
         if not kinds.is_matmul(call):
             continue
         for position, arg in enumerate(call.args[1].fields):
-            producer = calls.get(arg)
-            if producer is None or not kinds.is_copy(producer):
+            if not all(user in calls and kinds.is_matmul(calls[user]) for user in uses.get(arg, [None])):
                 continue
-            if all(user in calls and kinds.is_matmul(calls[user]) for user in uses[arg]):
+            producer = calls.get(arg)
+            if producer is None and arg in items:
+                producer = output_call(calls[items[arg].tuple_value], items[arg].index)
+            if producer is not None and kinds.is_copy(producer):
                 yield var, position, producer
 
 
@@ -138,14 +146,30 @@ class FoldProloguesIntoMatmuls:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         # (matmul PrimFunc, position, producer PrimFunc) -> (GlobalVar, argument order), or None: not scheduled
         composed: dict = {}
+        outputs: dict = {}  # (split PrimFunc, output index) -> GlobalVar of that output's copy, or None
         kinds = _Kinds(mod)
+
+        def output_call(split: relax.Call, index: int):
+            nonlocal mod
+            key = (split.args[0], index)
+            if key not in outputs:
+                outputs[key] = None
+                sliced = split_output(mod[split.args[0]], index)
+                if sliced is not None:
+                    builder = relax.BlockBuilder(mod)
+                    outputs[key] = builder.add_func(sliced, f"{split.args[0].name_hint}_{index}")
+                    mod = kinds.mod = builder.get()
+            if outputs[key] is None:
+                return None
+            return relax.Call(split.op, [outputs[key], split.args[1]], split.attrs, [split.ty_args[0].fields[index]])
+
         for gv, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function):
                 continue
             folded = True
             while folded:
                 folded = False
-                for var, position, producer in _fold_sites(kinds, func):
+                for var, position, producer in _fold_sites(kinds, func, output_call):
                     matmul = _call_tir_bindings(func)[var]
                     key = (matmul.args[0], position, producer.args[0])
                     if key not in composed:
@@ -166,21 +190,60 @@ class FoldProloguesIntoMatmuls:
                     mod[gv] = func
                     folded = True
                     break
-        return mod
+        called = {call.args[0] for f in mod.functions.values() if isinstance(f, relax.Function)
+                  for call in _call_tir_bindings(f).values()}
+        unused = [gv for gv in outputs.values() if gv is not None and gv not in called]
+        return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv not in unused}, attrs=mod.attrs) \
+            if unused else mod
 
 
 def _replace_binding(func: relax.Function, var: relax.Var, value: relax.Expr, old_arg: relax.Var) -> relax.Function:
-    """`func` with `var` bound to `value`, and without the binding of `old_arg` once nothing uses it."""
-    used = set(relax.analysis.free_vars(value)) | set(relax.analysis.free_vars(func.body.body))
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if not binding.var.same_as(var):
-                used.update(relax.analysis.free_vars(binding.value))
+    """`func` with `var` bound to `value`, without the binding of `old_arg` once nothing uses it,
+    nor (when `old_arg` was an output of a split) the split's once nothing uses any output."""
+    bindings = [relax.VarBinding(b.var, value) if b.var.same_as(var) else b
+                for block in func.body.blocks for b in block.bindings]
+    values = {b.var: b.value for b in bindings}
+    dead = set()
+    candidate = old_arg
+    while candidate is not None:
+        used = set(relax.analysis.free_vars(func.body.body))
+        for b in bindings:
+            if b.var not in dead:
+                used.update(relax.analysis.free_vars(b.value))
+        if candidate in used:
+            break
+        dead.add(candidate)
+        source = values.get(candidate)
+        candidate = source.tuple_value if isinstance(source, relax.TupleGetItem) else None
     blocks = []
     for block in func.body.blocks:
-        bindings = [relax.VarBinding(b.var, value) if b.var.same_as(var) else b for b in block.bindings
-                    if not (b.var.same_as(old_arg) and old_arg not in used)]
-        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                      else relax.BindingBlock(bindings))
+        kept = [relax.VarBinding(b.var, value) if b.var.same_as(var) else b for b in block.bindings
+                if b.var not in dead]
+        blocks.append(relax.DataflowBlock(kept) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(kept))
     return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
                           func.attrs, func.span)
+
+
+def split_output(func: tirx.PrimFunc, index: int) -> tirx.PrimFunc | None:
+    """Output `index` of a multi-output copy (a split: one block per output) as a PrimFunc of its own
+    (the input, that output), or None when `func` is not one loop nest per output reading one input."""
+    root = func.body.block
+    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    inputs = len(func.params) - len(nests)
+    if inputs != 1 or root.alloc_buffers or not 0 <= index < len(nests):
+        return None
+    output = func.params[inputs + index]
+    writers = []
+    for nest in nests:
+        found = []
+        tvm_ffi.structural_walk(nest, (s_tir.SBlock, found.append), order="pre")
+        writers.append(found)
+    if any(len(blocks) != 1 or len(blocks[0].writes) != 1 for blocks in writers):
+        return None
+    (nest,) = [n for n, blocks in zip(nests, writers) if blocks[0].writes[0].source.same_as(output)] or [None]
+    if nest is None:
+        return None
+    body = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", nest))
+    sliced = tirx.PrimFunc([func.params[0], output], body, attrs=func.attrs)
+    return sliced if copy_kind(sliced) else None
