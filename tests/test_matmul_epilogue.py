@@ -181,3 +181,35 @@ def test_split_outputs_feeding_only_matmuls_fold_into_them(rng):
     np.testing.assert_allclose(out, (q @ k.transpose(0, 1, 3, 2)) @ v, rtol=1e-4, atol=1e-3)
     stitched = build(mod, CUDA, stitched=True)
     assert launches_by_kind(stitched.lowered, stitched.executable) == (0, 3)
+
+
+def test_rotary_embedding_folds_into_the_attention_matmul_but_an_elementwise_product_does_not(rng):
+    """q * cos + rotate_half(q) * sin (slices, negation, concat: a gather) before q @ k^T folds; the
+    SwiGLU product silu(g) * u before the down projection stays for the gate matmul's epilogue."""
+    q, k = tensor("q", (B, HEADS, T, D)), tensor("k", (B, HEADS, D, T))
+    g, u, w = tensor("g", (T, 2 * D)), tensor("u", (T, 2 * D)), tensor("w", (2 * D, D))
+    op = relax.op
+    cos, sin = (rng.standard_normal((T, D)).astype("float32") for _ in range(2))
+
+    def body(bb, q, k, g, u, w):
+        half = D // 2
+        rotated = op.concat([op.negative(op.strided_slice(q, [3], [half], [D])), op.strided_slice(q, [3], [0], [half])],
+                            axis=3)
+        roped = bb.emit(op.add(op.multiply(q, relax.const(cos)), op.multiply(rotated, relax.const(sin))))
+        scores = bb.emit(op.matmul(roped, k))
+        down = bb.emit(op.matmul(op.multiply(op.multiply(g, op.sigmoid(g)), u), w))
+        return bb.emit(relax.Tuple([scores, down]))
+
+    mod = make_module([q, k, g, u, w], body)
+    folded = FoldProloguesIntoMatmuls(CUDA)(legalized(mod))
+    calls = primfunc_calls(folded)
+    assert not [name for name in calls if name.startswith(("concatenate", "strided_slice", "add"))]
+    assert sum(calls[name] for name in calls if name.startswith("multiply")) == 2  # the SwiGLU pair
+    inputs = [rng.standard_normal(static_shape(v)).astype("float32") for v in mod["main"].params]
+    fused = tvm.transform.Sequential([relax.transform.FuseOps(), relax.transform.FuseTIR()])(folded)
+    vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
+    scores, down = (o.numpy() for o in vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
+    qn, kn, gn, un, wn = inputs
+    rot = np.concatenate([-qn[..., D // 2:], qn[..., :D // 2]], axis=-1)
+    np.testing.assert_allclose(scores, (qn * cos + rot * sin) @ kn, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(down, (gn / (1 + np.exp(-gn)) * un) @ wn, rtol=1e-4, atol=1e-4)

@@ -1,20 +1,26 @@
-"""Cheap spatial producers that feed only matmuls folded into them: the matmul reads through them.
+"""Producers that feed only matmuls folded into them: the matmul reads through them.
 
 FuseOps never fuses a producer into a matmul, so a transpose whose only
 consumers are matmuls (the activation transposes of weight gradients,
 `x^T @ dy`, the transposes of transposes of backward graphs), the copies
 between a split and the attention matmuls, or a rotary embedding applied
 to the queries and keys is a memory-only launch of its own. This pass runs
-after AnnotateTIROpPattern and before FuseOps. A producer folds into a
-matmul when it is spatial (element-wise, broadcast or injective: no
-reduction), has no expensive intrinsic (a tiled matmul loads each input
-element once per output tile, so the producer is recomputed that often),
-has one output, and every user of that output is a matmul. The matmul call
-then gets a PrimFunc of its own holding the producer's blocks before the
-matmul's (TVM's FuseTIR merges them), labelled like the matmul, kept only
-when dlight's Matmul rule schedules it (it inlines the producer into its
-global-to-shared load); a producer it would not schedule stays a kernel.
-Repeated until nothing folds, so a chain of producers folds whole.
+after AnnotateTIROpPattern and before FuseOps. What folds, when every user
+of its output is a matmul:
+- a pure copy (transpose, reshape, broadcast; `copy_kind`);
+- an output of a split whose outputs are each a copy: it becomes a copy of
+  its own, and the split goes once no output is left;
+- a connected set of cheap spatial ops (no reduction, no expensive
+  intrinsic: a tiled matmul loads each input element once per output tile,
+  so the set is recomputed that often) that holds a gather (an injective op
+  other than a copy: concat, a computed slice), which FuseOps would never
+  put into a matmul's epilogue (`gather_regions`). Element-wise ops alone
+  stay, for the epilogue of the matmul before them or a reduction's kernel.
+The matmul call then gets a PrimFunc of its own holding the producer's
+blocks before the matmul's (TVM's FuseTIR merges them), labelled like the
+matmul, kept only when dlight's Matmul rule schedules it (it inlines the
+producer into its global-to-shared load); a producer it would not schedule
+stays a kernel. Repeated until nothing folds, so a chain folds whole.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.target import Target
 
-from tvm_stitch.analysis.classify import is_compute_kernel
+from tvm_stitch.analysis.classify import OpKind, classify_primfunc, is_compute_kernel
 from tvm_stitch.fusion.matmul_epilogue import OUT_EWISE_FUSABLE, copy_kind
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
 
 
 def _call_tir_bindings(func: relax.Function) -> dict:
@@ -54,6 +61,7 @@ class _Kinds:
         self.mod = mod
         self.matmul: dict = {}
         self.copy: dict = {}
+        self.spatial: dict = {}
 
     def is_matmul(self, call: relax.Call) -> bool:
         gv = call.args[0]
@@ -69,11 +77,57 @@ class _Kinds:
             self.copy[gv] = bool(copy_kind(self.mod[gv]))
         return self.copy[gv]
 
+    def spatial_kind(self, call: relax.Call):
+        """The OpKind of a cheap spatial call with one output, else None."""
+        if len(call.ty_args) != 1 or not isinstance(call.ty_args[0], relax.TensorType):
+            return None
+        gv = call.args[0]
+        if gv not in self.spatial:
+            cls = classify_primfunc(self.mod[gv])
+            cheap = not cls.expensive or self.is_copy(call)  # a copy's index arithmetic is no cost per tile
+            self.spatial[gv] = cls.kind if cls.kind in _SPATIAL and cheap else None
+        return self.spatial[gv]
 
-def _fold_sites(kinds: _Kinds, func: relax.Function, output_call):
+
+def gather_regions(kinds: _Kinds, func: relax.Function) -> set:
+    """Vars of the cheap spatial calls that fold with a gather into the matmuls they feed.
+
+    The candidates are the cheap spatial calls all of whose users are matmuls or other candidates;
+    a connected set of them folds when it holds a gather (an injective op that is not a pure copy:
+    concat, a slice with computed indices, take): FuseOps never puts a gather into a matmul's
+    epilogue, so the set would be a launch of its own. A set of element-wise ops alone is left to
+    the epilogue of the matmul before it (SwiGLU's product) or to the reduction's kernel (a norm's
+    scaling)."""
+    calls = _call_tir_bindings(func)
+    uses = _users(func)
+    region = {v for v, c in calls.items() if not kinds.is_matmul(c) and kinds.spatial_kind(c) is not None}
+    changed = True
+    while changed:
+        changed = False
+        for var in list(region):
+            if not all(u in region or (u in calls and kinds.is_matmul(calls[u])) for u in uses.get(var, [None])):
+                region.discard(var)
+                changed = True
+    parent = {v: v for v in region}
+
+    def root(v):
+        while parent[v] is not v:
+            v = parent[v]
+        return v
+
+    for var in region:
+        for arg in calls[var].args[1].fields:
+            if arg in region:
+                parent[root(arg)] = root(var)
+    gathers = {root(v) for v in region
+               if kinds.spatial_kind(calls[v]) == OpKind.INJECTIVE and not kinds.is_copy(calls[v])}
+    return {v for v in region if root(v) in gathers}
+
+
+def _fold_sites(kinds: _Kinds, func: relax.Function, output_call, gathered: set):
     """(matmul var, argument position, producer call) of each foldable producer, in binding order.
 
-    A producer is a call_tir of a pure copy, or an output of a multi-output copy (a split), which
+    A producer is a call_tir of a pure copy, one in `gathered` (see `gather_regions`), or an output of a multi-output copy (a split), which
     `output_call(split call, index)` turns into a call of that output's own copy (or None)."""
     calls = _call_tir_bindings(func)
     items = {b.var: b.value for block in func.body.blocks for b in block.bindings
@@ -88,7 +142,7 @@ def _fold_sites(kinds: _Kinds, func: relax.Function, output_call):
             producer = calls.get(arg)
             if producer is None and arg in items:
                 producer = output_call(calls[items[arg].tuple_value], items[arg].index)
-            if producer is not None and kinds.is_copy(producer):
+            if producer is not None and (arg in gathered or kinds.is_copy(producer)):
                 yield var, position, producer
 
 
@@ -138,7 +192,7 @@ def matmul_rule_applies(func: tirx.PrimFunc, target: Target) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="FoldProloguesIntoMatmuls")
 class FoldProloguesIntoMatmuls:
-    """Folds each cheap spatial producer that feeds only matmuls into them (see the module docstring)."""
+    """Folds the producers that feed only matmuls into them (see the module docstring)."""
 
     def __init__(self, target: Target):
         self.target = target
@@ -166,10 +220,11 @@ class FoldProloguesIntoMatmuls:
         for gv, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function):
                 continue
+            gathered = gather_regions(kinds, func)
             folded = True
             while folded:
                 folded = False
-                for var, position, producer in _fold_sites(kinds, func, output_call):
+                for var, position, producer in _fold_sites(kinds, func, output_call, gathered):
                     matmul = _call_tir_bindings(func)[var]
                     key = (matmul.args[0], position, producer.args[0])
                     if key not in composed:
