@@ -213,3 +213,15 @@ def test_rotary_embedding_folds_into_the_attention_matmul_but_an_elementwise_pro
     rot = np.concatenate([-qn[..., D // 2:], qn[..., :D // 2]], axis=-1)
     np.testing.assert_allclose(scores, (qn * cos + rot * sin) @ kn, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(down, (gn / (1 + np.exp(-gn)) * un) @ wn, rtol=1e-4, atol=1e-4)
+
+
+def test_a_copy_dlight_matmul_would_not_schedule_with_the_matmul_stays_and_is_reported():
+    # A vector-matrix product (expand_dims then matmul): dlight's Matmul rule refuses the pair.
+    from tvm_stitch.report import StitchReport
+
+    x, w = tensor("x", (4 * D,)), tensor("w", (4 * D, D))
+    mod = make_module([x, w], lambda bb, x, w: bb.emit(relax.op.matmul(relax.op.expand_dims(x, 0), w)))
+    report = StitchReport()
+    calls = primfunc_calls(FoldProloguesIntoMatmuls(CUDA, report)(legalized(mod)))
+    assert "expand_dims" in calls and not [name for name in calls if name.endswith("_prologue")]
+    assert any("expand_dims stays a kernel" in note for note in report.notes)

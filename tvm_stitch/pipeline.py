@@ -79,8 +79,11 @@ class GuardedDefaultSchedule:
         return mod
 
 
-def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
-    """The passes before StitchFusion: the graph it groups (FuseOps' output)."""
+def grouping_passes(target: Target, *, fast_math: bool | None = None, report: StitchReport | None = None) -> list:
+    """The passes before StitchFusion: the graph it groups (FuseOps' output).
+
+    `report` receives the matmul boundaries left in place (a producer dlight's Matmul rule would
+    not schedule inside the matmul's kernel)."""
     if fast_math is None:
         fast_math = target.kind.name == "llvm"
     if not isinstance(fast_math, bool):
@@ -93,7 +96,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
         ]
-        + ([FoldProloguesIntoMatmuls(target), RelabelMatmulEpilogues()] if target.kind.name == "cuda" else [])
+        + ([FoldProloguesIntoMatmuls(target, report), RelabelMatmulEpilogues()] if target.kind.name == "cuda" else [])
         + [
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -104,7 +107,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
 def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport | None = None,
                   emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True) -> list:
     """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
-    return grouping_passes(target, fast_math=fast_math) + [
+    return grouping_passes(target, fast_math=fast_math, report=report) + [
         StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model)
     ]
 

@@ -194,8 +194,9 @@ def matmul_rule_applies(func: tirx.PrimFunc, target: Target) -> bool:
 class FoldProloguesIntoMatmuls:
     """Folds the producers that feed only matmuls into them (see the module docstring)."""
 
-    def __init__(self, target: Target):
+    def __init__(self, target: Target, report=None):
         self.target = target
+        self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         # (matmul PrimFunc, position, producer PrimFunc) -> (GlobalVar, argument order), or None: not scheduled
@@ -235,6 +236,10 @@ class FoldProloguesIntoMatmuls:
                             name = f"{matmul.args[0].name_hint}_{producer.args[0].name_hint}_prologue"
                             composed[key] = (builder.add_func(prim, name), order)
                             mod = kinds.mod = builder.get()
+                        elif self.report is not None:
+                            self.report.notes.append(
+                                f"{producer.args[0].name_hint} stays a kernel before {matmul.args[0].name_hint}: "
+                                "dlight's Matmul rule does not schedule the two as one")
                     if composed[key] is None:
                         continue
                     callee, order = composed[key]
