@@ -218,24 +218,40 @@ class FoldProloguesIntoMatmuls:
                 return None
             return relax.Call(split.op, [outputs[key], split.args[1]], split.attrs, [split.ty_args[0].fields[index]])
 
+        by_structure: dict = {}  # structural hash -> [(PrimFunc, GlobalVar)]: one copy of each composition
+
+        def add(prim: tirx.PrimFunc, name: str) -> tvm.ir.GlobalVar:
+            nonlocal mod
+            same = by_structure.setdefault(tvm_ffi.structural_hash(prim), [])
+            for other, other_gv in same:
+                if tvm_ffi.structural_equal(prim, other):
+                    return other_gv
+            builder = relax.BlockBuilder(mod)
+            new_gv = builder.add_func(prim, name)
+            mod = kinds.mod = builder.get()
+            same.append((prim, new_gv))
+            return new_gv
+
         for gv, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function):
                 continue
             gathered = gather_regions(kinds, func)
             folded = True
-            while folded:
-                folded = False
-                for var, position, producer in _fold_sites(kinds, func, output_call, gathered):
-                    matmul = _call_tir_bindings(func)[var]
+            while folded:  # one round folds at most one producer into each matmul
+                calls = _call_tir_bindings(func)
+                new_values, old_args = {}, []
+                for var, position, producer in list(_fold_sites(kinds, func, output_call, gathered)):
+                    matmul = calls[var]
+                    arg = matmul.args[1].fields[position]
+                    if var in new_values or arg in old_args:
+                        continue
                     key = (matmul.args[0], position, producer.args[0])
                     if key not in composed:
                         prim, order = _composed(mod, matmul, position, producer)
                         composed[key] = None
                         if matmul_rule_applies(prim, self.target):
-                            builder = relax.BlockBuilder(mod)
                             name = f"{matmul.args[0].name_hint}_{producer.args[0].name_hint}_prologue"
-                            composed[key] = (builder.add_func(prim, name), order)
-                            mod = kinds.mod = builder.get()
+                            composed[key] = (add(prim, name), order)
                         elif self.report is not None:
                             self.report.notes.append(
                                 f"{producer.args[0].name_hint} stays a kernel before {matmul.args[0].name_hint}: "
@@ -244,12 +260,13 @@ class FoldProloguesIntoMatmuls:
                         continue
                     callee, order = composed[key]
                     outer_args = _outer_args(matmul, position, producer)
-                    new_call = relax.Call(matmul.op, [callee, relax.Tuple([outer_args[i] for i in order])],
-                                          matmul.attrs, matmul.ty_args)
-                    func = _replace_binding(func, var, new_call, matmul.args[1].fields[position])
+                    new_values[var] = relax.Call(matmul.op, [callee, relax.Tuple([outer_args[i] for i in order])],
+                                                 matmul.attrs, matmul.ty_args)
+                    old_args.append(arg)
+                folded = bool(new_values)
+                if folded:
+                    func = _replace_bindings(func, new_values, old_args)
                     mod[gv] = func
-                    folded = True
-                    break
         called = {call.args[0] for f in mod.functions.values() if isinstance(f, relax.Function)
                   for call in _call_tir_bindings(f).values()}
         unused = [gv for gv in outputs.values() if gv is not None and gv not in called]
@@ -257,27 +274,34 @@ class FoldProloguesIntoMatmuls:
             if unused else mod
 
 
-def _replace_binding(func: relax.Function, var: relax.Var, value: relax.Expr, old_arg: relax.Var) -> relax.Function:
-    """`func` with `var` bound to `value`, without the binding of `old_arg` once nothing uses it,
-    nor (when `old_arg` was an output of a split) the split's once nothing uses any output."""
-    bindings = [relax.VarBinding(b.var, value) if b.var.same_as(var) else b
+def _replace_bindings(func: relax.Function, new_values: dict, old_args: list) -> relax.Function:
+    """`func` with each var of `new_values` bound to its new value, without the bindings of the
+    `old_args` nothing uses any more, nor (for an output of a split) the split's once nothing uses
+    any of its outputs."""
+    bindings = [relax.VarBinding(b.var, new_values[b.var]) if b.var in new_values else b
                 for block in func.body.blocks for b in block.bindings]
     values = {b.var: b.value for b in bindings}
+    uses: dict = {}
+    for b in bindings:
+        for var in relax.analysis.free_vars(b.value):
+            uses[var] = uses.get(var, 0) + 1
+    for var in relax.analysis.free_vars(func.body.body):
+        uses[var] = uses.get(var, 0) + 1
     dead = set()
-    candidate = old_arg
-    while candidate is not None:
-        used = set(relax.analysis.free_vars(func.body.body))
-        for b in bindings:
-            if b.var not in dead:
-                used.update(relax.analysis.free_vars(b.value))
-        if candidate in used:
-            break
+    pending = list(old_args)
+    while pending:
+        candidate = pending.pop()
+        if candidate in dead or uses.get(candidate, 0):
+            continue
         dead.add(candidate)
+        for var in relax.analysis.free_vars(values[candidate]) if candidate in values else []:
+            uses[var] -= 1
         source = values.get(candidate)
-        candidate = source.tuple_value if isinstance(source, relax.TupleGetItem) else None
+        if isinstance(source, relax.TupleGetItem):
+            pending.append(source.tuple_value)
     blocks = []
     for block in func.body.blocks:
-        kept = [relax.VarBinding(b.var, value) if b.var.same_as(var) else b for b in block.bindings
+        kept = [relax.VarBinding(b.var, new_values[b.var]) if b.var in new_values else b for b in block.bindings
                 if b.var not in dead]
         blocks.append(relax.DataflowBlock(kept) if isinstance(block, relax.DataflowBlock)
                       else relax.BindingBlock(kept))
