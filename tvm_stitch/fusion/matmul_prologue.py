@@ -247,9 +247,16 @@ class FoldProloguesIntoMatmuls:
                         continue
                     key = (matmul.args[0], position, producer.args[0])
                     if key not in composed:
-                        prim, order = _composed(mod, matmul, position, producer)
                         composed[key] = None
-                        if matmul_rule_applies(prim, self.target):
+                        try:
+                            prim, order = _composed(mod, matmul, position, producer)
+                        except (tvm.error.TVMError, ValueError) as err:  # FuseTIR refused the pair
+                            prim = None
+                            if self.report is not None:
+                                self.report.notes.append(
+                                    f"{producer.args[0].name_hint} stays a kernel before {matmul.args[0].name_hint}: "
+                                    f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}")
+                        if prim is not None and matmul_rule_applies(prim, self.target):
                             name = f"{matmul.args[0].name_hint}_{producer.args[0].name_hint}_prologue"
                             composed[key] = (add(prim, name), order)
                         elif self.report is not None:
@@ -312,6 +319,8 @@ def _replace_bindings(func: relax.Function, new_values: dict, old_args: list) ->
 def split_output(func: tirx.PrimFunc, index: int) -> tirx.PrimFunc | None:
     """Output `index` of a multi-output copy (a split: one block per output) as a PrimFunc of its own
     (the input, that output), or None when `func` is not one loop nest per output reading one input."""
+    if not isinstance(func.body, s_tir.SBlockRealize):
+        return None
     root = func.body.block
     nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
     inputs = len(func.params) - len(nests)
