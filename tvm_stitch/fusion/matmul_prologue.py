@@ -67,14 +67,15 @@ class _Kinds:
         gv = call.args[0]
         if gv not in self.matmul:
             func = self.mod[gv]
-            pattern = func.attrs.get("op_pattern") if func.attrs is not None else None
+            pattern = func.attrs.get("op_pattern") if isinstance(func, tirx.PrimFunc) and func.attrs is not None \
+                else None
             self.matmul[gv] = pattern is not None and int(pattern) == OUT_EWISE_FUSABLE and is_compute_kernel(func)
         return self.matmul[gv]
 
     def is_copy(self, call: relax.Call) -> bool:
         gv = call.args[0]
         if gv not in self.copy:
-            self.copy[gv] = bool(copy_kind(self.mod[gv]))
+            self.copy[gv] = isinstance(self.mod[gv], tirx.PrimFunc) and bool(copy_kind(self.mod[gv]))
         return self.copy[gv]
 
     def spatial_kind(self, call: relax.Call):
