@@ -5,7 +5,9 @@ row tasks (bound to `blockIdx.x` on CUDA, parallel on the CPU) with the same
 thread-block shape. The packed kernel loops over the concatenated task
 ranges; task `t` runs member k's body for task `t - offset_k` when
 `offset_k <= t < offset_k + tasks_k`. Parameters and on-chip allocations
-are the members', side by side.
+are the members', side by side; a kernel packed more than once (one update
+applied to several tensors of one shape) gets fresh variables and buffers
+for each further copy.
 """
 
 from __future__ import annotations
@@ -44,7 +46,12 @@ def pack(funcs: list, n_outputs: list) -> tirx.PrimFunc:
     task = tirx.Var("task", dtype)
     inputs, outputs, allocs, branches = [], [], [], []
     offset = 0
+    seen: list = []
     for func, n_out in zip(funcs, n_outputs):
+        if any(func.same_as(other) for other in seen):
+            func = s_tir.renew_defs(func)
+        else:
+            seen.append(func)
         root, loop = _top_loop(func)
         if loop_signature(func) != loop_signature(funcs[0]):
             raise ValueError("kernels with different launch shapes cannot share a launch")

@@ -1,7 +1,11 @@
 """The Relax pipeline per target: TVM's default passes with the stitch pass inside.
 
     library dispatch (TVM)
-    LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps (TVM)
+    LegalizeOps, AnnotateTIROpPattern (TVM)
+    CUDA only: FoldProloguesIntoMatmuls (a cheap spatial op feeding only
+        matmuls becomes part of them), RelabelMatmulEpilogues (the copies
+        after a matmul join its epilogue); dlight's Matmul rule inlines both
+    FoldConstant, FuseOps (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
     FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
@@ -10,7 +14,8 @@
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
         their epilogues, fallbacks) become PrimFuncs as usual
     CUDA only: TVM's dlight rules for those, each guarded, then a per-block
-        schedule that is always valid (dlight 0.27 crashes on some graphs)
+        schedule that is always valid (dlight 0.27 crashes on some graphs);
+        each function records the rule in `tvm_stitch.schedule_rule`
     llvm only: our CPU rules (schedules/cpu/contraction: matmuls and
         convolutions with their epilogues), each guarded; the rest stays as
         TVM leaves it
@@ -27,6 +32,8 @@ from schedules.cpu import contraction
 from schedules.cuda import per_block
 
 from tvm_stitch.fusion.fast_math import FastMath
+from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
+from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
@@ -39,7 +46,12 @@ def _is_scheduled(func: tirx.PrimFunc) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="GuardedDefaultSchedule")
 class GuardedDefaultSchedule:
-    """dlight's default GPU rules, one at a time, with a per-block schedule as the last resort."""
+    """dlight's default GPU rules, one at a time, with a per-block schedule as the last resort.
+
+    Each scheduled function records the rule that scheduled it (the dlight
+    rule's class name, or "per_block") in its `tvm_stitch.schedule_rule`
+    attribute.
+    """
 
     def __init__(self, report: StitchReport | None = None):
         self.report = report
@@ -54,7 +66,7 @@ class GuardedDefaultSchedule:
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            sch = None
+            sch, name = None, "per_block"
             for rule in rules:
                 try:
                     sch = rule.apply(func, target, False)
@@ -63,10 +75,11 @@ class GuardedDefaultSchedule:
                 if isinstance(sch, list):
                     sch = sch[0] if sch else None
                 if sch is not None:
+                    name = type(rule).__name__
                     break
             if sch is None:
                 sch = per_block.apply(func, target)
-            updates[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_stitch.schedule_rule": name})
         for gv, func in updates.items():
             mod[gv] = func
         return mod
@@ -103,8 +116,11 @@ class GuardedCpuSchedule:
         return mod
 
 
-def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
-    """The passes before StitchFusion: the graph it groups (FuseOps' output)."""
+def grouping_passes(target: Target, *, fast_math: bool | None = None, report: StitchReport | None = None) -> list:
+    """The passes before StitchFusion: the graph it groups (FuseOps' output).
+
+    `report` receives the matmul boundaries left in place (a producer dlight's Matmul rule would
+    not schedule inside the matmul's kernel)."""
     if fast_math is None:
         fast_math = target.kind.name == "llvm"
     if not isinstance(fast_math, bool):
@@ -116,6 +132,9 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None) -> list:
         + [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
+        ]
+        + ([FoldProloguesIntoMatmuls(target, report), RelabelMatmulEpilogues()] if target.kind.name == "cuda" else [])
+        + [
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
         ]
@@ -126,7 +145,7 @@ def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport 
                   emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True,
                   spec=None) -> list:
     """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
-    return grouping_passes(target, fast_math=fast_math) + [
+    return grouping_passes(target, fast_math=fast_math, report=report) + [
         StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec)
     ]
 

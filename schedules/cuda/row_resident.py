@@ -130,10 +130,13 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for inter in plan.intermediates:
         if not bind or inter.inlined or inter.name in plan.outputs:
             continue
-        if inter.level == SHARED:
-            sch.set_scope(sch.get_sblock(inter.name), 0, "shared")
-        elif inter.level == REGISTER:
-            sch.set_scope(sch.get_sblock(inter.name), 0, "local")
+        scope = {SHARED: "shared", REGISTER: "local"}.get(inter.level)
+        if scope is not None:
+            # Every buffer the block writes: a tuple reduction (argmax's index and value, a norm's
+            # sum and sum of squares) left one in global scope, which CUDA lowering rejects.
+            block = sch.get_sblock(inter.name)
+            for index in range(len(sch.get(block).writes)):
+                sch.set_scope(block, index, scope)
     if packed > 1 and threads > 1 and plan.rank > 1:
         _flatten_row_axes(sch, plan.rank)
     return sch

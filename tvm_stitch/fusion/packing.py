@@ -91,15 +91,12 @@ def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
         for group in packs:
             if group["signature"] != signature or len(group["members"]) >= MAX_PACK:
                 continue
-            if name in group["names"]:
-                continue  # a kernel's parameters can appear once per launch
             if any(depends[i] >> j & 1 or depends[j] >> i & 1 for j in group["members"]):
                 continue
             group["members"].append(i)
-            group["names"].add(name)
             break
         else:
-            packs.append({"signature": signature, "members": [i], "names": {name}})
+            packs.append({"signature": signature, "members": [i]})
     packs = [g["members"] for g in packs if len(g["members"]) > 1]
     if not packs:
         return bindings

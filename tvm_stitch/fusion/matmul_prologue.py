@@ -1,0 +1,343 @@
+"""Producers that feed only matmuls folded into them: the matmul reads through them.
+
+FuseOps never fuses a producer into a matmul, so a transpose whose only
+consumers are matmuls (the activation transposes of weight gradients,
+`x^T @ dy`, the transposes of transposes of backward graphs), the copies
+between a split and the attention matmuls, or a rotary embedding applied
+to the queries and keys is a memory-only launch of its own. This pass runs
+after AnnotateTIROpPattern and before FuseOps. What folds, when every user
+of its output is a matmul:
+- a pure copy (transpose, reshape, broadcast; `copy_kind`);
+- an output of a split whose outputs are each a copy: it becomes a copy of
+  its own, and the split goes once no output is left;
+- a connected set of cheap spatial ops (no reduction, no expensive
+  intrinsic: a tiled matmul loads each input element once per output tile,
+  so the set is recomputed that often) that holds a gather (an injective op
+  other than a copy: concat, a computed slice), which FuseOps would never
+  put into a matmul's epilogue (`gather_regions`). Element-wise ops alone
+  stay, for the epilogue of the matmul before them or a reduction's kernel.
+The matmul call then gets a PrimFunc of its own holding the producer's
+blocks before the matmul's (TVM's FuseTIR merges them), labelled like the
+matmul, kept only when dlight's Matmul rule schedules it (it inlines the
+producer into its global-to-shared load); a producer it would not schedule
+stays a kernel. Repeated until nothing folds, so a chain folds whole.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm.target import Target
+
+from tvm_stitch.analysis.classify import OpKind, classify_primfunc, is_compute_kernel
+from tvm_stitch.fusion.matmul_epilogue import OUT_EWISE_FUSABLE, copy_kind
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
+
+
+def _call_tir_bindings(func: relax.Function) -> dict:
+    """Var -> its call_tir call, over the function's dataflow blocks."""
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and b.value.op.same_as(_CALL_TIR)}
+
+
+def _users(func: relax.Function) -> dict:
+    uses: dict = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                uses.setdefault(var, []).append(binding.var)
+    for var in relax.analysis.free_vars(func.body.body):
+        uses.setdefault(var, []).append(None)
+    return uses
+
+
+class _Kinds:
+    """Per PrimFunc (by GlobalVar), whether it is a matmul, and whether a pure copy."""
+
+    def __init__(self, mod: tvm.IRModule):
+        self.mod = mod
+        self.matmul: dict = {}
+        self.copy: dict = {}
+        self.spatial: dict = {}
+
+    def is_matmul(self, call: relax.Call) -> bool:
+        gv = call.args[0]
+        if gv not in self.matmul:
+            func = self.mod[gv]
+            pattern = func.attrs.get("op_pattern") if isinstance(func, tirx.PrimFunc) and func.attrs is not None \
+                else None
+            self.matmul[gv] = pattern is not None and int(pattern) == OUT_EWISE_FUSABLE and is_compute_kernel(func)
+        return self.matmul[gv]
+
+    def is_copy(self, call: relax.Call) -> bool:
+        gv = call.args[0]
+        if gv not in self.copy:
+            self.copy[gv] = isinstance(self.mod[gv], tirx.PrimFunc) and bool(copy_kind(self.mod[gv]))
+        return self.copy[gv]
+
+    def spatial_kind(self, call: relax.Call):
+        """The OpKind of a cheap spatial call with one output, else None."""
+        if len(call.ty_args) != 1 or not isinstance(call.ty_args[0], relax.TensorType):
+            return None
+        gv = call.args[0]
+        if gv not in self.spatial:
+            cls = classify_primfunc(self.mod[gv])
+            cheap = not cls.expensive or self.is_copy(call)  # a copy's index arithmetic is no cost per tile
+            self.spatial[gv] = cls.kind if cls.kind in _SPATIAL and cheap else None
+        return self.spatial[gv]
+
+
+def gather_regions(kinds: _Kinds, func: relax.Function) -> set:
+    """Vars of the cheap spatial calls that fold with a gather into the matmuls they feed.
+
+    The candidates are the cheap spatial calls all of whose users are matmuls or other candidates;
+    a connected set of them folds when it holds a gather (an injective op that is not a pure copy:
+    concat, a slice with computed indices, take): FuseOps never puts a gather into a matmul's
+    epilogue, so the set would be a launch of its own. A set of element-wise ops alone is left to
+    the epilogue of the matmul before it (SwiGLU's product) or to the reduction's kernel (a norm's
+    scaling)."""
+    calls = _call_tir_bindings(func)
+    uses = _users(func)
+    region = {v for v, c in calls.items() if not kinds.is_matmul(c) and kinds.spatial_kind(c) is not None}
+    changed = True
+    while changed:
+        changed = False
+        for var in list(region):
+            if not all(u in region or (u in calls and kinds.is_matmul(calls[u])) for u in uses.get(var, [None])):
+                region.discard(var)
+                changed = True
+    parent = {v: v for v in region}
+
+    def root(v):
+        while parent[v] is not v:
+            v = parent[v]
+        return v
+
+    for var in region:
+        for arg in calls[var].args[1].fields:
+            if arg in region:
+                parent[root(arg)] = root(var)
+    gathers = {root(v) for v in region
+               if kinds.spatial_kind(calls[v]) == OpKind.INJECTIVE and not kinds.is_copy(calls[v])}
+    return {v for v in region if root(v) in gathers}
+
+
+def _fold_sites(kinds: _Kinds, func: relax.Function, output_call, gathered: set):
+    """(matmul var, argument position, producer call) of each foldable producer, in binding order.
+
+    A producer is a call_tir of a pure copy, one in `gathered` (see `gather_regions`), or an output of a multi-output copy (a split), which
+    `output_call(split call, index)` turns into a call of that output's own copy (or None)."""
+    calls = _call_tir_bindings(func)
+    items = {b.var: b.value for block in func.body.blocks for b in block.bindings
+             if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in calls}
+    uses = _users(func)
+    for var, call in calls.items():
+        if not kinds.is_matmul(call):
+            continue
+        for position, arg in enumerate(call.args[1].fields):
+            if not all(user in calls and kinds.is_matmul(calls[user]) for user in uses.get(arg, [None])):
+                continue
+            producer = calls.get(arg)
+            if producer is None and arg in items:
+                producer = output_call(calls[items[arg].tuple_value], items[arg].index)
+            if producer is not None and (arg in gathered or kinds.is_copy(producer)):
+                yield var, position, producer
+
+
+def _outer_args(matmul: relax.Call, position: int, producer: relax.Call) -> list:
+    """The matmul's arguments with the producer's inputs in place of its result."""
+    args = list(matmul.args[1].fields)
+    return args[:position] + list(producer.args[1].fields) + args[position + 1:]
+
+
+def _composed(mod: tvm.IRModule, matmul: relax.Call, position: int, producer: relax.Call):
+    """(PrimFunc, order): the producer's blocks, then the matmul's reading their result; its
+    parameters are `_outer_args(...)[i]` for i in `order` (FuseTIR merges repeated arguments)."""
+    mini = tvm.IRModule({gv: mod[gv] for gv in (matmul.args[0], producer.args[0])})
+    builder = relax.BlockBuilder(mini)
+    outer_args = _outer_args(matmul, position, producer)
+    width = len(producer.args[1].fields)
+    params = [relax.Var(f"p{i}", a.ty) for i, a in enumerate(outer_args)]
+    with builder.function("group", params, attrs={"Primitive": True}, private=True):
+        with builder.dataflow():
+            made = builder.emit(relax.Call(producer.op, [producer.args[0], relax.Tuple(params[position:position + width])],
+                                           producer.attrs, producer.ty_args))
+            inner = params[:position] + [made] + params[position + width:]
+            out = builder.emit_output(relax.Call(matmul.op, [matmul.args[0], relax.Tuple(inner)],
+                                                 matmul.attrs, matmul.ty_args))
+        group = builder.emit_func_output(out)
+    main_params = [relax.Var(f"a{i}", p.ty) for i, p in enumerate(params)]
+    with builder.function("main", main_params):
+        with builder.dataflow():
+            out = builder.emit_output(relax.Call(group, main_params))
+        builder.emit_func_output(out)
+    fused = relax.transform.FuseTIR()(builder.get())
+    (call,) = _call_tir_bindings(fused["main"]).values()
+    index = {p: i for i, p in enumerate(main_params)}
+    func = fused[call.args[0]].with_attr("op_pattern", OUT_EWISE_FUSABLE)
+    return func, [index[a] for a in call.args[1].fields]
+
+
+def matmul_rule_applies(func: tirx.PrimFunc, target: Target) -> bool:
+    """Whether dlight's Matmul rule schedules `func` for `target`."""
+    from tvm.s_tir import dlight as dl
+
+    try:
+        return dl.gpu.Matmul().apply(func, target, False) is not None
+    except Exception:  # noqa: BLE001 - a rule that raises does not apply
+        return False
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldProloguesIntoMatmuls")
+class FoldProloguesIntoMatmuls:
+    """Folds the producers that feed only matmuls into them (see the module docstring)."""
+
+    def __init__(self, target: Target, report=None):
+        self.target = target
+        self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        # (matmul PrimFunc, position, producer PrimFunc) -> (GlobalVar, argument order), or None: not scheduled
+        composed: dict = {}
+        outputs: dict = {}  # (split PrimFunc, output index) -> GlobalVar of that output's copy, or None
+        kinds = _Kinds(mod)
+
+        def output_call(split: relax.Call, index: int):
+            nonlocal mod
+            key = (split.args[0], index)
+            if key not in outputs:
+                outputs[key] = None
+                sliced = split_output(mod[split.args[0]], index)
+                if sliced is not None:
+                    builder = relax.BlockBuilder(mod)
+                    outputs[key] = builder.add_func(sliced, f"{split.args[0].name_hint}_{index}")
+                    mod = kinds.mod = builder.get()
+            if outputs[key] is None:
+                return None
+            return relax.Call(split.op, [outputs[key], split.args[1]], split.attrs, [split.ty_args[0].fields[index]])
+
+        by_structure: dict = {}  # structural hash -> [(PrimFunc, GlobalVar)]: one copy of each composition
+
+        def add(prim: tirx.PrimFunc, name: str) -> tvm.ir.GlobalVar:
+            nonlocal mod
+            same = by_structure.setdefault(tvm_ffi.structural_hash(prim), [])
+            for other, other_gv in same:
+                if tvm_ffi.structural_equal(prim, other):
+                    return other_gv
+            builder = relax.BlockBuilder(mod)
+            new_gv = builder.add_func(prim, name)
+            mod = kinds.mod = builder.get()
+            same.append((prim, new_gv))
+            return new_gv
+
+        for gv, func in list(mod.functions_items()):
+            if not isinstance(func, relax.Function):
+                continue
+            gathered = gather_regions(kinds, func)
+            folded = True
+            while folded:  # one round folds at most one producer into each matmul
+                calls = _call_tir_bindings(func)
+                new_values, old_args = {}, []
+                for var, position, producer in list(_fold_sites(kinds, func, output_call, gathered)):
+                    matmul = calls[var]
+                    arg = matmul.args[1].fields[position]
+                    if var in new_values or arg in old_args:
+                        continue
+                    key = (matmul.args[0], position, producer.args[0])
+                    if key not in composed:
+                        composed[key] = None
+                        try:
+                            prim, order = _composed(mod, matmul, position, producer)
+                        except (tvm.error.TVMError, ValueError) as err:  # FuseTIR refused the pair
+                            prim = None
+                            if self.report is not None:
+                                self.report.notes.append(
+                                    f"{producer.args[0].name_hint} stays a kernel before {matmul.args[0].name_hint}: "
+                                    f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}")
+                        if prim is not None and matmul_rule_applies(prim, self.target):
+                            name = f"{matmul.args[0].name_hint}_{producer.args[0].name_hint}_prologue"
+                            composed[key] = (add(prim, name), order)
+                        elif self.report is not None:
+                            self.report.notes.append(
+                                f"{producer.args[0].name_hint} stays a kernel before {matmul.args[0].name_hint}: "
+                                "dlight's Matmul rule does not schedule the two as one")
+                    if composed[key] is None:
+                        continue
+                    callee, order = composed[key]
+                    outer_args = _outer_args(matmul, position, producer)
+                    new_values[var] = relax.Call(matmul.op, [callee, relax.Tuple([outer_args[i] for i in order])],
+                                                 matmul.attrs, matmul.ty_args)
+                    old_args.append(arg)
+                folded = bool(new_values)
+                if folded:
+                    func = _replace_bindings(func, new_values, old_args)
+                    mod[gv] = func
+        called = {call.args[0] for f in mod.functions.values() if isinstance(f, relax.Function)
+                  for call in _call_tir_bindings(f).values()}
+        unused = [gv for gv in outputs.values() if gv is not None and gv not in called]
+        return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv not in unused}, attrs=mod.attrs) \
+            if unused else mod
+
+
+def _replace_bindings(func: relax.Function, new_values: dict, old_args: list) -> relax.Function:
+    """`func` with each var of `new_values` bound to its new value, without the bindings of the
+    `old_args` nothing uses any more, nor (for an output of a split) the split's once nothing uses
+    any of its outputs."""
+    bindings = [relax.VarBinding(b.var, new_values[b.var]) if b.var in new_values else b
+                for block in func.body.blocks for b in block.bindings]
+    values = {b.var: b.value for b in bindings}
+    uses: dict = {}
+    for b in bindings:
+        for var in relax.analysis.free_vars(b.value):
+            uses[var] = uses.get(var, 0) + 1
+    for var in relax.analysis.free_vars(func.body.body):
+        uses[var] = uses.get(var, 0) + 1
+    dead = set()
+    pending = list(old_args)
+    while pending:
+        candidate = pending.pop()
+        if candidate in dead or uses.get(candidate, 0):
+            continue
+        dead.add(candidate)
+        for var in relax.analysis.free_vars(values[candidate]) if candidate in values else []:
+            uses[var] -= 1
+        source = values.get(candidate)
+        if isinstance(source, relax.TupleGetItem):
+            pending.append(source.tuple_value)
+    blocks = []
+    for block in func.body.blocks:
+        kept = [relax.VarBinding(b.var, new_values[b.var]) if b.var in new_values else b for b in block.bindings
+                if b.var not in dead]
+        blocks.append(relax.DataflowBlock(kept) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(kept))
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs, func.span)
+
+
+def split_output(func: tirx.PrimFunc, index: int) -> tirx.PrimFunc | None:
+    """Output `index` of a multi-output copy (a split: one block per output) as a PrimFunc of its own
+    (the input, that output), or None when `func` is not one loop nest per output reading one input."""
+    if not isinstance(func.body, s_tir.SBlockRealize):
+        return None
+    root = func.body.block
+    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    inputs = len(func.params) - len(nests)
+    if inputs != 1 or root.alloc_buffers or not 0 <= index < len(nests):
+        return None
+    output = func.params[inputs + index]
+    writers = []
+    for nest in nests:
+        found = []
+        tvm_ffi.structural_walk(nest, (s_tir.SBlock, found.append), order="pre")
+        writers.append(found)
+    if any(len(blocks) != 1 or len(blocks[0].writes) != 1 for blocks in writers):
+        return None
+    (nest,) = [n for n, blocks in zip(nests, writers) if blocks[0].writes[0].source.same_as(output)] or [None]
+    if nest is None:
+        return None
+    body = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", nest))
+    sliced = tirx.PrimFunc([func.params[0], output], body, attrs=func.attrs)
+    return sliced if copy_kind(sliced) else None
