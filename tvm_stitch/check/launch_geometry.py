@@ -66,14 +66,15 @@ def launch_plan(host: tirx.PrimFunc, params: list, kernel_arity: dict) -> Launch
     `kernel_arity`: device kernel name -> its number of parameters (the
     `call_ffi_kernel` arguments after them are the launch extents).
     """
-    alias = {}  # flattened buffer var -> the buffer it views
-    workspaces, workspace_of, launches = [], {}, []
+    alias = []  # (flattened buffer var, the buffer it views)
+    allocated = []  # workspace buffer vars, in the order of `workspaces`
+    workspaces, launches = [], []
     for stmt in _statements(host.body):
         kind = type(stmt).__name__
         if kind == "DeclBuffer":
             data = stmt.data
             if _is_buffer_data(data):
-                alias[stmt.buffer] = data.args[0]
+                alias.append((stmt.buffer, data.args[0]))
         elif kind == "AllocBuffer":
             ty = stmt.buffer.ty
             if str(ty.storage_scope) not in ("global", ""):
@@ -81,10 +82,10 @@ def launch_plan(host: tirx.PrimFunc, params: list, kernel_arity: dict) -> Launch
             elements = 1
             for dim in ty.shape:
                 elements *= _int(dim, f"extent of workspace {stmt.buffer}")
-            workspace_of[stmt.buffer] = len(workspaces)
+            allocated.append(stmt.buffer)
             workspaces.append(Workspace(str(stmt.buffer.name), str(ty.dtype), elements))
         elif kind == "Evaluate" and _is_kernel_call(stmt.value):
-            launches.append(_launch(stmt.value, params, alias, workspace_of, kernel_arity))
+            launches.append(_launch(stmt.value, params, alias, allocated, kernel_arity))
     return LaunchPlan(tuple(launches), tuple(workspaces))
 
 
@@ -96,7 +97,12 @@ def _is_kernel_call(expr) -> bool:
     return type(expr).__name__ == "Call" and getattr(expr.op, "name", "") == "tirx.call_ffi_kernel"
 
 
-def _launch(call, params: list, alias: dict, workspace_of: dict, kernel_arity: dict) -> Launch:
+def _index(var, variables: list):
+    """Position of `var` in `variables` by identity (TVM variables compare by name otherwise)."""
+    return next((i for i, v in enumerate(variables) if v.same_as(var)), None)
+
+
+def _launch(call, params: list, alias: list, allocated: list, kernel_arity: dict) -> Launch:
     name = str(call.args[0].value)
     arity = kernel_arity[name]
     values, extents = list(call.args[1: 1 + arity]), list(call.args[1 + arity:])
@@ -107,13 +113,13 @@ def _launch(call, params: list, alias: dict, workspace_of: dict, kernel_arity: d
     for value in values:
         if _is_buffer_data(value):
             buffer = value.args[0]
-            while buffer in alias:
-                buffer = alias[buffer]
-            index = next((i for i, p in enumerate(params) if p.same_as(buffer)), None)
+            while (k := _index(buffer, [a for a, _ in alias])) is not None:
+                buffer = alias[k][1]
+            index, workspace = _index(buffer, params), _index(buffer, allocated)
             if index is not None:
                 args.append(("param", index))
-            elif buffer in workspace_of:
-                args.append(("workspace", workspace_of[buffer]))
+            elif workspace is not None:
+                args.append(("workspace", workspace))
             else:
                 raise UnsupportedLaunch(f"{name}: argument {buffer} is neither a parameter nor a workspace")
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -37,6 +38,13 @@ class RunResult:
 
 
 def device_for(oclgrind: bool) -> cl.Device:
+    """The first device of pocl's or Oclgrind's platform.
+
+    pocl's on-disk kernel cache is turned off for this process unless the
+    caller set POCL_KERNEL_CACHE (it must be set before pocl loads): pocl 3.0
+    was seen to reload a cached program without its kernels.
+    """
+    os.environ.setdefault("POCL_KERNEL_CACHE", "0")
     wanted = OCLGRIND if oclgrind else POCL
     try:
         platforms = cl.get_platforms()
@@ -82,7 +90,9 @@ def run(program: OpenclProgram, params: list, inputs: dict, device: cl.Device, o
 
 def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx: cl.Context, guard: bool) -> RunResult:
     queue = cl.CommandQueue(ctx)
-    built = cl.Program(ctx, program.source).build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)  # pocl's notes on TVM's source
+        built = cl.Program(ctx, program.source).build()
     buffers = [GuardedBuffer(ctx, name, dtype, shape, inputs.get(i), guard) for i, (name, dtype, shape) in
                enumerate(params)]
     workspaces = [GuardedBuffer(ctx, w.name, w.dtype, (w.elements,), None, guard) for w in program.plan.workspaces]

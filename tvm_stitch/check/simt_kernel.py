@@ -12,13 +12,14 @@ OpenCL build (`unsupported`), a guard-zone or Oclgrind finding
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import tirx
 
-from tvm_stitch.check import opencl_run
+from tvm_stitch.check import half_emulation, opencl_run
 from tvm_stitch.check.opencl_build import build_opencl
 from tvm_stitch.check.simt_inputs import random_inputs, written_params
 
@@ -69,8 +70,8 @@ def _run_reference(ref: Reference, arrays: dict) -> dict:
     dev = tvm.cpu()
     outputs = set(written_params(ref.func))
     args = []
-    for (name, dtype, shape), index in zip(_param_specs(ref.func), ref.params):
-        if index in outputs or index not in arrays:
+    for k, ((_, dtype, shape), index) in enumerate(zip(_param_specs(ref.func), ref.params)):
+        if k in outputs:
             args.append(tvm.runtime.empty(shape, dtype, dev))
         else:
             args.append(tvm.runtime.tensor(arrays[index], dev))
@@ -98,26 +99,36 @@ def compare(got: np.ndarray, want: np.ndarray, dtype: str) -> tuple:
 
 def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgrind: bool, seed: int) -> KernelCheck:
     """Build, run and compare one stitched PrimFunc; never raises for a kernel's own failure."""
+    notes = []
+    device_func = scheduled
+    emulate_half = half_emulation.uses_half(scheduled) and "cl_khr_fp16" not in device.extensions
     try:
-        program = build_opencl(scheduled, name)
+        if emulate_half:
+            device_func = half_emulation.widen_half(scheduled)
+            notes.append("float16 emulated: float32 storage rounded to float16 after every op (no cl_khr_fp16)")
+        program = build_opencl(device_func, name)
     except Exception as err:  # noqa: BLE001 - a kernel OpenCL cannot express is reported, not raised
         return KernelCheck(name, "unsupported", float("nan"), f"OpenCL build failed: {_first_line(err)}")
+    if emulate_half:
+        program = dataclasses.replace(program, source=half_emulation.HELPERS + program.source)
     launches = len(program.plan.launches)
     arrays = random_inputs(scheduled, seed)
     want = _references(refs, arrays)
     if any(not np.all(np.isfinite(w.astype(np.float64))) for w in want.values()):
         arrays = random_inputs(scheduled, seed, positive=True)  # log, sqrt, power of negatives
         want = _references(refs, arrays)
+    specs = _param_specs(device_func)
+    device_arrays = {i: a.astype(specs[i][1]) for i, a in arrays.items()}
     try:
-        result = opencl_run.run(program, _param_specs(scheduled), arrays, device, oclgrind)
+        result = opencl_run.run(program, specs, device_arrays, device, oclgrind)
     except Exception as err:  # noqa: BLE001 - e.g. the OpenCL compiler rejects TVM's source
         return KernelCheck(name, "unsupported", float("nan"), f"OpenCL run failed: {_first_line(err)}", launches)
-    notes = []
     if "red_buf" in program.source:
         notes.append("cross-thread reductions ran as local-memory trees (CUDA uses warp shuffles)")
     max_error, bad, total = float("nan"), 0, 0
     for index, expected in want.items():
-        err, wrong = compare(result.outputs[index], expected, str(expected.dtype))
+        got = result.outputs[index].astype(expected.dtype)
+        err, wrong = compare(got, expected, str(expected.dtype))
         max_error = err if np.isnan(max_error) else max(max_error, err)
         bad += wrong
         total += expected.size
@@ -135,5 +146,5 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
 
 
 def _first_line(err: Exception) -> str:
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    lines = [line for line in str(err).strip().splitlines() if line.strip(" ^~\t")]
     return f"{type(err).__name__}: {lines[-1][:300] if lines else ''}"
