@@ -67,12 +67,16 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             sch.bind(row, "threadIdx.x" if threads == 1 else "threadIdx.y")
     elif bind:
         sch.bind(row, "blockIdx.x")
-    for block in blocks_by_name(sch).values():
+    kept_on_chip = {i.name for i in plan.intermediates if not i.inlined}
+    warp_reduced = []  # intermediates reduced across the threads of one warp
+    for name, block in blocks_by_name(sch).items():
         spatial, reduce = within_row_loops(sch, block, row)
         if threads == 1:
             continue  # one thread per row: the row's loops run in that thread
         spatial_extent = loops_extent(sch, spatial)
         if reduce and (spatial_extent is None or spatial_extent < threads):
+            if threads <= int(target.attrs.get("thread_warp_size", 1)) and name in kept_on_chip:
+                warp_reduced.append(name)
             # Few outputs per row: the threads share each output's reduction.
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
             if spatial:
@@ -96,8 +100,14 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for inter in plan.intermediates:
         if not bind or inter.inlined or inter.name in plan.outputs:
             continue
-        if inter.level == SHARED:
+        if inter.level == SHARED and inter.name not in warp_reduced:
             sch.set_scope(sch.get_sblock(inter.name), 0, "shared")
-        elif inter.level == REGISTER:
+        elif inter.level in (SHARED, REGISTER):
             sch.set_scope(sch.get_sblock(inter.name), 0, "local")
+    if bind:
+        for name in warp_reduced:
+            # A one-warp all-reduce leaves its result in every thread's registers. Kept in shared
+            # memory, lane 0 stores it and the other lanes read it back with no barrier between
+            # (TVM's ThreadSync sees the same index on both sides): a race, found by Oclgrind.
+            sch.set_scope(sch.get_sblock(name), 0, "local")
     return sch

@@ -36,7 +36,7 @@ class Finding:
 def parse(log: str) -> list:
     """The distinct problems in an Oclgrind log, most frequent first."""
     found = {}
-    for paragraph in re.split(r"\n\s*\n", log):
+    for paragraph in re.split(r"\n\n+", log):  # blank lines inside a report hold a tab
         lines = [line for line in paragraph.splitlines() if line.strip()]
         if not lines:
             continue
@@ -48,9 +48,16 @@ def parse(log: str) -> list:
             status = next((s for s, pattern in _KINDS if pattern.search(headline)), None)
             if status is None:
                 continue
-        where = next((lines[i + 1].strip() for i, line in enumerate(lines[:-1]) if line.strip().startswith("At line")),
-                     "")
+        where = " / ".join(_place(lines, i) for i, line in enumerate(lines) if line.strip().startswith("At line"))
         key = (status, _ADDRESS.sub("ADDR", headline), where)
         found[key] = found.get(key, 0) + 1
     ordered = sorted(found.items(), key=lambda item: -item[1])
     return [Finding(status, headline, where, count) for (status, headline, where), count in ordered]
+
+
+def _place(lines: list, i: int) -> str:
+    """'line N: <source>' for the "At line N (column C) of input.cl:" line at `i` (source when quoted)."""
+    match = re.match(r"At line (\d+)", lines[i].strip())
+    code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+    code = "" if code.startswith("(source not available)") else f": {code[:160]}"
+    return f"line {match.group(1)}{code}" if match else lines[i].strip()

@@ -132,6 +132,7 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
         max_error = err if np.isnan(max_error) else max(max_error, err)
         bad += wrong
         total += expected.size
+    notes.extend(result.notes)
     findings = [(f.status, f"{f.headline} ({f.count}x) {f.where}".strip()) for f in result.findings]
     findings += [("out-of-bounds", problem) for problem in result.guard_problems]
     findings.sort(key=lambda item: FINDING_ORDER.index(item[0]))
