@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
+from tvm_stitch.check.simt_inputs import numpy_dtype
+
 GUARD_BYTE = 0xA5
 UNSET_BYTE = 0xFF
 MIN_GUARD = 4096
@@ -26,7 +28,7 @@ class GuardedBuffer:
 
     def __init__(self, ctx: cl.Context, name: str, dtype, shape: tuple, data: np.ndarray | None, guard: bool):
         self.name = name
-        self.dtype = np.dtype(dtype)
+        self.dtype = numpy_dtype(dtype)
         self.shape = tuple(shape)
         self.nbytes = max(1, int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize)
         flags = cl.mem_flags.READ_WRITE

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import tirx
 
@@ -66,15 +67,21 @@ def launch_plan(host: tirx.PrimFunc, params: list, kernel_arity: dict) -> Launch
     `kernel_arity`: device kernel name -> its number of parameters (the
     `call_ffi_kernel` arguments after them are the launch extents).
     """
+    binds = []  # (var, value) of the host's Bind statements
+    declared = []  # (buffer, data expression) of DeclBuffers of packed arguments
     alias = []  # (flattened buffer var, the buffer it views)
     allocated = []  # workspace buffer vars, in the order of `workspaces`
     workspaces, launches = [], []
     for stmt in _statements(host.body):
         kind = type(stmt).__name__
-        if kind == "DeclBuffer":
+        if kind == "Bind":
+            binds.append((stmt.var, stmt.value))
+        elif kind == "DeclBuffer":
             data = stmt.data
             if _is_buffer_data(data):
                 alias.append((stmt.buffer, data.args[0]))
+            else:
+                declared.append((stmt.buffer, data))
         elif kind == "AllocBuffer":
             ty = stmt.buffer.ty
             if str(ty.storage_scope) not in ("global", ""):
@@ -85,7 +92,8 @@ def launch_plan(host: tirx.PrimFunc, params: list, kernel_arity: dict) -> Launch
             allocated.append(stmt.buffer)
             workspaces.append(Workspace(str(stmt.buffer.name), str(ty.dtype), elements))
         elif kind == "Evaluate" and _is_kernel_call(stmt.value):
-            launches.append(_launch(stmt.value, params, alias, allocated, kernel_arity))
+            launches.append(_launch(stmt.value, params, alias, allocated, kernel_arity,
+                                    _argument_position(host, binds, declared)))
     return LaunchPlan(tuple(launches), tuple(workspaces))
 
 
@@ -102,7 +110,40 @@ def _index(var, variables: list):
     return next((i for i, v in enumerate(variables) if v.same_as(var)), None)
 
 
-def _launch(call, params: list, alias: list, allocated: list, kernel_arity: dict) -> Launch:
+def _argument_position(host: tirx.PrimFunc, binds: list, declared: list):
+    """buffer -> position among the packed arguments, for a buffer the host declares from them.
+
+    Used when a pass replaced a parameter's variable (BF16StorageLegalize
+    stores bfloat16 as uint16): the host still reads its data pointer from
+    `tvm_struct_get(args, position, ...)`, possibly through bound variables.
+    """
+    args = host.params[1] if len(host.params) > 1 else None
+
+    def position(expr, depth=0):
+        found = []
+
+        def visit(call):
+            if getattr(call.op, "name", "") != "tirx.tvm_struct_get" or not found == []:
+                return
+            base = call.args[0]
+            if args is not None and base.same_as(args):
+                found.append(int(call.args[1].value))
+            elif depth < 4:
+                value = next((v for var, v in binds if var.same_as(base)), None)
+                if value is not None and (k := position(value, depth + 1)) is not None:
+                    found.append(k)
+
+        tvm_ffi.structural_walk(expr, (tvm.ir.Call, visit), order="pre")
+        return found[0] if found else None
+
+    def of(buffer):
+        data = next((d for b, d in declared if b.same_as(buffer)), None)
+        return position(data) if data is not None else None
+
+    return of
+
+
+def _launch(call, params: list, alias: list, allocated: list, kernel_arity: dict, argument_position) -> Launch:
     name = str(call.args[0].value)
     arity = kernel_arity[name]
     values, extents = list(call.args[1: 1 + arity]), list(call.args[1 + arity:])
@@ -116,6 +157,8 @@ def _launch(call, params: list, alias: list, allocated: list, kernel_arity: dict
             while (k := _index(buffer, [a for a, _ in alias])) is not None:
                 buffer = alias[k][1]
             index, workspace = _index(buffer, params), _index(buffer, allocated)
+            if index is None and workspace is None:
+                index = argument_position(buffer)
             if index is not None:
                 args.append(("param", index))
             elif workspace is not None:

@@ -10,10 +10,16 @@ index; other integers and booleans in {0, 1}.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """numpy's dtype for a TVM dtype name (bfloat16 from ml_dtypes, a dependency of TVM)."""
+    return np.dtype(ml_dtypes.bfloat16) if str(name) == "bfloat16" else np.dtype(str(name))
 
 
 def written_params(func: tirx.PrimFunc) -> list:
@@ -74,5 +80,5 @@ def random_inputs(func: tirx.PrimFunc, seed: int, positive: bool = False) -> dic
             arrays[i] = rng.integers(0, bounds.get(i, 2), shape).astype(dtype)
         else:
             low, high = (0.5, 1.5) if positive else (-1.0, 1.0)
-            arrays[i] = rng.uniform(low, high, shape).astype(dtype)
+            arrays[i] = rng.uniform(low, high, shape).astype(numpy_dtype(dtype))
     return arrays

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import tvm
 from tvm import tirx
 
-from tvm_stitch.check import half_emulation, opencl_run
+from tvm_stitch.check import narrow_floats, opencl_run
 from tvm_stitch.check.opencl_build import build_opencl
-from tvm_stitch.check.simt_inputs import random_inputs, written_params
+from tvm_stitch.check.simt_inputs import numpy_dtype, random_inputs, written_params
 
 FINDING_ORDER = ("out-of-bounds", "race", "uninitialised", "unsupported")
 
@@ -47,7 +48,8 @@ def tolerance(dtype: str) -> tuple:
     with the length of a reduction; sqrt(eps) (3e-4 for float32, 3e-2 for
     float16) leaves room for those and catches any wrong element.
     """
-    eps = float(np.finfo(np.dtype(dtype)).eps) if np.dtype(dtype).kind == "f" else 0.0
+    np_type = numpy_dtype(dtype)
+    eps = float(ml_dtypes.finfo(np_type).eps) if np.issubdtype(np_type, np.inexact) or dtype == "bfloat16" else 0.0
     return eps ** 0.5, eps ** 0.5
 
 
@@ -101,16 +103,18 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
     """Build, run and compare one stitched PrimFunc; never raises for a kernel's own failure."""
     notes = []
     device_func = scheduled
-    emulate_half = half_emulation.uses_half(scheduled) and "cl_khr_fp16" not in device.extensions
+    narrow = narrow_floats.narrow_types(scheduled)
+    emulate = "bfloat16" in narrow or ("float16" in narrow and "cl_khr_fp16" not in device.extensions)
     try:
-        if emulate_half:
-            device_func = half_emulation.widen_half(scheduled)
-            notes.append("float16 emulated: float32 storage rounded to float16 after every op (no cl_khr_fp16)")
+        if emulate:
+            device_func = narrow_floats.widen(scheduled)
+            notes.append(f"{'/'.join(sorted(narrow))} emulated: float32 storage rounded after every op "
+                         "(the device has no such type)")
         program = build_opencl(device_func, name)
     except Exception as err:  # noqa: BLE001 - a kernel OpenCL cannot express is reported, not raised
         return KernelCheck(name, "unsupported", float("nan"), f"OpenCL build failed: {_first_line(err)}")
-    if emulate_half:
-        program = dataclasses.replace(program, source=half_emulation.HELPERS + program.source)
+    if emulate:
+        program = dataclasses.replace(program, source=narrow_floats.HELPERS + program.source)
     launches = len(program.plan.launches)
     arrays = random_inputs(scheduled, seed)
     want = _references(refs, arrays)
@@ -118,7 +122,7 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
         arrays = random_inputs(scheduled, seed, positive=True)  # log, sqrt, power of negatives
         want = _references(refs, arrays)
     specs = _param_specs(device_func)
-    device_arrays = {i: a.astype(specs[i][1]) for i, a in arrays.items()}
+    device_arrays = {i: a.astype(numpy_dtype(specs[i][1])) for i, a in arrays.items()}
     try:
         result = opencl_run.run(program, specs, device_arrays, device, oclgrind)
     except Exception as err:  # noqa: BLE001 - e.g. the OpenCL compiler rejects TVM's source
@@ -128,7 +132,7 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
     max_error, bad, total = float("nan"), 0, 0
     for index, expected in want.items():
         got = result.outputs[index].astype(expected.dtype)
-        err, wrong = compare(got, expected, str(expected.dtype))
+        err, wrong = compare(got, expected, str(scheduled.params[index].ty.dtype))
         max_error = err if np.isnan(max_error) else max(max_error, err)
         bad += wrong
         total += expected.size
