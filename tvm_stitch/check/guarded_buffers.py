@@ -14,7 +14,10 @@ uninitialised so that Oclgrind can report reads of them.
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
+try:
+    import pyopencl as cl
+except ImportError:  # the test extra is not installed: device_for says so
+    cl = None
 
 from tvm_stitch.check.simt_inputs import numpy_dtype
 
@@ -26,7 +29,7 @@ MIN_GUARD = 4096
 class GuardedBuffer:
     """One kernel argument: `data` (initial contents, or None for uninitialised) of `shape` and `dtype`."""
 
-    def __init__(self, ctx: cl.Context, name: str, dtype, shape: tuple, data: np.ndarray | None, guard: bool):
+    def __init__(self, ctx, name: str, dtype, shape: tuple, data: np.ndarray | None, guard: bool):
         self.name = name
         self.dtype = numpy_dtype(dtype)
         self.shape = tuple(shape)
@@ -50,7 +53,7 @@ class GuardedBuffer:
         self.parent = cl.Buffer(ctx, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=image)
         self.buffer = self.parent.get_sub_region(self.guard, self.nbytes)
 
-    def read(self, queue: cl.CommandQueue) -> tuple:
+    def read(self, queue) -> tuple:
         """(contents as an array of `shape`, description of a guard-zone write or "")."""
         if not self.guard:
             out = np.empty(self.nbytes, np.uint8)

