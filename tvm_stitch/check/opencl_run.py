@@ -78,6 +78,20 @@ def _environment(values: dict):
                 os.environ[key] = value
 
 
+@contextmanager
+def _native_stderr_silenced():
+    """pocl's compiler prints "N warnings generated." to the process's stderr; a failing build
+    still raises with the full log."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run(program: OpenclProgram, params: list, inputs: dict, device, oclgrind: bool) -> RunResult:
     """Run `program`; `params`: (name, dtype, shape) per PrimFunc parameter; `inputs`: index -> array.
 
@@ -110,7 +124,7 @@ def _run_oclgrind(program: OpenclProgram, params: list, inputs: dict, device, se
 
 def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx, guard: bool) -> RunResult:
     queue = cl.CommandQueue(ctx)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _native_stderr_silenced():
         warnings.simplefilter("ignore", cl.CompilerWarning)  # pocl's notes on TVM's source
         built = cl.Program(ctx, program.source).build()
     buffers = [GuardedBuffer(ctx, name, dtype, shape, inputs.get(i), guard) for i, (name, dtype, shape) in
