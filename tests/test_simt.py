@@ -2,11 +2,12 @@
 
 import glob
 import os
+import warnings
 
 import numpy as np
 import pytest
 
-pytest.importorskip("pyopencl")
+cl = pytest.importorskip("pyopencl")
 
 from tvm.script import tirx as T  # noqa: E402
 
@@ -170,3 +171,30 @@ def test_check_rejects_a_non_cuda_target():
         simt.check(SUITE["softmax"].build("float32", dims("test")), {"kind": "llvm"})
     with pytest.raises(TypeError):
         simt.check(np.zeros(3))
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_narrow_float_rounding_matches_ieee_round_to_nearest_even(kind):
+    import ml_dtypes
+
+    from tvm_stitch.check.narrow_floats import HELPERS, ROUND
+
+    device = _device(False)
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-9, 6, 4000),
+                             [65504, 65519, 65520, 7e4, 6e-8, 2.9e-8, 3e-8, 1 + 2 ** -11, 1 + 3 * 2 ** -11,
+                              3.4e38, np.inf, -np.inf, np.nan, 0.0, -0.0]]).astype(np.float32)
+    source = HELPERS + f"__kernel void k(__global float* a) {{ int i = get_global_id(0); a[i] = {ROUND[kind]}(a[i]); }}"
+    ctx = cl.Context([device])
+    queue = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        program = cl.Program(ctx, source).build()
+    program.k(queue, (values.size,), None, buf)
+    got = np.empty_like(values)
+    cl.enqueue_copy(queue, got, buf)
+    narrow = np.float16 if kind == "float16" else ml_dtypes.bfloat16
+    with np.errstate(over="ignore"):
+        want = values.astype(narrow).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
