@@ -117,7 +117,7 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
                          "(the device has no such type)")
         program = build_opencl(device_func, name)
     except Exception as err:  # noqa: BLE001 - a kernel OpenCL cannot express is reported, not raised
-        return KernelCheck(name, "unsupported", float("nan"), f"OpenCL build failed: {_first_line(err)}")
+        return KernelCheck(name, "unsupported", float("nan"), f"OpenCL build failed: {_last_line(err)}")
     if emulate:
         program = dataclasses.replace(program, source=narrow_floats.HELPERS + program.source)
     launches = len(program.plan.launches)
@@ -128,13 +128,13 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
             arrays = random_inputs(scheduled, seed, positive=True)  # log, sqrt, power of negatives
             want = _references(refs, arrays)
     except Exception as err:  # noqa: BLE001 - no reference, nothing to compare with
-        return KernelCheck(name, "unsupported", float("nan"), f"llvm reference failed: {_first_line(err)}", launches)
+        return KernelCheck(name, "unsupported", float("nan"), f"llvm reference failed: {_last_line(err)}", launches)
     specs = _param_specs(device_func)
     device_arrays = {i: a.astype(numpy_dtype(specs[i][1])) for i, a in arrays.items()}
     try:
         result = opencl_run.run(program, specs, device_arrays, device, oclgrind)
     except Exception as err:  # noqa: BLE001 - e.g. the OpenCL compiler rejects TVM's source
-        return KernelCheck(name, "unsupported", float("nan"), f"OpenCL run failed: {_first_line(err)}", launches)
+        return KernelCheck(name, "unsupported", float("nan"), f"OpenCL run failed: {_last_line(err)}", launches)
     if "red_buf" in program.source:
         notes.append("cross-thread reductions ran as local-memory trees (CUDA uses warp shuffles)")
     max_error, bad, total = float("nan"), 0, 0
@@ -161,6 +161,6 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
     return KernelCheck(name, status, max_error, "; ".join([detail] + notes), launches)
 
 
-def _first_line(err: Exception) -> str:
+def _last_line(err: Exception) -> str:
     lines = [line for line in str(err).strip().splitlines() if line.strip(" ^~\t")]
     return f"{type(err).__name__}: {lines[-1][:300] if lines else ''}"
