@@ -36,7 +36,7 @@ class NoOpenclDevice(RuntimeError):
 @dataclass
 class RunResult:
     outputs: dict  # parameter index -> array
-    guard_problems: list  # descriptions of writes into guard zones
+    guard_problems: list  # descriptions of writes into guard zones or into inputs
     findings: list  # oclgrind_log.Finding (Oclgrind only)
     notes: list = field(default_factory=list)  # what was not checked, and why
 
@@ -148,6 +148,8 @@ def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx, guard: 
         data, problem = buffer.read(queue)
         if i not in inputs:
             outputs[i] = data
+        elif data.tobytes() != np.ascontiguousarray(inputs[i]).tobytes():
+            problem = problem or f"{buffer.name}: an input of the kernel was written"
         if problem:
             problems.append(problem)
     for buffer in workspaces:
