@@ -63,7 +63,7 @@ def test_small_random_graphs_are_clean_under_oclgrind():
             continue
         outcome, platform = simt_check(spec, oclgrind=True, seed=seed)
         assert outcome.ok, (seed, outcome.message)
-        if outcome.stitched_kernels:
+        if outcome.simt_kernels:
             assert platform.startswith("Oclgrind")
             checked += 1
         if checked == 3:

@@ -355,7 +355,7 @@ def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0) -> tuple:
     report = simt.check(build_module(concrete), oclgrind=on_oclgrind, seed=seed)
     bad = [k for k in report.kernels if not k.ok]
     outcome = Outcome(not bad, "; ".join(f"SIMT {k.status} in {k.name}: {k.detail}" for k in bad[:2]),
-                      len(report.kernels))
+                      simt_kernels=len(report.kernels), simt_platform=report.platform)
     return outcome, report.platform
 
 
@@ -410,8 +410,8 @@ def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0
             return Outcome(False, f"CUDA build failed: {type(err).__name__}: {_last_line(err)}")
     outcome = Outcome(True, "", len(report.plans), len(report.fallbacks))
     if simt:
-        checked, outcome.simt_platform = simt_check(spec, oclgrind, seed)
-        outcome.simt_kernels = checked.stitched_kernels
+        checked, _ = simt_check(spec, oclgrind, seed)
+        outcome.simt_kernels, outcome.simt_platform = checked.simt_kernels, checked.simt_platform
         if not checked.ok:
             return dataclasses.replace(outcome, ok=False, message=checked.message)
     return outcome
