@@ -101,12 +101,16 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             sch.bind(row, "threadIdx.x" if threads == 1 else "threadIdx.y")
     elif bind:
         sch.bind(row, "blockIdx.x")
-    for block in blocks_by_name(sch).values():
+    kept_on_chip = {i.name for i in plan.intermediates if not i.inlined}
+    warp_reduced = []  # intermediates reduced across the threads of one warp
+    for name, block in blocks_by_name(sch).items():
         spatial, reduce = within_row_loops(sch, block, row)
         if threads == 1:
             continue  # one thread per row: the row's loops run in that thread
         spatial_extent = loops_extent(sch, spatial)
         if reduce and (spatial_extent is None or spatial_extent < threads):
+            if threads <= int(target.attrs.get("thread_warp_size", 1)) and name in kept_on_chip:
+                warp_reduced.append(name)
             # Few outputs per row: the threads share each output's reduction.
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
             if spatial:
@@ -131,6 +135,11 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
         if not bind or inter.inlined or inter.name in plan.outputs:
             continue
         scope = {SHARED: "shared", REGISTER: "local"}.get(inter.level)
+        if scope == "shared" and inter.name in warp_reduced:
+            # A one-warp all-reduce leaves its result in every thread's registers. Kept in shared
+            # memory, lane 0 stores it and the other lanes read it back with no barrier between
+            # (TVM's ThreadSync sees the same index on both sides): a race, found by Oclgrind.
+            scope = "local"
         if scope is not None:
             # Every buffer the block writes: a tuple reduction (argmax's index and value, a norm's
             # sum and sum of squares) left one in global scope, which CUDA lowering rejects.

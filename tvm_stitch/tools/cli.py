@@ -1,4 +1,5 @@
-"""The `tvm-stitch` command: `bench` (the suite, default vs stitched) and `explain` (plans)."""
+"""The `tvm-stitch` command: `bench` (the suite, default vs stitched), `explain` (plans), `simt` (CUDA
+kernels run with SIMT semantics on the CPU), `fuzz`, `gpu-kit`, `tune`, `train`, `evaluate`."""
 
 from __future__ import annotations
 
@@ -96,6 +97,26 @@ def _explain(args) -> int:
     return 0
 
 
+def _simt(args) -> int:
+    from tvm_stitch import simt
+    from tvm_stitch.check.opencl_run import NoOpenclDevice
+    from tvm_stitch.tools.sources import SourceError, load_module
+
+    try:
+        mod, description = load_module(args.graph, dtype=args.dtype, size=args.size)
+    except SourceError as err:
+        print(str(err), file=sys.stderr)
+        return 2
+    try:
+        report = simt.check(mod, {"kind": "cuda", "arch": args.arch}, oclgrind=args.oclgrind, seed=args.seed)
+    except NoOpenclDevice as err:
+        print(str(err), file=sys.stderr)
+        return 2
+    print(f"{description}, CUDA {args.arch} kernels on {report.platform}")
+    print(report)
+    return 0 if report.ok else 1
+
+
 def _fuzz(args) -> int:
     import json
     import os
@@ -121,7 +142,7 @@ def _fuzz(args) -> int:
                 out.write(failure["spec"])
 
     summary = fuzz(args.n, args.seed, cuda=args.cuda, nvcc_every=args.nvcc_every,
-                   progress=progress, on_failure=save)
+                   progress=progress, on_failure=save, simt=args.simt or args.oclgrind, oclgrind=args.oclgrind)
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}))
     print(f"seeds {args.seed}..{args.seed + args.n - 1}: {len(summary['failures'])} failures "
           f"in {summary['seconds']:.0f} s")
@@ -245,11 +266,27 @@ def main(argv=None) -> int:
     exp.add_argument("--size", choices=["bench", "test"], default="bench")
     exp.set_defaults(func=_explain)
 
+    sm = sub.add_parser("simt", help="run every stitched CUDA kernel with SIMT semantics on the CPU "
+                                     "(OpenCL on pocl, or Oclgrind: races, bounds, uninitialised reads)")
+    sm.add_argument("graph", help="a suite graph, a model (MODEL[:backward|:adam]) or a .py file, as for explain")
+    sm.add_argument("--oclgrind", action="store_true",
+                    help="run on the Oclgrind simulator: also report data races, out-of-bounds accesses and "
+                         "uninitialised reads (slow: use --size test)")
+    sm.add_argument("--arch", default="sm_90", help="the CUDA architecture the kernels are planned for")
+    sm.add_argument("--dtype", default="float32")
+    sm.add_argument("--size", choices=["bench", "test"], default="test")
+    sm.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    sm.set_defaults(func=_simt)
+
     fz = sub.add_parser("fuzz", help="check random memory-intensive graphs: stitched vs TVM's default")
     fz.add_argument("--n", type=int, default=100, help="number of graphs")
     fz.add_argument("--seed", type=int, default=0, help="first seed (graph i uses seed + i)")
     fz.add_argument("--cuda", action="store_true", help="also build every graph for CUDA (sm_90)")
     fz.add_argument("--nvcc-every", type=int, default=0, help="compile every k-th CUDA build with nvcc")
+    fz.add_argument("--simt", action="store_true",
+                    help="also run each graph's stitched CUDA kernels with SIMT semantics on pocl (tvm-stitch simt)")
+    fz.add_argument("--oclgrind", action="store_true",
+                    help="with --simt: run small graphs under Oclgrind (races, bounds, uninitialised reads)")
     fz.add_argument("--save", default="", help="folder for the shrunk specs of failing graphs")
     fz.set_defaults(func=_fuzz)
 

@@ -5,7 +5,8 @@ module — so a failing graph can be shrunk by dropping steps and saved as
 JSON for a regression test. Every graph is checked on llvm (stitched vs
 TVM's default, within a dtype-aware tolerance, NaN/inf patterns equal), and
 optionally compiled for CUDA with the stitch pipeline (codegen, plus nvcc
-where asked).
+where asked), and (`--simt`) its stitched CUDA kernels run with SIMT
+semantics on pocl or Oclgrind (tvm_stitch.simt).
 
 Ops: unary element-wise (exp, log, erf, tanh, sigmoid, rsqrt, sqrt, abs,
 negative, power), binary (add, subtract, multiply, divide, maximum, minimum,
@@ -17,6 +18,7 @@ Values are kept finite by construction (exp of a tanh, log of 1 + |x|, ...).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +34,7 @@ BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "where"
 REDUCE = ("sum", "mean", "max", "min")
 SHAPE_OPS = ("reshape", "transpose", "slice", "concat", "cast")
 DIMS = (1, 2, 3, 5, 7, 8, 16, 31, 32, 64, 97, 128, 256, 1000)
+OCLGRIND_MAX_ELEMENTS = 1 << 15  # larger graphs run on pocl under --oclgrind: the simulator is slow
 
 
 @dataclass
@@ -320,11 +323,43 @@ class Outcome:
     message: str = ""
     stitched_kernels: int = 0
     fallbacks: int = 0
+    simt_kernels: int = 0  # stitched CUDA kernels run with SIMT semantics
+    simt_platform: str = ""
 
 
-def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0) -> Outcome:
+def _concrete_spec(spec: Spec, size: int) -> Spec:
+    inputs = [[[size if isinstance(d, str) else d for d in shape], dtype] for shape, dtype in spec.inputs]
+    return Spec(inputs, spec.steps, spec.outputs, {})
+
+
+def _elements(spec: Spec) -> int:
+    return sum(int(np.prod(shape)) for shape, _ in spec.inputs)
+
+
+def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0) -> tuple:
+    """(Outcome, platform): the stitched CUDA kernels run with SIMT semantics (tvm_stitch.simt).
+
+    Symbolic graphs are checked at their first concrete size. Under
+    `oclgrind`, graphs of more than OCLGRIND_MAX_ELEMENTS input elements run
+    on pocl instead (the simulator is slow).
+    """
+    from tvm_stitch import simt
+
+    sizes = spec.sizes.get("n")
+    concrete = _concrete_spec(spec, sizes[0]) if sizes else spec
+    on_oclgrind = oclgrind and _elements(concrete) <= OCLGRIND_MAX_ELEMENTS
+    report = simt.check(build_module(concrete), oclgrind=on_oclgrind, seed=seed)
+    bad = [k for k in report.kernels if not k.ok]
+    outcome = Outcome(not bad, "; ".join(f"SIMT {k.status} in {k.name}: {k.detail}" for k in bad[:2]),
+                      simt_kernels=len(report.kernels), simt_platform=report.platform)
+    return outcome, report.platform
+
+
+def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0, simt: bool = False,
+               oclgrind: bool = False) -> Outcome:
     """Stitched llvm builds (native CPU schedules, and the CUDA schedules without thread
-    bindings) vs TVM's default llvm build; optionally the CUDA build compiles."""
+    bindings) vs TVM's default llvm build; optionally the CUDA build compiles, and (`simt`)
+    the stitched CUDA kernels run with SIMT semantics on pocl (or Oclgrind)."""
     from tvm_stitch.tools.build import build, run_cpu
 
     try:
@@ -369,7 +404,13 @@ def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0
                 _nvcc_check(built.executable)
         except Exception as err:  # noqa: BLE001
             return Outcome(False, f"CUDA build failed: {type(err).__name__}: {_last_line(err)}")
-    return Outcome(True, "", len(report.plans), len(report.fallbacks))
+    outcome = Outcome(True, "", len(report.plans), len(report.fallbacks))
+    if simt:
+        checked, _ = simt_check(spec, oclgrind, seed)
+        outcome.simt_kernels, outcome.simt_platform = checked.simt_kernels, checked.simt_platform
+        if not checked.ok:
+            return dataclasses.replace(outcome, ok=False, message=checked.message)
+    return outcome
 
 
 def _last_line(err) -> str:
@@ -441,21 +482,30 @@ def _without_step(spec: Spec, index: int):
 
 
 def fuzz(n: int, seed: int, cuda: bool = False, nvcc_every: int = 0, progress=None,
-         on_failure=None) -> dict:
-    """Check `n` random graphs from seeds seed..seed+n-1; returns counts and failures."""
+         on_failure=None, simt: bool = False, oclgrind: bool = False) -> dict:
+    """Check `n` random graphs from seeds seed..seed+n-1; returns counts and failures.
+
+    `simt` also runs each graph's stitched CUDA kernels on pocl (`oclgrind`: on
+    Oclgrind, for graphs of at most OCLGRIND_MAX_ELEMENTS input elements).
+    """
     start = time.perf_counter()
     summary = {"graphs": 0, "skipped": 0, "stitched_kernels": 0, "fallbacks": 0, "failures": []}
+    if simt:
+        summary.update(simt_kernels=0, simt_oclgrind_graphs=0)
     for s in range(seed, seed + n):
         spec = random_spec(s)
         nvcc = bool(nvcc_every) and (s - seed) % nvcc_every == 0
-        outcome = check_spec(spec, cuda=cuda, nvcc=nvcc, seed=s)
+        outcome = check_spec(spec, cuda=cuda, nvcc=nvcc, seed=s, simt=simt, oclgrind=oclgrind)
         summary["graphs"] += 1
         if outcome.message.startswith("skipped"):
             summary["skipped"] += 1
         summary["stitched_kernels"] += outcome.stitched_kernels
         summary["fallbacks"] += outcome.fallbacks
+        if simt:
+            summary["simt_kernels"] += outcome.simt_kernels
+            summary["simt_oclgrind_graphs"] += outcome.simt_platform.startswith("Oclgrind")
         if not outcome.ok:
-            small = shrink(spec, lambda c: not check_spec(c, cuda=cuda, seed=s).ok)
+            small = shrink(spec, lambda c: not check_spec(c, cuda=cuda, seed=s, simt=simt, oclgrind=oclgrind).ok)
             failure = {"seed": s, "message": outcome.message, "spec": small.to_json()}
             summary["failures"].append(failure)
             if on_failure is not None:

@@ -1,0 +1,118 @@
+"""SIMT checks of the stitched CUDA kernels, without a GPU: OpenCL on pocl, or under Oclgrind.
+
+    import tvm_stitch.simt
+    report = tvm_stitch.simt.check(mod)            # pocl: numerics and guard zones
+    report = tvm_stitch.simt.check(mod, oclgrind=True)  # + races, out-of-bounds, uninitialised reads
+    print(report); assert report.ok
+
+Every stitched kernel of `mod` planned for the CUDA target gets the
+product's plan and schedule (StitchFusion's own code, thread bindings and
+on-chip scopes included), is built with TVM's OpenCL code generator and
+launched with the grid and block of its thread bindings, every phase in
+order; its outputs are compared with its fused PrimFunc unscheduled, built
+for llvm. See tvm_stitch/check/simt_kernel.py for the statuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import tirx
+
+from tvm_stitch.check.simt_kernel import KernelCheck, Reference, check_kernel
+from tvm_stitch.check.simt_inputs import written_params
+from tvm_stitch.check import opencl_run
+from tvm_stitch.pipeline import grouping_passes
+from tvm_stitch.planning import cost_model
+from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.report import StitchReport
+from tvm_stitch.stitch_pass import stitch_module
+from tvm_stitch.target import as_target
+
+DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
+
+__all__ = ["check", "SimtReport", "KernelCheck"]
+
+
+@dataclass
+class SimtReport:
+    kernels: list = field(default_factory=list)  # KernelCheck per stitched PrimFunc
+    stitch: StitchReport | None = None  # what StitchFusion decided
+    platform: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(k.ok for k in self.kernels)
+
+    def lines(self) -> list:
+        out = []
+        for k in self.kernels:
+            error = f"{k.max_error:.2e}" if k.max_error == k.max_error else "-"
+            out.append(f"{k.status:13s} {k.name:40s} launches {k.launches}  max error {error}  {k.detail}")
+        bad = sum(not k.ok for k in self.kernels)
+        out.append(f"{len(self.kernels)} stitched kernels checked on {self.platform}: "
+                   f"{len(self.kernels) - bad} ok, {bad} not ok")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def stitched_kernels(mod: tvm.IRModule, target) -> tuple:
+    """(stitched module, StitchReport, {kernel name: fused PrimFunc}) for `target`, as the pipeline makes them."""
+    fused = {}
+    model = cost_model.SHIPPED.get("cuda")
+
+    def choose(func, rule, spec):
+        fused[rule.kernel] = func
+        return cost_model.choose(model, func, rule, spec) if model is not None else rule
+
+    report = StitchReport()
+    with target:
+        grouped = tvm.transform.Sequential(grouping_passes(target))(tvm.IRModule(mod.functions, attrs=mod.attrs))
+        out = stitch_module(grouped, target, report=report, choose=choose)
+    return out, report, fused
+
+
+def _references(func: tirx.PrimFunc, name: str, fused: dict, packs: dict) -> list:
+    attrs = func.attrs
+    if "tvm_stitch.plan" in attrs:
+        member = fused[StitchPlan.from_json(str(attrs["tvm_stitch.plan"])).kernel]
+        return [Reference(member, tuple(range(len(member.params))))]
+    members = [fused[m] for m in packs[name]]
+    n_in = sum(len(m.params) - len(written_params(m)) for m in members)
+    refs, next_in, next_out = [], 0, n_in
+    for member in members:
+        n_out = len(written_params(member))
+        count = len(member.params) - n_out
+        refs.append(Reference(member, tuple(range(next_in, next_in + count)) +
+                              tuple(range(next_out, next_out + n_out))))
+        next_in += count
+        next_out += n_out
+    return refs
+
+
+def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int = 0) -> SimtReport:
+    """Run every stitched CUDA kernel of `mod` with SIMT semantics; see the module docstring.
+
+    `target`: the CUDA target the kernels are planned for (default sm_90).
+    `oclgrind=True` runs on the Oclgrind simulator (slow: small shapes).
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"simt.check expects a Relax IRModule, got {type(mod).__name__}")
+    target = as_target(target if target is not None else DEFAULT_TARGET)
+    if target.kind.name != "cuda":
+        raise ValueError(f"simt.check runs CUDA kernels; target kind {target.kind.name!r} is not cuda")
+    device = opencl_run.device_for(oclgrind)
+    stitched, report, fused = stitched_kernels(mod, target)
+    packs = {packed: members for packed, members in report.packs}
+    result = SimtReport(stitch=report, platform=device.platform.name)
+    for gv, func in stitched.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
+            continue
+        if "tvm_stitch.plan" not in func.attrs and "tvm_stitch.packed" not in func.attrs:
+            continue
+        refs = _references(func, gv.name_hint, fused, packs)
+        result.kernels.append(check_kernel(gv.name_hint, func, refs, device, oclgrind, seed))
+    return result
