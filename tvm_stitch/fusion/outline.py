@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax, sym, tirx
 
 from tvm_stitch.analysis.graph import Graph
 
@@ -152,13 +152,26 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
         with bb.dataflow():
             out = bb.emit_output(relax.Call(group_gv, main_params))
         bb.emit_func_output(out)
-    fused_mod = relax.transform.FuseTIR()(bb.get())
+    outlined_mod = bb.get()
+    # An ill-formed group (a symbolic variable left undefined) sends FuseTIR into endless recursion.
+    _check_well_formed(tvm.IRModule({gv: f for gv, f in outlined_mod.functions_items() if gv.name_hint != "main"}),
+                       "outlined group")
+    fused_mod = relax.transform.FuseTIR()(outlined_mod)
+    _check_well_formed(fused_mod, "FuseTIR's result")
     call = _single_call_tir(fused_mod["main"])
     fused_gv = call.args[0]
     arg_exprs = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
     by_param = dict(zip(main_params, externals))
     args = [by_param[a] for a in arg_exprs]
     return Outlined(fused_mod[fused_gv], args, outputs, [v.ty for v in outputs])
+
+
+def _check_well_formed(mod: tvm.IRModule, what: str) -> None:
+    """Raise ValueError naming `what` when `mod` is not well-formed (TVM's checker raises or logs)."""
+    try:
+        relax.analysis.well_formed(mod)
+    except Exception as err:  # noqa: BLE001 - any complaint of the checker means: not fused
+        raise ValueError(f"{what} is not well-formed: {str(err).strip().splitlines()[-1][:160]}") from err
 
 
 def _name(value, index: int) -> str:
@@ -170,15 +183,51 @@ def _emit_value(bb: relax.BlockBuilder, mod: tvm.IRModule, value, vmap: dict):
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
         func = mod[value.op]
         if isinstance(func, relax.Function):
+            args = [substitute(a, vmap) for a in value.args]
+            func = _bound_to_caller(func, args)
             local = dict(vmap)
-            for p, a in zip(func.params, value.args):
-                local[p] = substitute(a, vmap)
+            for p, a in zip(func.params, args):
+                local[p] = a
             for block in func.body.blocks:
                 for binding in block.bindings:
                     local[binding.var] = bb.emit(substitute(binding.value, local))
             body = substitute(func.body.body, local)
             return body if isinstance(body, relax.Var) else bb.emit(body)
     return bb.emit(substitute(value, vmap))
+
+
+def _bound_to_caller(func: relax.Function, args: list) -> relax.Function:
+    """`func` with its symbolic variables replaced by the caller's expressions for them.
+
+    Each Primitive function of FuseOps defines its own symbolic variables
+    (through its parameters' shapes and Shape parameters); inlined as they
+    are, those would be undefined in the outlined group. Each plain variable
+    is paired with the expression the caller passes at its place; a variable
+    met twice must get the same expression both times.
+    """
+    binding: dict = {}
+    analyzer = sym.Analyzer()
+
+    def pair(dims, values, where):
+        for dim, value in zip(dims, values):
+            if not isinstance(dim, tirx.Var):
+                continue
+            if dim in binding and not analyzer.can_prove_equal(binding[dim], value):
+                raise ValueError(f"symbolic {dim.name} of {where} is bound to both {binding[dim]} and {value}")
+            binding.setdefault(dim, value)
+
+    for param, arg in zip(func.params, args):
+        pty, aty = param.ty, arg.ty
+        if isinstance(pty, relax.TensorType) and isinstance(aty, relax.TensorType):
+            if pty.shape is not None and aty.shape is not None and isinstance(pty.shape, relax.ShapeExpr) \
+                    and isinstance(aty.shape, relax.ShapeExpr):
+                pair(pty.shape.values, aty.shape.values, param.name)
+        elif isinstance(pty, relax.ShapeType) and isinstance(aty, relax.ShapeType):
+            if pty.values is not None and aty.values is not None:
+                pair(pty.values, aty.values, param.name)
+        elif isinstance(arg, relax.ShapeExpr) and isinstance(pty, relax.ShapeType) and pty.values is not None:
+            pair(pty.values, arg.values, param.name)
+    return func.bind_symbolic_vars(binding) if binding else func
 
 
 def _single_call_tir(main: relax.Function) -> relax.Call:

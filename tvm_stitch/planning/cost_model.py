@@ -143,7 +143,13 @@ def load_model(family: str) -> Model | None:
 
 
 def choose(model: Model, fused: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> StitchPlan:
-    """The candidate with the lowest predicted time; the rule plan on ties (it comes first)."""
+    """The candidate with the lowest predicted time; the rule plan on ties (it comes first).
+
+    A kernel of symbolic size keeps the rule plan: the model's features are
+    sizes, which only the run knows.
+    """
+    if rule.mapping.rows < 0:
+        return dataclasses.replace(rule, notes=rule.notes + ("symbolic size: the rule plan, not the cost model's",))
     plans = candidates(fused, rule, target)
     if len(plans) == 1:
         return rule

@@ -151,17 +151,17 @@ def _cacheable_inputs(views: list, params: list, rank: int) -> list:
 def _rows_per_block(rows: int | None, threads: int, shared_per_row: int, spatial_only: bool) -> int:
     """Rows packed into one thread block: up to CUDA_MAX_THREADS threads, dividing the rows
     evenly (no thread predicate around a barrier), within shared memory, leaving enough blocks."""
-    if rows is None:
-        return 1
     per = 1
     if threads == 1:
-        # One thread per row, no barriers, so a predicate may cover a partial last block.
-        # Element-wise: full blocks. Serial per-row work (columns): a warp of rows per
-        # block, so that few columns still make several blocks.
+        # One thread per row, no barriers, so a predicate may cover a partial last block
+        # (also of a symbolic row count). Element-wise: full blocks. Serial per-row work
+        # (columns): a warp of rows per block, so that few columns still make several blocks.
         cap = CUDA_MAX_THREADS if spatial_only else 32
-        while per < cap and per < rows:
+        while per < cap and (rows is None or per < rows):
             per *= 2
         return per
+    if rows is None:
+        return 1  # rows x threads with barriers: only whole blocks, which a symbolic count cannot promise
     while (
         threads * per * 2 <= CUDA_MAX_THREADS
         and rows % (per * 2) == 0
@@ -233,13 +233,27 @@ def _choose_rank(views: list, depth: int, family: str) -> int:
     of 1024 stay 32 vectorised tasks rather than 32768 single elements.
     """
     wanted = CUDA_MIN_ROWS if family == "cuda" else CPU_MIN_ROWS
-    for rank in range(1, depth + 1):
+    for rank in range(_static_within_rank(views, depth), depth + 1):
         rows = static_product(views[0].extents[:rank])
         deeper_task = static_product(views[0].extents[rank + 1:])
         if (rows is None or rows >= wanted
                 or (family == "cpu" and rank < depth and deeper_task is not None and deeper_task < CPU_MIN_TASK)):
             return rank if family == "cuda" else _cpu_reduction_rank(views, rank, depth)
     return depth
+
+
+def _static_within_rank(views: list, depth: int) -> int:
+    """The fewest leading axes (at least 1) outside which no block has a symbolic extent.
+
+    Symbolic axes (batch, sequence) become rows where the aligned depth allows:
+    the grid then follows the runtime extent while each row keeps a static length.
+    """
+    rank = 1
+    for view in views:
+        for axis, extent in enumerate(view.extents[:depth]):
+            if static_int(extent) is None:
+                rank = max(rank, axis + 1)
+    return min(rank, max(1, depth))
 
 
 def _cpu_reduction_rank(views: list, rank: int, depth: int) -> int:
@@ -340,13 +354,12 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
 
     columns = walks_columns(kept, params, rank)
     thread_per_row = family == "cuda" and (spatial_only or columns)
-    intermediates, shared, within_max = [], 0, 1
-    for view in kept:
-        within = static_product(view.extents[rank:])
-        if within is None:
-            raise PlanError(f"block {view.name}: symbolic extent inside a row")
-        within_max = max(within_max, within)
+    intermediates, shared = [], 0
+    within = [static_product(view.extents[rank:]) for view in kept]
+    # None: a symbolic row length (softmax over a symbolic key length); planned for any length.
+    within_max = None if None in within else max([1] + within)
     kept_by_name = {v.name: v for v in kept}
+    symbolic_shared = []  # CUDA: per-row intermediates of symbolic size (no static shared allocation)
     for view in views:
         if view.name not in levels:
             continue
@@ -358,7 +371,9 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         nbytes = (per_row or 1) * max(1, view.writes[0].buffer.dtype.bits // 8)
         if level == SHARED and thread_per_row:
             level, why = REGISTER, f"{why}; one thread per row: kept in that thread"
-        if level == SHARED:
+        if level == SHARED and per_row is None and family == "cuda":
+            symbolic_shared.append(view.name)
+        elif level == SHARED:
             shared += nbytes
         intermediates.append(Intermediate(view.name, REGISTER if level == INLINE else level, nbytes, why,
                                           inlined=level == INLINE))
@@ -372,13 +387,16 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
             elif row_bytes is not None and shared + row_bytes <= CUDA_SHARED_LIMIT:
                 cached_inputs.append(buffer.name)
                 shared += row_bytes
-    if family == "cuda" and shared > CUDA_SHARED_LIMIT:
+    if family == "cuda" and (shared > CUDA_SHARED_LIMIT or symbolic_shared):
         view_of = {v.name: v for v in views}
         demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in outputs
-                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
+                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1
+                            and (not symbolic_shared or i.name in symbolic_shared)),
                            key=lambda i: -i.bytes_per_row)
-        raise SharedMemoryError(f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory",
-                                [i.name for i in demotable])
+        excess = (f"{', '.join(symbolic_shared)}: a row of symbolic length cannot have a static shared buffer"
+                  if symbolic_shared else
+                  f"{shared} bytes of per-row intermediates exceed {CUDA_SHARED_LIMIT} of shared memory")
+        raise SharedMemoryError(excess, [i.name for i in demotable])
 
     notes = []
     rows_per_task, split = 1, 1
@@ -388,15 +406,23 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
             threads = 1
             notes.append("element-wise: one thread per element" if spatial_only else
                          "strided rows (column access): one thread per row, rows across threads")
+        elif within_max is None:
+            threads = CUDA_MAX_THREADS
+            notes.append(f"symbolic row length: {threads} threads per row for any length, "
+                         "per-row intermediates recomputed (streamed), not kept in shared memory")
         else:
             threads = max(CUDA_MIN_THREADS, min(CUDA_MAX_THREADS, _next_pow2(within_max)))
         vector = 1
-        if not thread_per_row and any(not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept):
+        if within_max is not None and not thread_per_row and any(
+                not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept):
             vector, threads = _vector_mapping(kept, within_max, threads)
             if vector > 1:
                 notes.append(f"{vector * _widest_bytes(kept) * 8}-bit accesses: {vector} elements per thread "
                              "in element-wise loops")
         rows_per_task = _rows_per_block(rows, threads, shared, spatial_only)
+        if rows is None and threads > 1:
+            notes.append("symbolic row count: one row per block, grid from the runtime extent "
+                         "(valid for every size; short rows are not packed, few long rows not split)")
         if rows_per_task > 1 and threads > 1:
             notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
         shared *= rows_per_task
@@ -414,13 +440,16 @@ def plan_row_resident(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
         vector = 1 if emulated else max(1, lanes)
         if columns:
             rows_per_task = _cpu_stream_rows(rows, threads)
-        elif rows is not None and threads > 1:
+        elif rows is not None and within_max is not None and threads > 1:
             split = _cpu_row_chunks(rows, within_max, threads)
             if split > 1:
                 notes.append(f"few long rows: each row cut into {split} chunks over the cores, one parallel "
                              "loop per block, reductions as per-chunk partials then combined; "
                              "intermediates between blocks in memory")
         grid = rows // rows_per_task if rows is not None else -1
+        if rows is None:
+            notes.append("symbolic row count: row tasks in parallel over the runtime rows "
+                         "(valid for every size; few long rows are not cut into chunks)")
         if rows_per_task > 1:
             notes.append(f"rows are columns of the inputs: {rows_per_task} adjacent rows per task, "
                          "streamed down the reduction axis in vector lanes")
