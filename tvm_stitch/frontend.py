@@ -15,12 +15,10 @@ there handled where they arise:
 - `cumsum` of a bool tensor (the packed-sequence check of transformers'
   masks): the importer keeps it bool and the llvm build fails; it is
   summed as int64, as in PyTorch;
-- `diff` (the same check) under symbolic shapes: written as a slice and a
-  subtraction, which keep symbolic shapes;
-- a slice whose end is a symbolic size (BERT's position ids `[:, :s]` of
-  a 512-long buffer): the importer's extent `min(s, 512)` defeats shape
-  inference downstream; where PyTorch proved the extent equals the end,
-  the result is cast to that shape;
+- slices under symbolic shapes (BERT's position ids `[:, :s]` of a
+  512-long buffer, the slices PyTorch decomposes that check's `torch.diff` into): the importer's extents
+  `min(s, 512)`, `min(1, s)` defeat shape inference downstream; where
+  PyTorch proved a constant or a plain symbol, the result is cast to it;
 - `native_layer_norm`'s mean and rstd outputs, which the importer maps to
   the normalised output: refused with an error naming the node.
 
@@ -32,10 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import sys
 import warnings
 
 import tvm
-from tvm import relax
+import tvm_ffi
+from tvm import relax, sym, tirx
+
+from tvm_stitch.analysis.tir_view import vars_in
 
 
 class UnsupportedModelError(ValueError):
@@ -140,7 +142,7 @@ def check_importable(graph) -> None:
 
 def converters() -> dict:
     """The importer's converters replaced for the traps above (ExportedProgram op names)."""
-    return {"cumsum.default": _cumsum, "diff.default": _diff, "slice.Tensor": _slice}
+    return {"cumsum.default": _cumsum, "slice.Tensor": _slice}
 
 
 def _cumsum(node, importer) -> relax.Var:
@@ -153,43 +155,46 @@ def _cumsum(node, importer) -> relax.Var:
     return importer.block_builder.emit(relax.op.cumsum(x, dim, dtype))
 
 
-def _diff(node, importer) -> relax.Var:
-    """diff(x, n, dim, prepend, append) as slices and one subtraction per order."""
-    x = importer.env[node.args[0]]
-    n = node.args[1] if len(node.args) > 1 else node.kwargs.get("n", 1)
-    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
-    prepend = node.args[3] if len(node.args) > 3 else node.kwargs.get("prepend")
-    append = node.args[4] if len(node.args) > 4 else node.kwargs.get("append")
-    bb = importer.block_builder
-    parts = [importer.env[p] for p in (prepend,) if p is not None] + [x] + [
-        importer.env[a] for a in (append,) if a is not None]
-    if len(parts) > 1:
-        x = bb.emit(relax.op.concat(parts, axis=dim))
-    for _ in range(n):
-        length = x.ty.shape[dim if dim >= 0 else len(x.ty.shape) + dim]
-        later = bb.emit(relax.op.strided_slice(x, [dim], [1], [length]))
-        earlier = bb.emit(relax.op.strided_slice(x, [dim], [0], [length - 1]))
-        x = bb.emit(relax.op.subtract(later, earlier))
-    return x
-
-
 def _slice(node, importer) -> relax.Var:
-    """The importer's slice, cast to the extent PyTorch proved when the end is a symbolic size."""
-    out = importer._slice(node)
-    end = node.args[3] if len(node.args) > 3 else None
+    """A slice on a non-negative axis (TOPI's dynamic slice refuses negative ones), cast to the
+    extents PyTorch proved where the importer's are min/max forms."""
+    x = importer.env[node.args[0]]
+    dim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
+    start, end, step = (importer.env[a] if hasattr(a, "meta") else a for a in (start, end, step))
+    length = x.ty.shape[dim] if isinstance(x.ty.shape, relax.ShapeExpr) else None
+    start = 0 if start is None else start
+    if (start == 0 and step == 1 and (end is None or (isinstance(end, int) and end >= sys.maxsize)
+                                       or (length is not None and tvm.ir.is_prim_expr(end)
+                                           and tvm_ffi.structural_equal(end, length)))):
+        return x  # the whole axis
+    dim = dim if dim >= 0 else len(x.ty.shape) + dim
+    end = sys.maxsize if end is None else end
     val = node.meta.get("val")
-    if not hasattr(end, "meta") or val is None or not isinstance(out.ty, relax.TensorType):
+    proved = None
+    if val is not None and isinstance(x.ty.shape, relax.ShapeExpr) and len(val.shape) == len(x.ty.shape):
+        proved = [_proved_extent(t, d) for t, d in zip(val.shape, x.ty.shape.values)]
+        proved[dim] = _proved_extent(val.shape[dim], end)
+    # In bounds where PyTorch's extent is end - start: TOPI's clamped extent (min/max/if_then_else
+    # forms under symbolic shapes, which FuseOps cannot type) is then not needed.
+    inbound = bool(step == 1 and proved is not None and proved[dim] is not None and not isinstance(end, int)
+                   and sym.Analyzer().can_prove_equal(proved[dim], end - start))
+    out = importer.block_builder.emit(relax.op.strided_slice(x, [dim], [start], [end], [step],
+                                                             assume_inbound=inbound))
+    if proved is None or not isinstance(out.ty, relax.TensorType) or not isinstance(out.ty.shape, relax.ShapeExpr):
         return out
-    dim = node.args[1] if len(node.args) > 1 else 0
-    shape = list(out.ty.shape.values) if isinstance(out.ty.shape, relax.ShapeExpr) else None
-    if shape is None:
+    shape = list(out.ty.shape.values)
+    if all(p is None or tvm_ffi.structural_equal(p, d) for p, d in zip(proved, shape)):
         return out
-    dim = dim if dim >= 0 else len(shape) + dim
-    start = node.args[2] if len(node.args) > 2 else 0
-    if start not in (0, None) or str(val.shape[dim]) != str(end.meta.get("val")):
-        return out
-    end_expr = importer.env[end]
-    if tvm.ir.is_prim_expr(end_expr) and not tvm.ir.prim.expr_deep_equal(shape[dim], end_expr):
-        shape[dim] = end_expr
-        return importer.block_builder.match_cast(out, relax.TensorType(shape, out.ty.dtype))
-    return out
+    shape = [d if p is None else p for p, d in zip(proved, shape)]
+    return importer.block_builder.match_cast(out, relax.TensorType(shape, out.ty.dtype))
+
+
+def _proved_extent(torch_dim, expr):
+    """PyTorch's extent of a dimension as TIR: a constant, or the symbolic variable of that name
+    that the importer's expression (or the slice's end) uses; None where neither."""
+    if isinstance(torch_dim, int):
+        return tirx.IntImm("int64", torch_dim)
+    if not tvm.ir.is_prim_expr(expr):
+        return None
+    name = str(torch_dim)
+    return next((v for v in vars_in(expr) if v.name == name), None)

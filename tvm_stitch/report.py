@@ -56,8 +56,8 @@ class StitchReport:
                     f"/{m.rows_per_task}" if m.rows_per_task > 1 else "")
                 mapping = f"{grid} blocks x {m.threads} thr, {m.rows_per_task} row/blk"
             else:
-                rows = m.rows if m.rows >= 0 else "x".join(plan.row_shape)
-                mapping = f"{rows} rows / {m.threads} cores, vec {m.vector}"
+                row_count = m.rows if m.rows >= 0 else "x".join(plan.row_shape)
+                mapping = f"{row_count} rows / {m.threads} cores, vec {m.vector}"
             levels = {"register": [], "shared": [], "global": []}
             for inter in plan.intermediates:
                 levels[inter.level].append(inter.name)
