@@ -76,6 +76,11 @@ def static_product(exprs) -> int | None:
     return total
 
 
+def buffer_params(func: tirx.PrimFunc) -> list:
+    """The buffer parameters of a PrimFunc, in order (scalar ones, e.g. symbolic sizes, left out)."""
+    return [p for p in func.params if isinstance(p.ty, tirx.BufferType)]
+
+
 def _is_one(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == 1
 

@@ -23,7 +23,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.analysis.tir_view import buffer_params, static_product
 
 
 L2_RESIDENT_BYTES = 4 << 20
@@ -57,7 +57,7 @@ def _global(buffer, params: list, root_allocs: list) -> bool:
 
 def modeled_traffic(func: tirx.PrimFunc) -> Traffic | None:
     """Bytes the function moves to and from device memory; None for symbolic shapes."""
-    params = list(func.params)
+    params = buffer_params(func)
     root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
     root_allocs = list(root.alloc_buffers) if root is not None else []
     loads: list = []  # (buffer, elements loaded)

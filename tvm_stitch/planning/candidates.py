@@ -25,7 +25,7 @@ from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.planner import CUDA_MAX_THREADS, CUDA_SHARED_LIMIT, PlanError, plan_row_resident
 from tvm_stitch.planning.resources import estimate_registers, occupancy
 from tvm_stitch.threads import cpu_threads
-from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.analysis.tir_view import buffer_params, static_product
 
 CUDA_THREADS = (32, 64, 128, 256)
 
@@ -59,7 +59,7 @@ def vector_choices(width_bits: int, dtype_bits: int) -> list:
 
 def _elements_per_task(func: tirx.PrimFunc, rank: int) -> int:
     """Elements of the largest parameter under `rank` row axes (those of one row task)."""
-    sizes = [static_product(p.shape[rank:]) for p in func.params if len(p.shape) >= rank]
+    sizes = [static_product(p.shape[rank:]) for p in buffer_params(func) if len(p.shape) >= rank]
     return max([1] + [n for n in sizes if n is not None])
 
 
@@ -79,7 +79,7 @@ def _by_rank(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -
 
 
 def _cpu(func: tirx.PrimFunc, rule: StitchPlan, target: tvm.target.Target) -> list:
-    out_dtype = tvm.DataType(str(func.params[-1].dtype))
+    out_dtype = tvm.DataType(str(buffer_params(func)[-1].dtype))
     vectors = vector_choices(tvm.target.codegen.llvm_get_vector_width(target), out_dtype.bits)
     cores = cpu_threads()
     out = []

@@ -25,7 +25,7 @@ from tvm_stitch.planning.resources import estimate_registers, occupancy
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
 from tvm_stitch.planning.row_split import SplitError, plan_row_split
 from tvm_stitch.threads import cpu_threads
-from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
+from tvm_stitch.analysis.tir_view import block_consumers, block_views, buffer_params, static_int, static_product
 
 CUDA_SHARED_LIMIT = 48 * 1024  # static shared memory per thread block
 CUDA_MAX_THREADS = 256
@@ -312,7 +312,7 @@ def _analyse(func: tirx.PrimFunc, family: str, recompute: tuple) -> tuple:
         return _LAST_ANALYSIS[0][3]
     views = block_views(s_tir.Schedule(func))
     _check_describable(views)
-    params = list(func.params)
+    params = buffer_params(func)
     outputs = {v.name for v in views if any(w.buffer.same_as(p) for w in v.writes for p in params)}
     levels = _levels(views, outputs, family, recompute)
 

@@ -32,7 +32,7 @@ from tvm import s_tir, tirx
 
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
-from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
+from tvm_stitch.analysis.tir_view import block_consumers, block_views, buffer_params, static_int, static_product
 
 SPLIT_BELOW_ROWS = 132  # row tasks below one per SM of an H100/H200: split the rows
 SPLIT_MIN_ROW = 16384  # elements: 64 KB of float32, more than a block's shared memory
@@ -90,7 +90,7 @@ def plan_row_split(func: tirx.PrimFunc, target: tvm.target.Target, name: str,
     if target.kind.name != "cuda":
         raise SplitError("row-split is a CUDA scheme")
     views = block_views(s_tir.Schedule(func))
-    params = list(func.params)
+    params = buffer_params(func)
     outputs = {v.name for v in views if any(w.buffer.same_as(p) for w in v.writes for p in params)}
     trial = s_tir.Schedule(func)
     inlined = []
