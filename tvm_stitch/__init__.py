@@ -3,6 +3,8 @@
     import tvm, tvm_stitch
     ex = tvm.compile(mod, target=target, relax_pipeline=tvm_stitch.pipeline(target))
     print(tvm_stitch.explain(mod, target))
+
+    mod = tvm_stitch.from_torch(torch_model, (example_input,))  # PyTorch, through torch.export
 """
 
 from tvm_stitch.threads import use_all_cores
@@ -10,6 +12,7 @@ from tvm_stitch.threads import use_all_cores
 use_all_cores()
 
 from tvm_stitch.explain import explain
+from tvm_stitch.frontend import UnsupportedModelError, from_torch
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.planning.plan import Intermediate, StitchPlan, ThreadMapping
 from tvm_stitch.report import StitchReport
@@ -19,6 +22,8 @@ __all__ = [
     "pipeline",
     "StitchFusion",
     "explain",
+    "from_torch",
+    "UnsupportedModelError",
     "StitchPlan",
     "ThreadMapping",
     "Intermediate",
