@@ -79,3 +79,16 @@ def test_ill_formed_outlined_group_falls_back(monkeypatch, rng):
     assert built.report.fallbacks and "not well-formed" in built.report.fallbacks[0].fallback
     x = rng.standard_normal((5, 256)).astype("float32")
     np.testing.assert_allclose(run_cpu(built.executable, [x])[0], _np_layer_norm_softmax(x), rtol=1e-4, atol=1e-6)
+
+
+def test_reshape_over_a_symbolic_sequence_reads_rows_aligned():
+    # (2, s, 64) -> (2, s, 4, 16): the legalized index is (b*s + t) // s, (b*s + t) % s, which the
+    # simplifier keeps for a symbolic s; row alignment must still see row (b, t) read from (b, t).
+    from tvm_stitch.analysis.row_alignment import ALIGNED, analyze_rows
+
+    from conftest import legalized
+
+    mod = legalized(make_module([tensor("x", [2, S, 64])], lambda bb, x: relax.op.reshape(x, [2, S, 4, 16])))
+    reshape = next(f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
+    rows = analyze_rows(reshape)
+    assert rows.param_access[0][2] == ALIGNED
