@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax, tirx
 
 from tvm_stitch.fusion import outline

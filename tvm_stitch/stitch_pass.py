@@ -17,7 +17,7 @@ import heapq
 
 import tvm
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import relax
 from tvm.target import Target
 
 from tvm_stitch.planning.cost_model import chooser
