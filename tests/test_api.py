@@ -180,7 +180,8 @@ def _imports(path: Path) -> set:
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
+            # `from pkg import name`: name may be a module of pkg (`from tvm_stitch.check import x`)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
 

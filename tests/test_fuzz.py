@@ -25,8 +25,9 @@ def test_symbolic_graphs_run_at_several_sizes():
         if not spec.sizes:
             continue
         assert len(spec.sizes["n"]) >= 3
-        outcome = check_spec(spec, seed=seed)
+        outcome = check_spec(spec, seed=seed, cuda=True)
         assert outcome.ok, (seed, outcome.message)
+        assert outcome.stitched_kernels and not outcome.fallbacks, (seed, outcome)
         checked += 1
         if checked == 8:
             break

@@ -1,4 +1,4 @@
-"""Real models imported from PyTorch (skipped without the torch extra)."""
+"""Real models imported from PyTorch through from_torch (the test extra installs torch and transformers)."""
 
 import numpy as np
 import pytest
@@ -8,10 +8,35 @@ pytest.importorskip("transformers")
 
 from tvm_stitch.tools.build import build, run_cpu  # noqa: E402
 from tvm_stitch.tools.launches import launches_by_kind  # noqa: E402
-from tvm_stitch.tools.models import import_model  # noqa: E402
+from tvm_stitch.tools.launches import count_launches  # noqa: E402
+from tvm_stitch.tools.models import eager_outputs, import_model, make_model  # noqa: E402
+
+import torch  # noqa: E402
+
+SEQUENCE = {1: torch.export.Dim("s", min=2, max=128)}
+BATCH_AND_SEQUENCE = {0: torch.export.Dim("b", min=1, max=16), 1: torch.export.Dim("s", min=2, max=128)}
 
 
-@pytest.mark.parametrize("name, size", [("gpt2", "bench"), ("llama", "bench"), ("convnext", "test")])
+@pytest.mark.parametrize("name, dims", [("bert", SEQUENCE), ("gpt2-hf", SEQUENCE), ("llama-hf", SEQUENCE),
+                                        ("llama-hf", BATCH_AND_SEQUENCE)],
+                         ids=["bert-s", "gpt2-hf-s", "llama-hf-s", "llama-hf-b-s"])
+def test_transformers_model_with_symbolic_sizes_builds_once_and_matches_eager(name, dims):
+    # Called with input_ids only; one build serves every length.
+    mod, inputs, _ = import_model(name, "test", dynamic_shapes=(dims,))
+    cpu = build(mod, {"kind": "llvm"}, stitched=True)
+    assert cpu.report.plans
+    model, _ = make_model(name, "test")
+    batches = (2, 2, 2) if 0 not in dims else (1, 3, 2)
+    for batch, length in zip(batches, (2, 16, 77)):
+        ids = torch.randint(0, 500, (batch, length))
+        (out,) = run_cpu(cpu.executable, [ids.numpy()])
+        np.testing.assert_allclose(out, eager_outputs(model, (ids,))[0], rtol=1e-3, atol=1e-4)
+    cuda = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    assert count_launches(cuda.lowered, cuda.executable) > 0
+    assert not [g for g in cuda.report.fallbacks if "symbolic" in g.fallback or "well-formed" in g.fallback]
+
+
+@pytest.mark.parametrize("name, size", [("gpt2", "test"), ("llama", "test"), ("convnext", "test")])
 def test_model_forward_is_correct_with_fewer_memory_intensive_launches(name, size):
     mod, inputs, expected = import_model(name, size)
     cpu = build(mod, {"kind": "llvm"}, stitched=True)

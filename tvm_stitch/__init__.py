@@ -4,6 +4,8 @@
     ex = tvm.compile(mod, target=target, relax_pipeline=tvm_stitch.pipeline(target))
     print(tvm_stitch.explain(mod, target))
     tvm_stitch.TargetSpec.from_target(target)  # the hardware facts the plans are made for
+
+    mod = tvm_stitch.from_torch(torch_model, (example_input,))  # PyTorch, through torch.export
 """
 
 from tvm_stitch.threads import use_all_cores
@@ -11,6 +13,7 @@ from tvm_stitch.threads import use_all_cores
 use_all_cores()
 
 from tvm_stitch.explain import explain
+from tvm_stitch.frontend import UnsupportedModelError, from_torch
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.planning.plan import Intermediate, Phase, PhaseRole, StitchPlan, ThreadMapping
 from tvm_stitch.planning.spec import TargetSpec
@@ -22,6 +25,8 @@ __all__ = [
     "StitchFusion",
     "explain",
     "TargetSpec",
+    "from_torch",
+    "UnsupportedModelError",
     "StitchPlan",
     "ThreadMapping",
     "Intermediate",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tvm
 
-from tvm_stitch.pipeline import grouping_passes
+from tvm_stitch.pipeline import grouping_passes, guarded
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
 from tvm_stitch.target import as_target, warn_if_generic_cpu
@@ -19,9 +19,10 @@ def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
     warn_if_generic_cpu(target)
     report = StitchReport()
     with target:
-        grouped = tvm.transform.Sequential(grouping_passes(target, fast_math=fast_math))(
+        grouped = tvm.transform.Sequential(grouping_passes(target, fast_math=fast_math, report=report))(
             tvm.IRModule(mod.functions, attrs=mod.attrs))
-        StitchFusion(target, strict=strict, report=report)(tvm.IRModule(grouped.functions, attrs=grouped.attrs))
+        stitch = StitchFusion(target, strict=strict, report=report)
+        (stitch if strict else guarded(stitch, report))(tvm.IRModule(grouped.functions, attrs=grouped.attrs))
     return report, grouped
 
 

@@ -116,24 +116,46 @@ class GuardedCpuSchedule:
         return mod
 
 
-def grouping_passes(target: Target, *, fast_math: bool | None = None, report: StitchReport | None = None) -> list:
-    """The passes before StitchFusion: the graph it groups (FuseOps' output).
+def guarded(inner: tvm.transform.Pass, report: StitchReport | None = None) -> tvm.transform.Pass:
+    """`inner` (a pass this pipeline adds to TVM's), skipped with a note in `report` where it fails.
 
-    `report` receives the matmul boundaries left in place (a producer dlight's Matmul rule would
-    not schedule inside the matmul's kernel)."""
+    Such a pass only improves a module TVM's default pipeline builds anyway:
+    its failure on an odd module (FastMathTransform on `torch.cond`
+    branches) must not stop the build.
+    """
+    name = inner.info.name
+
+    @tvm.transform.module_pass(opt_level=0, name=f"Guarded{name}")
+    def _guarded(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        try:
+            return inner(mod)
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            if report is not None:
+                lines = str(err).strip().splitlines()
+                report.notes.append(f"{name} skipped: {type(err).__name__}: {lines[-1][:200] if lines else ''}")
+            return mod
+
+    return _guarded
+
+
+def grouping_passes(target: Target, *, fast_math: bool | None = None, report: StitchReport | None = None) -> list:
+    """The passes before StitchFusion: the graph it groups (FuseOps' output); the passes added to
+    TVM's own are guarded (a failure skips them, noted in `report`, and so does a matmul boundary
+    left in place: a producer dlight's Matmul rule would not schedule inside the matmul's kernel)."""
     if fast_math is None:
         fast_math = target.kind.name == "llvm"
     if not isinstance(fast_math, bool):
         raise TypeError(f"fast_math must be True, False or None, not {fast_math!r}")
     return (
         backend_passes(target).library_dispatch_passes(target)
-        + [AccumulateInFloat32(arithmetic=target.kind.name == "llvm")]
-        + ([FastMath()] if fast_math else [])
+        + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]
+        + ([guarded(FastMath(), report)] if fast_math else [])
         + [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
         ]
-        + ([FoldProloguesIntoMatmuls(target, report), RelabelMatmulEpilogues()] if target.kind.name == "cuda" else [])
+        + ([guarded(FoldProloguesIntoMatmuls(target, report), report), guarded(RelabelMatmulEpilogues(), report)]
+           if target.kind.name == "cuda" else [])
         + [
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -145,9 +167,9 @@ def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport 
                   emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True,
                   spec=None) -> list:
     """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
-    return grouping_passes(target, fast_math=fast_math, report=report) + [
-        StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec)
-    ]
+    stitch = StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec)
+    # Groups fall back one by one; a failure of the pass as a whole (a bug) leaves TVM's path.
+    return grouping_passes(target, fast_math=fast_math, report=report) + [stitch if strict else guarded(stitch, report)]
 
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,

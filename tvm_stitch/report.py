@@ -54,9 +54,12 @@ class StitchReport:
             if plan.scheme == "row-split":
                 mapping = f"{m.grid} blocks ({m.split} blocks/row) x {m.threads} thr, {plan.kernels} kernels"
             elif plan.target == "cuda":
-                mapping = f"{m.grid} blocks x {m.threads} thr, {m.rows_per_task} row/blk"
+                grid = m.grid if m.grid >= 0 else "x".join(plan.row_shape) + (
+                    f"/{m.rows_per_task}" if m.rows_per_task > 1 else "")
+                mapping = f"{grid} blocks x {m.threads} thr, {m.rows_per_task} row/blk"
             else:
-                mapping = f"{m.rows} rows / {m.threads} cores, vec {m.vector}"
+                row_count = m.rows if m.rows >= 0 else "x".join(plan.row_shape)
+                mapping = f"{row_count} rows / {m.threads} cores, vec {m.vector}"
             levels = {"register": [], "shared": [], "global": []}
             for inter in plan.intermediates:
                 levels[inter.level].append(inter.name)

@@ -19,7 +19,7 @@ import heapq
 
 import tvm
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import relax
 from tvm.target import Target
 
 from schedules import schedule_for
@@ -53,16 +53,6 @@ def _used_after(func: relax.Function, block_index: int) -> set:
         for binding in block.bindings:
             used.update(relax.analysis.free_vars(binding.value))
     return used
-
-
-def _has_symbolic_shape(graph: Graph, members: list) -> bool:
-    return any(
-        not isinstance(dim, tirx.IntImm)
-        for m in members
-        for i in graph.nodes[m].ops
-        for ty in graph.ops[i].out_types
-        for dim in ty.shape
-    )
 
 
 def _only_reshapes(graph: Graph, members: list) -> bool:
@@ -137,13 +127,6 @@ class _Stitcher:
             op_kinds=tuple(graph.ops[i].cls.describe() for n in nodes for i in n.ops),
         )
         self.report.groups.append(record)
-        if _has_symbolic_shape(graph, members):
-            # TVM 0.27's FuseTIR leaves symbolic variables undefined in fused groups, and on some
-            # groups it crashes the process: such groups never reach it.
-            record.fallback = "symbolic shape: TVM 0.27's FuseTIR cannot fuse it (kept as TVM's groups)"
-            if self.strict:
-                raise StitchError(f"cannot stitch {list(record.ops)}: {record.fallback}")
-            return None
         try:
             outlined = outline_group(self.mod, graph, members, f"stitch_{self.count}")
             name, plan = self._kernel_for(outlined.func, record.ops)

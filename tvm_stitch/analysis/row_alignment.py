@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import Access, BlockView, block_views, static_int, vars_in
+from tvm_stitch.analysis.tir_view import Access, BlockView, block_views, buffer_params, static_int, vars_in
 
 ALIGNED = "aligned"
 INVARIANT = "invariant"
@@ -113,7 +113,7 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
     """Row alignment of a PrimFunc's blocks, for every usable rank."""
     if views is None:
         views = block_views(s_tir.Schedule(func))
-    param_buffers = list(func.params)
+    param_buffers = buffer_params(func)
     extents = common_row_extents(views)
     depth = 0
     for rank in range(1, len(extents) + 1):

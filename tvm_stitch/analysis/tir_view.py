@@ -57,7 +57,57 @@ class BlockView:
 
 def _access(region, analyzer) -> Access:
     point = all(_is_one(r.extent) for r in region.region)
-    return Access(region.source, tuple(analyzer.simplify(r.min) for r in region.region), point)
+    return Access(region.source, tuple(_index(r.min, analyzer) for r in region.region), point)
+
+
+def _index(expr, analyzer):
+    """An access index, simplified, with `(q * n + r) // n` -> q and `(q * n + r) % n` -> r where
+    0 <= r < n is proven: the simplifier keeps those for a symbolic n (a reshape's index over a
+    symbolic sequence length)."""
+    simple = analyzer.simplify(expr)
+    if not any(not isinstance(n, tirx.IntImm) for n in _divisors(simple)):
+        return simple
+
+    def on_div(node):
+        parts = _quotient(node.a, node.b, analyzer)
+        return node if parts is None else parts[0]
+
+    def on_mod(node):
+        parts = _quotient(node.a, node.b, analyzer)
+        return node if parts is None else parts[1]
+
+    return analyzer.simplify(tvm_ffi.structural_map(simple, ((tirx.FloorDiv, on_div), (tirx.FloorMod, on_mod))))
+
+
+def _divisors(expr) -> list:
+    found = []
+    tvm_ffi.structural_walk(expr, ((tirx.FloorDiv, tirx.FloorMod), lambda node: found.append(node.b)), order="post")
+    return found
+
+
+def _quotient(value, divisor, analyzer):
+    """(q, r) with value == q * divisor + r and 0 <= r < divisor proven, for a symbolic divisor; else None."""
+    if isinstance(divisor, tirx.IntImm):
+        return None
+    terms, stack = [], [value]
+    while stack:
+        term = stack.pop()
+        if isinstance(term, tirx.Add):
+            stack.extend([term.a, term.b])
+        else:
+            terms.append(term)
+    zero = tirx.const(0, str(value.ty))
+    quotient, rest = zero, zero
+    for term in terms:
+        if isinstance(term, tirx.Mul) and tvm_ffi.structural_equal(term.b, divisor):
+            quotient = quotient + term.a
+        elif isinstance(term, tirx.Mul) and tvm_ffi.structural_equal(term.a, divisor):
+            quotient = quotient + term.b
+        else:
+            rest = rest + term
+    if not (analyzer.can_prove(rest >= 0) and analyzer.can_prove(rest < divisor)):
+        return None
+    return analyzer.simplify(quotient), analyzer.simplify(rest)
 
 
 def static_int(expr) -> int | None:
@@ -74,6 +124,11 @@ def static_product(exprs) -> int | None:
             return None
         total *= value
     return total
+
+
+def buffer_params(func: tirx.PrimFunc) -> list:
+    """The buffer parameters of a PrimFunc, in order (scalar ones, e.g. symbolic sizes, left out)."""
+    return [p for p in func.params if isinstance(p.ty, tirx.BufferType)]
 
 
 def _is_one(expr) -> bool:

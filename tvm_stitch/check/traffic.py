@@ -24,7 +24,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.spec import TargetSpec
 
 # The share of the last-level cache a re-read buffer keeps while the kernel streams the rest through it.
@@ -55,7 +55,7 @@ def _global(buffer, params: list, root_allocs: list) -> bool:
 
 def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
     """Bytes the function moves to and from device memory on `spec`'s target; None for symbolic shapes."""
-    params = list(func.params)
+    params = buffer_params(func)
     root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
     root_allocs = list(root.alloc_buffers) if root is not None else []
     loads: list = []  # (buffer, elements loaded)

@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, tirx
+import tvm_ffi
+from tvm import relax, sym, tirx
 
 from tvm_stitch.analysis.graph import Graph
+from tvm_stitch.analysis.tir_view import vars_in
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -36,7 +38,7 @@ def substitute(expr, vmap: dict):
 @dataclass
 class Outlined:
     func: tirx.PrimFunc  # the fused PrimFunc, unscheduled
-    args: list  # Relax expressions of the original function, one per PrimFunc input
+    args: list  # Relax expressions of the original function, one per PrimFunc input (PrimValue: a size)
     outputs: list  # original relax vars, one per PrimFunc output, in order
     out_types: list  # TensorType per output
 
@@ -108,12 +110,15 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     for index in members:
         member_vars.add(graph.nodes[index].var)
         member_vars.update(a.var for a in graph.nodes[index].aliases)
+    sizes = _sizes_in(graph, members)
     externals = []
     for index in members:
         node = graph.nodes[index]
         for e in [node.binding.value] + [a.value for a in node.aliases]:
             for v in relax.analysis.free_vars(e):
-                if v not in member_vars and v not in externals:
+                # TIR and Relax variables are one class here: the symbolic sizes are left to
+                # _undefined_sizes (free_vars lists those passed as call arguments).
+                if v not in sizes and v not in member_vars and v not in externals:
                     externals.append(v)
     constants: list = []
     for index in members:
@@ -121,6 +126,9 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
         for e in [node.binding.value] + [a.value for a in node.aliases]:
             _constants_in(mod, e, constants)
     externals.extend(constants)
+    undefined = _undefined_sizes(sizes, externals)
+    if undefined:
+        externals.append(relax.ShapeExpr(undefined))
     outputs = group_outputs(graph, members)
     for v in outputs:
         if not isinstance(v.ty, relax.TensorType):
@@ -152,16 +160,61 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
         with bb.dataflow():
             out = bb.emit_output(relax.Call(group_gv, main_params))
         bb.emit_func_output(out)
-    fused_mod = relax.transform.FuseTIR()(bb.get())
+    outlined_mod = bb.get()
+    # An ill-formed group (a symbolic variable left undefined) sends FuseTIR into endless recursion.
+    _check_well_formed(tvm.IRModule({gv: f for gv, f in outlined_mod.functions_items() if gv.name_hint != "main"}),
+                       "outlined group")
+    fused_mod = relax.transform.FuseTIR()(outlined_mod)
+    _check_well_formed(fused_mod, "FuseTIR's result")
     call = _single_call_tir(fused_mod["main"])
     fused_gv = call.args[0]
     arg_exprs = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
     by_param = dict(zip(main_params, externals))
-    args = [by_param[a] for a in arg_exprs]
+    # Symbolic sizes the PrimFunc takes as scalars come as PrimValues of the caller's variables.
+    args = [by_param.get(a, a) for a in arg_exprs]
     return Outlined(fused_mod[fused_gv], args, outputs, [v.ty for v in outputs])
 
 
+def _sizes_in(graph: Graph, members: list) -> list:
+    """The symbolic size variables of the members' values and types (those inside shapes), in order."""
+    found: list = []
+
+    def on_shape(shape):
+        for var in vars_in(shape):
+            if var not in found:
+                found.append(var)
+
+    for index in members:
+        node = graph.nodes[index]
+        for binding in [node.binding] + list(node.aliases):
+            tvm_ffi.structural_walk(binding.value, (relax.ShapeExpr, on_shape), order="post")
+            tvm_ffi.structural_walk(binding.var.ty, (relax.ShapeExpr, on_shape), order="post")
+    return found
+
+
+def _undefined_sizes(sizes: list, externals: list) -> list:
+    """The sizes no external's shape defines (an `arange(s)` fed only by a Shape argument): the
+    outlined group takes them as a Shape parameter."""
+    defined = set()
+    for ext in externals:
+        ty = ext.ty
+        dims = ty.shape.values if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) else (
+            ty.values if isinstance(ty, relax.ShapeType) and ty.values is not None else [])
+        defined.update(d for d in dims if isinstance(d, tirx.Var))
+    return [v for v in sizes if v not in defined]
+
+
+def _check_well_formed(mod: tvm.IRModule, what: str) -> None:
+    """Raise ValueError naming `what` when `mod` is not well-formed (TVM's checker raises or logs)."""
+    try:
+        relax.analysis.well_formed(mod)
+    except Exception as err:  # noqa: BLE001 - any complaint of the checker means: not fused
+        raise ValueError(f"{what} is not well-formed: {str(err).strip().splitlines()[-1][:160]}") from err
+
+
 def _name(value, index: int) -> str:
+    if isinstance(value, relax.ShapeExpr):
+        return "sizes"
     return value.name if isinstance(value, relax.Var) else f"const{index}"
 
 
@@ -170,15 +223,51 @@ def _emit_value(bb: relax.BlockBuilder, mod: tvm.IRModule, value, vmap: dict):
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
         func = mod[value.op]
         if isinstance(func, relax.Function):
+            args = [substitute(a, vmap) for a in value.args]
+            func = _bound_to_caller(func, args)
             local = dict(vmap)
-            for p, a in zip(func.params, value.args):
-                local[p] = substitute(a, vmap)
+            for p, a in zip(func.params, args):
+                local[p] = a
             for block in func.body.blocks:
                 for binding in block.bindings:
                     local[binding.var] = bb.emit(substitute(binding.value, local))
             body = substitute(func.body.body, local)
             return body if isinstance(body, relax.Var) else bb.emit(body)
     return bb.emit(substitute(value, vmap))
+
+
+def _bound_to_caller(func: relax.Function, args: list) -> relax.Function:
+    """`func` with its symbolic variables replaced by the caller's expressions for them.
+
+    Each Primitive function of FuseOps defines its own symbolic variables
+    (through its parameters' shapes and Shape parameters); inlined as they
+    are, those would be undefined in the outlined group. Each plain variable
+    is paired with the expression the caller passes at its place; a variable
+    met twice must get the same expression both times.
+    """
+    binding: dict = {}
+    analyzer = sym.Analyzer()
+
+    def pair(dims, values, where):
+        for dim, value in zip(dims, values):
+            if not isinstance(dim, tirx.Var):
+                continue
+            if dim in binding and not analyzer.can_prove_equal(binding[dim], value):
+                raise ValueError(f"symbolic {dim.name} of {where} is bound to both {binding[dim]} and {value}")
+            binding.setdefault(dim, value)
+
+    for param, arg in zip(func.params, args):
+        pty, aty = param.ty, arg.ty
+        if isinstance(pty, relax.TensorType) and isinstance(aty, relax.TensorType):
+            if pty.shape is not None and aty.shape is not None and isinstance(pty.shape, relax.ShapeExpr) \
+                    and isinstance(aty.shape, relax.ShapeExpr):
+                pair(pty.shape.values, aty.shape.values, param.name)
+        elif isinstance(pty, relax.ShapeType) and isinstance(aty, relax.ShapeType):
+            if pty.values is not None and aty.values is not None:
+                pair(pty.values, aty.values, param.name)
+        elif isinstance(arg, relax.ShapeExpr) and isinstance(pty, relax.ShapeType) and pty.values is not None:
+            pair(pty.values, arg.values, param.name)
+    return func.bind_symbolic_vars(binding) if binding else func
 
 
 def _single_call_tir(main: relax.Function) -> relax.Call:

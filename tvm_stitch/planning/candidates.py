@@ -19,7 +19,7 @@ import dataclasses
 import tvm
 from tvm import tirx
 
-from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.common import PlanError, block_threads
 from tvm_stitch.planning.plan import MIN_LANES, StitchPlan
 from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
@@ -61,7 +61,7 @@ def vector_choices(width_bits: int, dtype_bits: int) -> list:
 
 def _elements_per_task(func: tirx.PrimFunc, rank: int) -> int:
     """Elements of the largest parameter under `rank` row axes (those of one row task)."""
-    sizes = [static_product(p.shape[rank:]) for p in func.params if len(p.shape) >= rank]
+    sizes = [static_product(p.shape[rank:]) for p in buffer_params(func) if len(p.shape) >= rank]
     return max([1] + [n for n in sizes if n is not None])
 
 
@@ -83,7 +83,7 @@ def _by_rank(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis: 
 
 
 def _cpu(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis: Analysis | None) -> list:
-    out_dtype = tvm.DataType(str(func.params[-1].dtype))
+    out_dtype = tvm.DataType(str(buffer_params(func)[-1].dtype))
     vectors = vector_choices(spec.vector_bytes * 8, out_dtype.bits)
     cores = spec.cores
     out = []

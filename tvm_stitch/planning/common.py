@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import block_views
+from tvm_stitch.analysis.tir_view import block_views, buffer_params
 from tvm_stitch.planning.spec import TargetSpec
 
 BLOCK_THREADS = 256  # threads per CUDA block at most: enough warps per block, several blocks per SM
@@ -33,7 +33,7 @@ def wanted_blocks(spec: TargetSpec) -> int:
 
 def output_blocks(views: list, func: tirx.PrimFunc) -> set:
     """Names of the blocks that write a parameter of `func` (the kernel's outputs)."""
-    params = list(func.params)
+    params = buffer_params(func)
     return {v.name for v in views if any(w.buffer.same_as(p) for w in v.writes for p in params)}
 
 

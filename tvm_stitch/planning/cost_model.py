@@ -153,7 +153,13 @@ SHIPPED = _shipped()  # family -> Model: the usable models shipped with the pack
 
 
 def choose(model, fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> StitchPlan:
-    """The candidate with the lowest predicted time (`model.costs`); the rule plan on ties (it comes first)."""
+    """The candidate with the lowest predicted time (`model.costs`); the rule plan on ties (it comes first).
+
+    A kernel of symbolic size keeps the rule plan: the model's features are
+    sizes, which only the run knows.
+    """
+    if rule.mapping.rows < 0:
+        return dataclasses.replace(rule, notes=rule.notes + ("symbolic size: the rule plan, not the cost model's",))
     plans = candidates(fused, rule, spec)
     if len(plans) == 1:
         return rule

@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.planning.plan import StitchPlan
-from tvm_stitch.analysis.tir_view import static_product, view_of_block
+from tvm_stitch.analysis.tir_view import buffer_params, static_product, view_of_block
 
 FEATURES = (
     # the group
@@ -66,7 +66,7 @@ def group_facts(func: tirx.PrimFunc) -> GroupFacts:
                                         if b.name_hint != "root" else None), order="pre")
     views = [view_of_block(b) for b in blocks_found]
     written = {w.buffer.name for v in views for w in v.writes}
-    params = list(func.params)
+    params = buffer_params(func)
     nbytes = sum((static_product(b.shape) or 1) * max(1, b.dtype.bits // 8) for b in params)
     blocks = []
     for view in views:

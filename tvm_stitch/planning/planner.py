@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
-from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
+from tvm_stitch.analysis.tir_view import block_consumers, block_views, buffer_params, static_int, static_product
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
@@ -128,18 +128,18 @@ def _rows_per_block(rows: int | None, threads: int, shared_at, spatial_only: boo
     """Rows packed into one thread block: up to `block_threads` threads, dividing the rows
     evenly (no thread predicate around a barrier), within shared memory (`shared_at(rows per
     block)`: bytes), leaving a block per SM."""
-    if rows is None:
-        return 1
     per = 1
     most = block_threads(spec)
     if threads == 1:
-        # One thread per row, no barriers, so a predicate may cover a partial last block.
-        # Element-wise: full blocks. Serial per-row work (columns): a warp of rows per
-        # block, so that few columns still make several blocks.
+        # One thread per row, no barriers, so a predicate may cover a partial last block
+        # (also of a symbolic row count). Element-wise: full blocks. Serial per-row work
+        # (columns): a warp of rows per block, so that few columns still make several blocks.
         cap = most if spatial_only else spec.warp_size
-        while per < cap and per < rows:
+        while per < cap and (rows is None or per < rows):
             per *= 2
         return per
+    if rows is None:
+        return 1  # rows x threads with barriers: only whole blocks, which a symbolic count cannot promise
     while (
         threads * per * 2 <= most
         and rows % (per * 2) == 0
@@ -213,13 +213,27 @@ def _choose_rank(views: list, depth: int, spec: TargetSpec) -> int:
     """
     cuda = spec.family == "cuda"
     wanted = wanted_blocks(spec) if cuda else CPU_MIN_ROWS
-    for rank in range(1, depth + 1):
+    for rank in range(_static_within_rank(views, depth), depth + 1):
         rows = static_product(views[0].extents[:rank])
         deeper_task = static_product(views[0].extents[rank + 1:])
         if (rows is None or rows >= wanted
                 or (not cuda and rank < depth and deeper_task is not None and deeper_task < CPU_MIN_TASK)):
             return rank if cuda else _cpu_reduction_rank(views, rank, depth)
     return depth
+
+
+def _static_within_rank(views: list, depth: int) -> int:
+    """The fewest leading axes (at least 1) outside which no block has a symbolic extent.
+
+    Symbolic axes (batch, sequence) become rows where the aligned depth allows:
+    the grid then follows the runtime extent while each row keeps a static length.
+    """
+    rank = 1
+    for view in views:
+        for axis, extent in enumerate(view.extents[:depth]):
+            if static_int(extent) is None:
+                rank = max(rank, axis + 1)
+    return min(rank, max(1, depth))
 
 
 def _cpu_reduction_rank(views: list, rank: int, depth: int) -> int:
@@ -293,7 +307,7 @@ class _Rows:
     rank: int
     extents: tuple  # PrimExpr per row axis
     rows: int | None  # row tasks (None: symbolic)
-    within_max: int  # the most elements a kept block has inside one row
+    within_max: int | None  # the most elements a kept block has inside one row (None: a symbolic length)
     spatial_only: bool  # no kept block reduces
     columns: bool  # some block walks an input along a strided axis
 
@@ -309,21 +323,19 @@ def _rows(analysis: Analysis, rank: int | None, spec: TargetSpec) -> _Rows:
     work = max(static_product(v.extents) or LARGE_WORK for v in kept)
     if rank == 0 and work >= LARGE_WORK:
         raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
-    within_max = 1
-    for view in kept:
-        within = static_product(view.extents[rank:])
-        if within is None:
-            raise PlanError(f"block {view.name}: symbolic extent inside a row")
-        within_max = max(within_max, within)
+    within = [static_product(view.extents[rank:]) for view in kept]
+    # None: a symbolic row length (softmax over a symbolic key length); planned for any length.
+    within_max = None if None in within else max([1] + within)
     row_extents = kept[0].extents[:rank]
     return _Rows(rank, tuple(row_extents), static_product(row_extents), within_max, spatial_only,
-                 walks_columns(kept, list(analysis.func.params), rank))
+                 walks_columns(kept, buffer_params(analysis.func), rank))
 
 
 def _intermediates(analysis: Analysis, rank: int, thread_per_row: bool) -> tuple:
-    """(intermediates, bytes per row of each shared one) for the levels chosen, at `rank` row axes."""
+    """(intermediates, bytes per row of each shared one, shared ones of symbolic size) for the
+    levels chosen, at `rank` row axes."""
     kept_by_name = {v.name: v for v in analysis.kept}
-    intermediates, shared_rows = [], []
+    intermediates, shared_rows, symbolic = [], [], []
     for view in analysis.views:
         if view.name not in analysis.levels:
             continue
@@ -335,11 +347,13 @@ def _intermediates(analysis: Analysis, rank: int, thread_per_row: bool) -> tuple
         nbytes = (per_row or 1) * max(1, view.writes[0].buffer.dtype.bits // 8)
         if level == SHARED and thread_per_row:
             level, why = REGISTER, f"{why}; one thread per row: kept in that thread"
-        if level == SHARED:
+        if level == SHARED and per_row is None:
+            symbolic.append(view.name)
+        elif level == SHARED:
             shared_rows.append(nbytes)
         intermediates.append(Intermediate(view.name, REGISTER if level == INLINE else level, nbytes, why,
                                           inlined=level == INLINE))
-    return intermediates, shared_rows
+    return intermediates, shared_rows, symbolic
 
 
 def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recompute: tuple = (),
@@ -357,10 +371,10 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
         raise ValueError("the analysis passed was made for another function, family or demotion")
     rows = _rows(analysis, rank, spec)
     thread_per_row = spec.family == "cuda" and (rows.spatial_only or rows.columns)
-    intermediates, shared_rows = _intermediates(analysis, rows.rank, thread_per_row)
+    intermediates, shared_rows, symbolic_shared = _intermediates(analysis, rows.rank, thread_per_row)
     if spec.family == "cuda":
         mapping, shared, cached_inputs, notes, shared_rows, reductions = _cuda_mapping(
-            analysis, rows, intermediates, shared_rows, thread_per_row, spec)
+            analysis, rows, intermediates, shared_rows, symbolic_shared, thread_per_row, spec)
     else:
         mapping, notes = _cpu_mapping(analysis, rows, spec)
         shared, cached_inputs, shared_rows, reductions = 0, [], (), ()
@@ -392,11 +406,12 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
     )
 
 
-def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_rows: list, thread_per_row: bool,
-                  spec: TargetSpec) -> tuple:
+def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_rows: list, symbolic_shared: list,
+                  thread_per_row: bool, spec: TargetSpec) -> tuple:
     """(mapping, shared bytes per block, inputs cached on chip, notes, bytes per row of each shared
     buffer, reduced values) of a CUDA row-resident plan; SharedMemoryError when one row's buffers
-    (with TVM's all-reduce staging) do not fit a block's shared memory."""
+    (with TVM's all-reduce staging) do not fit a block's shared memory, or when a shared buffer
+    would have a symbolic size (the demotion then recomputes it)."""
     kept, rank = list(analysis.kept), rows.rank
     limit = spec.shared_bytes_per_block
     notes = []
@@ -405,10 +420,14 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
         threads = 1
         notes.append("element-wise: one thread per element" if rows.spatial_only else
                      "strided rows (column access): one thread per row, rows across threads")
+    elif rows.within_max is None:
+        threads = block_threads(spec)
+        notes.append(f"symbolic row length: {threads} threads per row for any length, "
+                     "per-row intermediates recomputed (streamed), not kept in shared memory")
     else:
         threads = max(CUDA_MIN_THREADS, min(block_threads(spec), _next_pow2(rows.within_max)))
     vector = 1
-    if not thread_per_row and any(not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept):
+    if rows.within_max is not None and not thread_per_row and any(not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept):
         vector, threads = _vector_mapping(kept, rows.within_max, threads, spec)
         if vector > 1:
             notes.append(f"{vector * _widest_bytes(kept) * 8}-bit accesses: {vector} elements per thread "
@@ -426,7 +445,7 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                                  spec.warp_size)
 
     cached_inputs = []
-    for buffer in _cacheable_inputs(kept, list(analysis.func.params), rank):
+    for buffer in _cacheable_inputs(kept, buffer_params(analysis.func), rank):
         row_bytes = _row_bytes(buffer, rank)
         if thread_per_row:
             cached_inputs.append(buffer.name)
@@ -434,14 +453,21 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
             cached_inputs.append(buffer.name)
             shared_rows.append(row_bytes)
     shared = shared_at(1)
-    if shared > limit:
+    if shared > limit or symbolic_shared:
         view_of = {v.name: v for v in analysis.views}
         demotable = sorted((i for i in intermediates if i.level == SHARED and i.name not in analysis.outputs
-                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1),
+                            and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1
+                            and (not symbolic_shared or i.name in symbolic_shared)),
                            key=lambda i: -i.bytes_per_row)
-        raise SharedMemoryError(f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
-                                f"staging) exceed {limit} of shared memory", [i.name for i in demotable])
+        excess = (f"{', '.join(symbolic_shared)}: a row of symbolic length cannot have a static shared buffer"
+                  if symbolic_shared else
+                  f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
+                  f"staging) exceed {limit} of shared memory")
+        raise SharedMemoryError(excess, [i.name for i in demotable])
     rows_per_task = _rows_per_block(rows.rows, threads, shared_at, rows.spatial_only, spec)
+    if rows.rows is None and threads > 1:
+        notes.append("symbolic row count: one row per block, grid from the runtime extent "
+                     "(valid for every size; short rows are not packed, few long rows not split)")
     if rows_per_task > 1 and threads > 1:
         notes.append(f"short rows: {rows_per_task} rows packed per block of {threads * rows_per_task} threads")
     grid = rows.rows // rows_per_task if rows.rows is not None else -1
@@ -466,13 +492,16 @@ def _cpu_mapping(analysis: Analysis, rows: _Rows, spec: TargetSpec) -> tuple:
     rows_per_task, split = 1, 1
     if rows.columns:
         rows_per_task = _cpu_stream_rows(rows.rows, threads)
-    elif rows.rows is not None and threads > 1:
+    elif rows.rows is not None and rows.within_max is not None and threads > 1:
         split = _cpu_row_chunks(rows.rows, rows.within_max, threads)
         if split > 1:
             notes.append(f"few long rows: each row cut into {split} chunks over the cores, one parallel "
                          "loop per block, reductions as per-chunk partials then combined; "
                          "intermediates between blocks in memory")
     grid = rows.rows // rows_per_task if rows.rows is not None else -1
+    if rows.rows is None:
+        notes.append("symbolic row count: row tasks in parallel over the runtime rows "
+                     "(valid for every size; few long rows are not cut into chunks)")
     if rows_per_task > 1:
         notes.append(f"rows are columns of the inputs: {rows_per_task} adjacent rows per task, "
                      "streamed down the reduction axis in vector lanes")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
-from tvm_stitch.analysis.tir_view import block_consumers, block_views, static_int, static_product
+from tvm_stitch.analysis.tir_view import block_consumers, block_views, buffer_params, static_int, static_product
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import (GLOBAL, REGISTER, Intermediate, Phase, PhaseRole, StitchPlan,
@@ -221,7 +221,7 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
     if rows is None:
         raise SplitError("symbolic row count")
     length = _row_length(kept, rank)
-    columns = walks_columns(kept, list(func.params), rank)
+    columns = walks_columns(kept, buffer_params(func), rank)
     # Column access (e.g. dgamma, BatchNorm over N): a thread per row walks its column;
     # splitting the walk gives blocks when there are few rows.
     unsplit_blocks = -(-rows // spec.warp_size) if columns else rows

@@ -5,14 +5,16 @@ is downloaded from a hub: weights are random, from configs.
 
 - bert: transformers' BertModel (base sizes, 2 layers), batch 8 x sequence 128;
 - gpt2: a GPT-2 block stack written in PyTorch (pre-LayerNorm, causal
-  attention, GELU MLP, final LayerNorm). transformers' GPT2Model does not
-  import: TVM 0.27's importer fails on the causal-mask construction of
-  transformers 5 ("Concat expects all input tensors to have same ndim");
+  attention, GELU MLP, final LayerNorm);
 - llama: a LLaMA-style block stack in PyTorch (RMSNorm, rotary embedding,
-  SwiGLU); transformers' LlamaModel fails the same way;
+  SwiGLU);
+- gpt2-hf, llama-hf: transformers' GPT2Model (its default attention) and
+  LlamaModel, called with `input_ids` alone, as users bring them
+  (frontend.from_torch handles the importer's traps: the KV cache, bool
+  cumsum, sdpa);
 - convnext: ConvNeXt-style vision blocks in PyTorch (4x4 patch stem,
   depthwise 7x7 conv, LayerNorm over channels in NHWC, GELU MLP, layer scale).
-Each is imported with the weights as constants, and run with eager attention.
+Each is imported through `tvm_stitch.frontend.from_torch`, the weights as constants.
 """
 
 from __future__ import annotations
@@ -61,6 +63,27 @@ def _bert(size):
             return self.bert(input_ids=ids).last_hidden_state
 
     return Encoder().eval(), (torch.randint(0, cfg.vocab_size, (batch, seq)),)
+
+
+def _gpt2_hf(size):
+    torch = _require_torch()
+    from transformers import GPT2Config, GPT2Model
+
+    d, layers, vocab, batch, seq = (768, 2, 50257, 4, 128) if size == "bench" else (64, 2, 1000, 2, 16)
+    cfg = GPT2Config(n_layer=layers, n_embd=d, n_head=12 if size == "bench" else 4, vocab_size=vocab,
+                     n_positions=1024 if size == "bench" else 128, bos_token_id=0, eos_token_id=0)
+    return GPT2Model(cfg).eval(), (torch.randint(0, vocab, (batch, seq)),)
+
+
+def _llama_hf(size):
+    torch = _require_torch()
+    from transformers import LlamaConfig, LlamaModel
+
+    d, hidden, vocab, batch, seq = (512, 1376, 32000, 4, 128) if size == "bench" else (64, 160, 1000, 2, 16)
+    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=d, intermediate_size=hidden, vocab_size=vocab,
+                      num_attention_heads=8 if size == "bench" else 4, num_key_value_heads=4 if size == "bench" else 2,
+                      max_position_embeddings=2048 if size == "bench" else 128)
+    return LlamaModel(cfg).eval(), (torch.randint(0, vocab, (batch, seq)),)
 
 
 def _block_stack(nn, make_block, layers: int, final_norm):
@@ -191,6 +214,10 @@ MODELS = {
                   frozen=("bert.embeddings.",)),  # the lookup's gradient (index_put) fails in TVM 0.27's importer
         ModelCase("gpt2", "GPT-2 block stack (PyTorch), 2 layers, hidden 768, batch 4 x 128", _gpt2),
         ModelCase("llama", "LLaMA-style blocks (PyTorch): RMSNorm, rotary, SwiGLU; 2 layers, 4 x 128", _llama),
+        ModelCase("gpt2-hf", "transformers GPT2Model (default attention), 2 layers, hidden 768, batch 4 x 128",
+                  _gpt2_hf, no_backward="forward only: the training graphs use the PyTorch stacks"),
+        ModelCase("llama-hf", "transformers LlamaModel, 2 layers, hidden 512, batch 4 x 128", _llama_hf,
+                  no_backward="forward only: the training graphs use the PyTorch stacks"),
         ModelCase("convnext", "ConvNeXt-style blocks (PyTorch): depthwise 7x7 conv, LayerNorm over channels, GELU; "
                   "2 blocks, 192 channels, 8 x 3 x 224 x 224", _convnext,
                   no_backward="TVM 0.27's importer has no aten.convolution_backward"),
@@ -209,15 +236,29 @@ def make_model(name: str, size: str = "bench"):
     return MODELS[name].make(size)
 
 
-def import_model(name: str, size: str = "bench"):
-    """(Relax module, numpy inputs, PyTorch eager outputs as numpy) of a model's forward."""
-    torch = _require_torch()
-    from tvm.relax.frontend.torch import from_exported_program
+def import_model(name: str, size: str = "bench", dynamic_shapes=None):
+    """(Relax module, numpy inputs, PyTorch eager outputs as numpy) of a model's forward.
 
+    `dynamic_shapes`: torch.export's, for the model's positional inputs (a tuple).
+    """
+    import warnings
+
+    from tvm_stitch.frontend import from_torch
+
+    torch = _require_torch()
     model, inputs = make_model(name, size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # from_torch's notes on the export settings of transformers models
+        mod = from_torch(model, inputs, dynamic_shapes=dynamic_shapes)
+    return mod, [a.numpy() for a in inputs], eager_outputs(model, inputs)
+
+
+def eager_outputs(model, inputs) -> list:
+    """PyTorch eager outputs of `model(*inputs)` as numpy: its tensors (a transformers output's too)."""
+    torch = _require_torch()
     with torch.no_grad():
-        program = torch.export.export(model, inputs)
         expected = model(*inputs)
-    mod = from_exported_program(program, keep_params_as_input=False)
+    if hasattr(expected, "to_tuple"):
+        expected = expected.to_tuple()
     outputs = expected if isinstance(expected, tuple) else (expected,)
-    return mod, [a.numpy() for a in inputs], [o.numpy() for o in outputs]
+    return [o.numpy() for o in outputs if isinstance(o, torch.Tensor)]

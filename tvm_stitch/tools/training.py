@@ -22,6 +22,7 @@ outputs: the new parameters and moments), checked against torch.optim.Adam.
 
 from __future__ import annotations
 
+from tvm_stitch.frontend import from_torch
 from tvm_stitch.tools.models import MODELS, _require_torch, make_model
 
 ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "step": 3}
@@ -73,7 +74,6 @@ def check_layer_norm_stats(graph) -> None:
 def _import_callable(fn, args):
     """Export a callable of tensors (no autograd inside) and import it into Relax."""
     torch = _require_torch()
-    from tvm.relax.frontend.torch import from_exported_program
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
@@ -83,7 +83,7 @@ def _import_callable(fn, args):
         def forward(self, *tensors):
             return self.fn(*tensors)
 
-    return from_exported_program(torch.export.export(Wrapped(), tuple(args)), keep_params_as_input=False)
+    return from_torch(Wrapped(), tuple(args))
 
 
 def trained_parameters(name: str, model, inputs) -> list:

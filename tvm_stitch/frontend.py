@@ -1,0 +1,200 @@
+"""from_torch: a PyTorch module into a Relax IRModule, through torch.export and TVM's importer.
+
+The model is exported as the user calls it (`args`, `kwargs`, optional
+`dynamic_shapes`) and imported with TVM 0.27's
+`from_exported_program`, with the traps that transformers models meet
+there handled where they arise:
+
+- the KV cache: decoders start each layer's cache as `torch.tensor([])`
+  and concatenate onto it, which the importer cannot type; export runs
+  with `config.use_cache = False` (a warning says so);
+- scaled-dot-product attention: PyTorch's own decomposition of it fails on
+  some models (GPT-2), and TVM's converter takes only float masks; a
+  transformers model is exported with eager attention (a warning says
+  so), and `aten.scaled_dot_product_attention` is never decomposed;
+- `cumsum` of a bool tensor (the packed-sequence check of transformers'
+  masks): the importer keeps it bool and the llvm build fails; it is
+  summed as int64, as in PyTorch;
+- slices under symbolic shapes (BERT's position ids `[:, :s]` of a
+  512-long buffer, the slices PyTorch decomposes that check's `torch.diff` into): the importer's extents
+  `min(s, 512)`, `min(1, s)` defeat shape inference downstream; where
+  PyTorch proved a constant or a plain symbol, the result is cast to it;
+- `native_layer_norm`'s mean and rstd outputs, which the importer maps to
+  the normalised output: refused with an error naming the node.
+
+Anything else the importer cannot convert raises UnsupportedModelError
+naming the op and the module path where the model uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import sys
+import warnings
+
+import tvm
+import tvm_ffi
+from tvm import relax, sym, tirx
+
+from tvm_stitch.analysis.tir_view import vars_in
+
+
+class UnsupportedModelError(ValueError):
+    """The model uses something TVM's importer cannot convert; the message names the op and where."""
+
+
+def from_torch(model, args=(), kwargs=None, dynamic_shapes=None) -> tvm.IRModule:
+    """Export `model(*args, **kwargs)` with torch.export and import it as a Relax IRModule.
+
+    `dynamic_shapes` is torch.export's (e.g. `{"input_ids": {1: Dim("s", max=512)}}`):
+    those dimensions become symbolic variables of the module. Weights are
+    imported as constants. The model runs in inference mode (no gradients).
+    """
+    torch = _torch()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"from_torch expects a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple, not {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict or None, not {type(kwargs).__name__}")
+    with _export_settings(model), torch.no_grad():
+        program = torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes)
+        program = program.run_decompositions(_decompositions(torch))
+    check_importable(program.graph)
+    from tvm.relax.frontend.torch import from_exported_program
+
+    return from_exported_program(program, keep_params_as_input=False, run_ep_decomposition=False,
+                                 custom_convert_map=converters())
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as err:
+        raise RuntimeError("from_torch needs PyTorch: pip install torch==2.13.0") from err
+    return torch
+
+
+@contextlib.contextmanager
+def _export_settings(model):
+    """A transformers model exports without its KV cache and with eager attention; restored after."""
+    config = getattr(model, "config", None)
+    changed = []
+    if config is not None and getattr(config, "use_cache", False):
+        warnings.warn("from_torch: exporting with use_cache=False (TVM's importer cannot type the empty "
+                      "KV-cache placeholders that the cache concatenates onto)", stacklevel=3)
+        config.use_cache = False
+        changed.append(lambda: setattr(config, "use_cache", True))
+    attention = getattr(config, "_attn_implementation", None) if config is not None else None
+    if attention not in (None, "eager") and hasattr(model, "set_attn_implementation"):
+        warnings.warn(f"from_torch: exporting with eager attention instead of {attention!r} (PyTorch's "
+                      "decomposition of scaled_dot_product_attention fails on some models, and TVM's "
+                      "converter takes float masks only)", stacklevel=3)
+        model.set_attn_implementation("eager")
+        changed.append(lambda: model.set_attn_implementation(attention))
+    try:
+        yield
+    finally:
+        for undo in reversed(changed):
+            undo()
+
+
+def _decompositions(torch) -> dict:
+    """torch.export's default table, without scaled_dot_product_attention (TVM converts it whole)."""
+    table = torch.export.default_decompositions()
+    table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+    return table
+
+
+def _module_path(node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "the model's forward"
+    path, kind = list(stack.values())[-1]
+    kind = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
+    return f"{path or 'the top module'} ({kind})"
+
+
+def check_importable(graph) -> None:
+    """Raise UnsupportedModelError for ops TVM's importer lacks or gets wrong, naming each with its module."""
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    torch = _torch()
+    known = set(ExportedProgramImporter().convert_map) | set(converters())
+    missing = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        if name not in known:
+            missing.setdefault(name, _module_path(node))
+        if node.target == torch.ops.aten.native_layer_norm.default:
+            for user in node.users:
+                if user.target == operator.getitem and user.args[1] in (1, 2) and user.users:
+                    raise UnsupportedModelError(
+                        f"{user.name} reads the {'mean' if user.args[1] == 1 else 'rstd'} of native_layer_norm "
+                        f"in {_module_path(node)}: TVM's importer maps it to the normalised output")
+    if missing:
+        listed = "; ".join(f"{op} in {where}" for op, where in sorted(missing.items()))
+        raise UnsupportedModelError(f"TVM's importer has no converter for: {listed}")
+
+
+def converters() -> dict:
+    """The importer's converters replaced for the traps above (ExportedProgram op names)."""
+    return {"cumsum.default": _cumsum, "slice.Tensor": _slice}
+
+
+def _cumsum(node, importer) -> relax.Var:
+    x = importer.env[node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    dtype = node.kwargs.get("dtype")
+    dtype = importer._convert_data_type(str(dtype), importer.env) if dtype is not None else None
+    if dtype is None and x.ty.dtype == "bool":
+        dtype = "int64"  # PyTorch sums bools (and every integer type) as int64
+    return importer.block_builder.emit(relax.op.cumsum(x, dim, dtype))
+
+
+def _slice(node, importer) -> relax.Var:
+    """A slice on a non-negative axis (TOPI's dynamic slice refuses negative ones), cast to the
+    extents PyTorch proved where the importer's are min/max forms."""
+    x = importer.env[node.args[0]]
+    dim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
+    start, end, step = (importer.env[a] if hasattr(a, "meta") else a for a in (start, end, step))
+    length = x.ty.shape[dim] if isinstance(x.ty.shape, relax.ShapeExpr) else None
+    start = 0 if start is None else start
+    if (start == 0 and step == 1 and (end is None or (isinstance(end, int) and end >= sys.maxsize)
+                                       or (length is not None and tvm.ir.is_prim_expr(end)
+                                           and tvm_ffi.structural_equal(end, length)))):
+        return x  # the whole axis
+    dim = dim if dim >= 0 else len(x.ty.shape) + dim
+    end = sys.maxsize if end is None else end
+    val = node.meta.get("val")
+    proved = None
+    if val is not None and isinstance(x.ty.shape, relax.ShapeExpr) and len(val.shape) == len(x.ty.shape):
+        proved = [_proved_extent(t, d) for t, d in zip(val.shape, x.ty.shape.values)]
+        proved[dim] = _proved_extent(val.shape[dim], end)
+    # In bounds where PyTorch's extent is end - start: TOPI's clamped extent (min/max/if_then_else
+    # forms under symbolic shapes, which FuseOps cannot type) is then not needed.
+    inbound = bool(step == 1 and proved is not None and proved[dim] is not None and not isinstance(end, int)
+                   and sym.Analyzer().can_prove_equal(proved[dim], end - start))
+    out = importer.block_builder.emit(relax.op.strided_slice(x, [dim], [start], [end], [step],
+                                                             assume_inbound=inbound))
+    if proved is None or not isinstance(out.ty, relax.TensorType) or not isinstance(out.ty.shape, relax.ShapeExpr):
+        return out
+    shape = list(out.ty.shape.values)
+    if all(p is None or tvm_ffi.structural_equal(p, d) for p, d in zip(proved, shape)):
+        return out
+    shape = [d if p is None else p for p, d in zip(proved, shape)]
+    return importer.block_builder.match_cast(out, relax.TensorType(shape, out.ty.dtype))
+
+
+def _proved_extent(torch_dim, expr):
+    """PyTorch's extent of a dimension as TIR: a constant, or the symbolic variable of that name
+    that the importer's expression (or the slice's end) uses; None where neither."""
+    if isinstance(torch_dim, int):
+        return tirx.IntImm("int64", torch_dim)
+    if not tvm.ir.is_prim_expr(expr):
+        return None
+    name = str(torch_dim)
+    return next((v for v in vars_in(expr) if v.name == name), None)
