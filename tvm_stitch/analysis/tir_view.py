@@ -85,6 +85,12 @@ def _divisors(expr) -> list:
     return found
 
 
+def divides_by_symbolic(func: tirx.PrimFunc) -> bool:
+    """Whether an index of `func` is divided (or taken modulo) by a symbolic size: a reshape over
+    a symbolic sequence length computes it per element."""
+    return any(not isinstance(n, tirx.IntImm) for n in _divisors(func.body))
+
+
 def _quotient(value, divisor, analyzer):
     """(q, r) with value == q * divisor + r and 0 <= r < divisor proven, for a symbolic divisor; else None."""
     if isinstance(divisor, tirx.IntImm):

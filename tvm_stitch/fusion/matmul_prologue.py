@@ -31,6 +31,7 @@ from tvm import relax, s_tir, tirx
 from tvm.target import Target
 
 from tvm_stitch.analysis.classify import OpKind, classify_primfunc, is_compute_kernel
+from tvm_stitch.analysis.tir_view import vars_in
 from tvm_stitch.fusion.matmul_epilogue import OUT_EWISE_FUSABLE, copy_kind
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -181,6 +182,16 @@ def _composed(mod: tvm.IRModule, matmul: relax.Call, position: int, producer: re
     return func, [index[a] for a in call.args[1].fields]
 
 
+def defines_its_sizes(func: tirx.PrimFunc) -> bool:
+    """Whether every variable `func`'s body uses is a parameter or a size of a parameter's shape
+    (a fold over symbolic shapes can leave a size of a folded producer undefined)."""
+    defined = list(func.params)
+    for param in func.params:
+        for dim in getattr(param.ty, "shape", ()):
+            defined.extend(vars_in(dim))
+    return not tvm.tirx.analysis.undefined_vars(func.body, defined)
+
+
 def matmul_rule_applies(func: tirx.PrimFunc, target: Target) -> bool:
     """Whether dlight's Matmul rule schedules `func` for `target`."""
     from tvm.s_tir import dlight as dl
@@ -257,7 +268,7 @@ class FoldProloguesIntoMatmuls:
                                 self.report.notes.append(
                                     f"{producer.args[0].name_hint} stays a kernel before {matmul.args[0].name_hint}: "
                                     f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}")
-                        if prim is not None and matmul_rule_applies(prim, self.target):
+                        if prim is not None and defines_its_sizes(prim) and matmul_rule_applies(prim, self.target):
                             name = f"{matmul.args[0].name_hint}_{producer.args[0].name_hint}_prologue"
                             composed[key] = (add(prim, name), order)
                         elif self.report is not None:
