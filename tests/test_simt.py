@@ -41,7 +41,7 @@ def test_suite_kernels_match_on_pocl(name, dtype):
 def test_row_split_phases_and_partials_run_in_order():
     _device(False)
     report = simt.check(SUITE["softmax"].build("float32", {"rows": 4, "cols": 20000}))
-    assert [k.launches for k in report.kernels] == [3], str(report)
+    assert [k.launches for k in report.kernels] == [2], str(report)  # online softmax: max and sum partials in one
     assert report.ok, str(report)
 
 
