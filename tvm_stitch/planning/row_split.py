@@ -200,13 +200,17 @@ def online_pairs(trial: s_tir.Schedule, kept: list, rank: int) -> tuple:
             continue
         for peak, max_parts in parts.items():
             if (max_parts is None or max_parts[4] is not tirx.Max or not max_parts[1].same_as(peak_load.source)
-                    or not isinstance(max_parts[0], tirx.FloatImm) or not math.isfinite(max_parts[0].value)):
+                    or not isinstance(max_parts[0], tirx.FloatImm) or not math.isfinite(max_parts[0].value)
+                    or any(p == peak for _, p in pairs)):  # one sum per max: its chunk max is staged once
                 continue
             iters = _same_iterators(blocks[peak], blocks[total])
-            if (iters is not None and tvm_ffi.structural_equal(peak_load.indices[:rank], sum_parts[2].indices[:rank])
+            if iters is None:
+                continue
+            same_a = tvm_ffi.structural_map(max_parts[3], (tirx.Var, lambda v, iters=iters: iters.get(v, v)))
+            if (tvm_ffi.structural_equal(peak_load.indices[:rank], sum_parts[2].indices[:rank])
                     and max_parts[1].dtype == sum_parts[1].dtype
                     and tvm_ffi.structural_equal(max_parts[1].shape, sum_parts[1].shape)
-                    and tvm_ffi.structural_equal(tvm_ffi.structural_map(max_parts[3], (tirx.Var, lambda v: iters.get(v, v))), shifted)):
+                    and tvm_ffi.structural_equal(same_a, shifted)):
                 pairs.append((total, peak))
     return tuple(pairs)
 
