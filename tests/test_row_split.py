@@ -140,6 +140,21 @@ def test_row_split_plan_round_trips_through_json_with_its_spec():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_online_softmax_float16_takes_two_launches_and_compiles(tmp_path):
+    """float16: exp and its sum in float32 around float16 maxima; the combine rescales in float32.
+    Numerics of this form: tests/test_simt.py (pocl runs the CUDA kernels)."""
+    built = build(SUITE["softmax"].build("float16", {"rows": 64, "cols": 30000}), CUDA, stitched=True, strict=True)
+    (plan,) = built.report.plans
+    assert plan.scheme == "row-split" and plan.kernels == 2 and len(plan.online) == 1
+    assert count_launches(built.lowered, built.executable) == 2
+    path = tmp_path / "k.cu"
+    path.write_text(cuda_source(built.executable))
+    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"), str(path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_split_cuda_compiles_with_vector_accesses(tmp_path):
     mod = SUITE["softmax"].build("float32", {"rows": 64, "cols": 32768})
     built = build(mod, CUDA, stitched=True, strict=True)

@@ -171,7 +171,10 @@ def _online_rewrites(sch: s_tir.Schedule, online: tuple, partial_of: dict) -> di
         partial = store.value.b
         peak_at = tirx.BufferLoad(max_rf.body.buffer, list(partial.indices))
         row_max = tirx.BufferLoad(combined, list(store.indices))
-        value = store.value.a + partial * tirx.exp(peak_at - row_max)
+        shift = peak_at - row_max
+        if str(shift.ty) != str(partial.ty):  # float16 maxima, float32 sums
+            shift = tirx.Cast(str(partial.ty), shift)
+        value = store.value.a + partial * tirx.exp(shift)
         rewrites[block.name_hint] = _with_reads(block, tirx.BufferStore(store.buffer, value, store.indices),
                                                 [peak_at, row_max])
     return rewrites

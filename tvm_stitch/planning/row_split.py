@@ -183,19 +183,21 @@ def _reads_buffer(expr, buffer) -> bool:
 
 def online_pairs(trial: s_tir.Schedule, kept: list, rank: int) -> tuple:
     """(sum, max) pairs of kept reductions that take one pass per chunk: the max reduces `a`
-    from a finite identity, the sum adds exp(a - max) from 0, with the same `a` over the same
-    iterators (so every exp(a - m_c) <= 1), reading the max only through its row value (one per
-    row: `_row_length` checks it)."""
+    from a finite identity, the sum adds exp(a - max) from 0 (float casts around the exp and its
+    argument allowed: they round each term as the unsplit sum does), with the same `a` over the
+    same iterators (so every exp(a - m_c) <= 1), reading the max only through its row value (one
+    per row: `_row_length` checks it)."""
     blocks = {v.name: trial.get(trial.get_sblock(v.name)) for v in kept if v.has_reduction}
     parts = {name: _reduction_parts(block) for name, block in blocks.items()}
     pairs = []
     for total, sum_parts in parts.items():
         if sum_parts is None or sum_parts[4] is not tirx.Add or not _is_const(sum_parts[0], 0.0):
             continue
-        term = sum_parts[3]
-        if not (isinstance(term, tvm.ir.Call) and term.op.name == "tirx.exp" and isinstance(term.args[0], tirx.Sub)):
+        term = _uncast(sum_parts[3])
+        if not (isinstance(term, tvm.ir.Call) and term.op.name == "tirx.exp"
+                and isinstance(_uncast(term.args[0]), tirx.Sub)):
             continue
-        shifted, peak_load = term.args[0].a, term.args[0].b
+        shifted, peak_load = _uncast(term.args[0]).a, _uncast(term.args[0]).b
         if not isinstance(peak_load, tvm.ir.TensorLoad) or _reads_buffer(shifted, peak_load.source):
             continue
         for peak, max_parts in parts.items():
@@ -208,7 +210,6 @@ def online_pairs(trial: s_tir.Schedule, kept: list, rank: int) -> tuple:
                 continue
             same_a = tvm_ffi.structural_map(max_parts[3], (tirx.Var, lambda v, iters=iters: iters.get(v, v)))
             if (tvm_ffi.structural_equal(peak_load.indices[:rank], sum_parts[2].indices[:rank])
-                    and max_parts[1].dtype == sum_parts[1].dtype
                     and tvm_ffi.structural_equal(max_parts[1].shape, sum_parts[1].shape)
                     and tvm_ffi.structural_equal(same_a, shifted)):
                 pairs.append((total, peak))
@@ -223,6 +224,13 @@ def _same_iterators(a, b):
         if x.iter_type != y.iter_type or not tvm_ffi.structural_equal(x.dom, y.dom):
             return None
     return {x.var: y.var for x, y in zip(a.iter_vars, b.iter_vars)}
+
+
+def _uncast(expr):
+    """`expr` without the float casts around it (float16 softmax: exp in float32, summed in float32)."""
+    while isinstance(expr, tirx.Cast) and str(expr.ty).startswith("float"):
+        expr = expr.value
+    return expr
 
 
 def _is_const(expr, value: float) -> bool:
