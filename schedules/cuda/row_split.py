@@ -14,12 +14,19 @@ its blocks' chunk loops (`blockIdx.x`) and thread loops (`threadIdx.x`).
 A plan with one thread per row (column walks) splits the row loop over
 threads instead and walks each chunk serially in its thread.
 
+An online (sum, max) pair of the plan (softmax's sum of exp(x - max)) is
+rewritten after rfactor: the sum's partials read the chunk's partial max
+instead of the row's combined max, so they run in the max's kernel, and the
+sum's combine rescales each partial by exp(m_c - M).
+
 Applied for an llvm target, the same loops run without thread bindings, so
 the index arithmetic and the combine order are checked on the CPU.
 """
 
 from __future__ import annotations
 
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -57,21 +64,32 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     inline_cheap_blocks(sch, plan)
 
     chunked = []  # (block name, is a partial reduction)
+    partial_of = {}  # reduction -> its partial (rf) block
     for name, block in blocks_by_name(sch).items():
         if name in combine_level:
             partial = sch.get(_split_reduction(sch, block, rank, split)).name_hint
             kernel_of[partial] = compute_level[name]
             chunked.append((partial, True))
+            partial_of[name] = partial
         elif loops_extent(sch, sch.get_loops(block)[rank:]) != 1:
             within = sch.get_loops(block)[rank:]
             sch.split(_fuse(sch, within), [split, None])
             chunked.append((name, False))
 
     # Root loop nests in kernel order, then each kernel's row loops merged into one.
-    sch = _in_kernel_order(sch, kernel_of)
+    sch = _in_kernel_order(sch, kernel_of, _online_rewrites(sch, plan.online, partial_of))
+    if bind and not columns:
+        for total, peak in plan.online:
+            # The chunk max feeds the chunk's sum through shared memory: only thread 0 writes the
+            # global partial, and without a barrier the block's other threads may read it early.
+            # Its copy to global memory, per chunk, keeps the partial for the combine.
+            chunk_max = sch.get_sblock(partial_of[peak])
+            copy = sch.cache_write(chunk_max, 0, "shared", consumer_blocks=[sch.get_sblock(partial_of[total])])
+            sch.reverse_compute_at(copy, sch.get_loops(chunk_max)[-2])
     kernels = [[] for _ in range(plan.kernels)]
     for name, block in blocks_by_name(sch).items():
-        kernels[kernel_of[name]].append(_row_loop(sch, block, rank))
+        if name in kernel_of:  # not a copy placed inside another block's loops
+            kernels[kernel_of[name]].append(_row_loop(sch, block, rank))
     rows = [loops[0] if len(loops) == 1 else sch.merge(*loops) for loops in kernels]
     row_block = "blockIdx.y" if split > 1 else "blockIdx.x"
     if columns:
@@ -121,8 +139,50 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     return sch
 
 
-def _in_kernel_order(sch: s_tir.Schedule, kernel_of: dict) -> s_tir.Schedule:
-    """A schedule of the same function with its root loop nests stably sorted by kernel.
+def _with_reads(block, body, loads: list):
+    """`block` with `body`: its reads of buffers the body no longer loads dropped, the points
+    `loads` added."""
+    loaded = []
+    tvm_ffi.structural_walk(body, (tvm.ir.TensorLoad, lambda load: loaded.append(load.source)), order="post")
+    kept = [r for r in block.reads if any(r.source.same_as(b) for b in loaded)]
+    extra = [tirx.BufferRegion(load.source, [tvm.ir.Range.from_min_extent(i, 1) for i in load.indices])
+             for load in loads]
+    return s_tir.SBlock(block.iter_vars, kept + extra, block.writes, block.name_hint, body, block.init,
+                        block.alloc_buffers, block.match_buffers, block.annotations)
+
+
+def _online_rewrites(sch: s_tir.Schedule, online: tuple, partial_of: dict) -> dict:
+    """Block name -> rewritten block, for each online (sum, max) pair: the sum's partial reads the
+    max's partial of its own chunk in place of the combined max; the sum's combine adds each
+    partial times exp(m_c - M)."""
+    rewrites = {}
+    for total, peak in online:
+        sum_rf, max_rf = (sch.get(sch.get_sblock(partial_of[n])) for n in (total, peak))
+        combined = sch.get(sch.get_sblock(peak)).body.buffer
+        chunk_max = tirx.BufferLoad(max_rf.body.buffer, list(sum_rf.body.indices))
+
+        def own_chunk(load, combined=combined, chunk_max=chunk_max):
+            return chunk_max if load.source.same_as(combined) else load
+
+        body = tvm_ffi.structural_map(sum_rf.body, (tvm.ir.TensorLoad, own_chunk))
+        rewrites[sum_rf.name_hint] = _with_reads(sum_rf, body, [chunk_max])
+        block = sch.get(sch.get_sblock(total))
+        store = block.body  # total = total + total_rf[.., c, ..]
+        partial = store.value.b
+        peak_at = tirx.BufferLoad(max_rf.body.buffer, list(partial.indices))
+        row_max = tirx.BufferLoad(combined, list(store.indices))
+        shift = peak_at - row_max
+        if str(shift.ty) != str(partial.ty):  # float16 maxima, float32 sums
+            shift = tirx.Cast(str(partial.ty), shift)
+        value = store.value.a + partial * tirx.exp(shift)
+        rewrites[block.name_hint] = _with_reads(block, tirx.BufferStore(store.buffer, value, store.indices),
+                                                [peak_at, row_max])
+    return rewrites
+
+
+def _in_kernel_order(sch: s_tir.Schedule, kernel_of: dict, rewrites: dict) -> s_tir.Schedule:
+    """A schedule of the same function with its root loop nests stably sorted by kernel, and the
+    blocks of `rewrites` (name -> block) replaced.
 
     A valid order: every value flows from a kernel to a later one (a combine
     follows its partial; readers are in the combine's kernel or later).
@@ -140,6 +200,8 @@ def _in_kernel_order(sch: s_tir.Schedule, kernel_of: dict) -> s_tir.Schedule:
         return stmt.block.name_hint
 
     ordered = sorted(nests, key=lambda nest: kernel_of[block_name(nest)])
+    ordered = [tvm_ffi.structural_map(nest, (s_tir.SBlock, lambda b: rewrites.get(b.name_hint, b)))
+               for nest in ordered]
     body = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(ordered), root.init,
                         root.alloc_buffers, root.match_buffers, root.annotations)
     return s_tir.Schedule(func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, body)))

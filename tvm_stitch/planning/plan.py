@@ -84,6 +84,7 @@ class StitchPlan:
     registers: int = -1  # CUDA: estimated registers per thread (resources.py)
     occupancy: float = -1.0  # CUDA: resident warps per SM over the maximum, from threads, registers, shared
     phases: tuple = ()  # row-split: a Phase per kept block and per reduction's combine
+    online: tuple = ()  # row-split: (sum, max) pairs whose partials take one pass (online softmax)
     notes: tuple = field(default=())
     aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
     spec: TargetSpec | None = None  # the hardware the plan was made for
@@ -99,6 +100,7 @@ class StitchPlan:
         for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes", "shared_rows"):
             data[key] = tuple(data.get(key, ()))
         data["shared_reductions"] = tuple(tuple(r) for r in data.get("shared_reductions", ()))
+        data["online"] = tuple(tuple(pair) for pair in data.get("online", ()))
         data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
         if data.get("spec") is not None:
             data["spec"] = TargetSpec.from_dict(data["spec"])

@@ -18,6 +18,12 @@ Groups that walk columns (a thread per row steps down a strided axis:
 dgamma, BatchNorm statistics) get the same split with rows across threads,
 so loads stay coalesced and the walk is cut into chunks over blocks.
 
+A sum of exp(a - max) whose max reduces the same `a` over the row (softmax,
+log-sum-exp) is one pass (online softmax): each chunk's partial is the sum
+of exp(a - m_c) with m_c the chunk's own partial max, and the combine
+rescales it, S = sum_c s_c * exp(m_c - M). Its partials then run in the max's
+kernel, saving the kernel between them.
+
 Element-wise intermediates are inlined into each kernel that reads them:
 recomputing them (even exp) costs less than a round trip through global
 memory. The number of kernels is one more than the longest chain of
@@ -27,8 +33,11 @@ cooperative launch (every block resident) that TVM's runtime does not make.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
@@ -87,8 +96,9 @@ def _levels(kept: list, consumers: dict) -> dict:
 
 
 def _kept_blocks(func: tirx.PrimFunc) -> tuple:
-    """(views, outputs, inlined views, kept views, rank): the blocks once every element-wise block
-    that is not an output is inlined, and the rows they share."""
+    """(views, outputs, inlined views, kept views, rank, online pairs): the blocks once every
+    element-wise block that is not an output is inlined, the rows they share, and the (sum, max)
+    reductions that take one pass (`online_pairs`)."""
     views = block_views(s_tir.Schedule(func))
     outputs = output_blocks(views, func)
     inlined = [v for v in views if v.name not in outputs and not v.has_reduction]
@@ -100,7 +110,7 @@ def _kept_blocks(func: tirx.PrimFunc) -> tuple:
     rank = analyze_rows(trial.mod["main"], kept).depth
     if rank == 0:
         raise SplitError("no row axis shared by all blocks")
-    return views, outputs, inlined, kept, rank
+    return views, outputs, inlined, kept, rank, online_pairs(trial, kept, rank)
 
 
 def _row_length(kept: list, rank: int) -> int:
@@ -129,14 +139,102 @@ class _Kernels:
     count: int  # kernels in all
 
 
-def _kernels(kept: list) -> _Kernels:
+def _kernels(kept: list, online: tuple = ()) -> _Kernels:
+    """The kernels; an online (sum, max) pair: the sum's partials do not wait for the max's
+    combine, and the sum's combine reads the combined max."""
     consumers = block_consumers(kept)
+    for total, peak in online:
+        consumers[peak].discard(total)
     level = _levels(kept, consumers)
     readers = {name: [level[c] for c in users] for name, users in consumers.items()}
-    # A reduction's partials run in its own kernel, their combine in its first reader's kernel.
-    combine = {view.name: min(readers[view.name], default=level[view.name] + 1)
-               for view in kept if view.has_reduction}
+
+    def combined(name: str) -> int:  # a reduction's combine runs in its first reader's kernel
+        return min(readers[name], default=level[name] + 1)
+
+    combine = {view.name: combined(view.name) for view in kept if view.has_reduction}
+    for total, peak in online:
+        readers[peak].append(combine[total])
+        combine[peak] = combined(peak)
     return _Kernels(level, combine, readers, max(list(level.values()) + list(combine.values())) + 1)
+
+
+def _reduction_parts(block):
+    """(init value, buffer, load of the old value, the other operand, combiner) of a reduction
+    block `r = combiner(r, value)` that writes one buffer; None for another shape."""
+    body, init = block.body, block.init
+    if not isinstance(body, tirx.BufferStore) or not isinstance(init, tirx.BufferStore):
+        return None
+    value = body.value
+    if not isinstance(value, (tirx.Max, tirx.Add)):
+        return None
+    old = value.a
+    if not (isinstance(old, tvm.ir.TensorLoad) and old.source.same_as(body.buffer)
+            and tvm_ffi.structural_equal(old.indices, body.indices)):
+        return None
+    return init.value, body.buffer, old, value.b, type(value)
+
+
+def _reads_buffer(expr, buffer) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, lambda load: found.append(load.source.same_as(buffer))),
+                            order="post")
+    return any(found)
+
+
+def online_pairs(trial: s_tir.Schedule, kept: list, rank: int) -> tuple:
+    """(sum, max) pairs of kept reductions that take one pass per chunk: the max reduces `a`
+    from a finite identity, the sum adds exp(a - max) from 0 (float casts around the exp and its
+    argument allowed: they round each term as the unsplit sum does), with the same `a` over the
+    same iterators (so every exp(a - m_c) <= 1), reading the max only through its row value (one
+    per row: `_row_length` checks it)."""
+    blocks = {v.name: trial.get(trial.get_sblock(v.name)) for v in kept if v.has_reduction}
+    parts = {name: _reduction_parts(block) for name, block in blocks.items()}
+    pairs = []
+    for total, sum_parts in parts.items():
+        if sum_parts is None or sum_parts[4] is not tirx.Add or not _is_const(sum_parts[0], 0.0):
+            continue
+        term = _uncast(sum_parts[3])
+        if not (isinstance(term, tvm.ir.Call) and term.op.name == "tirx.exp"
+                and isinstance(_uncast(term.args[0]), tirx.Sub)):
+            continue
+        shifted, peak_load = _uncast(term.args[0]).a, _uncast(term.args[0]).b
+        if not isinstance(peak_load, tvm.ir.TensorLoad) or _reads_buffer(shifted, peak_load.source):
+            continue
+        for peak, max_parts in parts.items():
+            if (max_parts is None or max_parts[4] is not tirx.Max or not max_parts[1].same_as(peak_load.source)
+                    or not isinstance(max_parts[0], tirx.FloatImm) or not math.isfinite(max_parts[0].value)
+                    or any(p == peak for _, p in pairs)):  # one sum per max: its chunk max is staged once
+                continue
+            iters = _same_iterators(blocks[peak], blocks[total])
+            if iters is None:
+                continue
+            same_a = tvm_ffi.structural_map(max_parts[3], (tirx.Var, lambda v, iters=iters: iters.get(v, v)))
+            if (tvm_ffi.structural_equal(peak_load.indices[:rank], sum_parts[2].indices[:rank])
+                    and tvm_ffi.structural_equal(max_parts[1].shape, sum_parts[1].shape)
+                    and tvm_ffi.structural_equal(same_a, shifted)):
+                pairs.append((total, peak))
+    return tuple(pairs)
+
+
+def _same_iterators(a, b):
+    """{iterator of block a: b's} when both blocks iterate the same domains the same way; else None."""
+    if len(a.iter_vars) != len(b.iter_vars):
+        return None
+    for x, y in zip(a.iter_vars, b.iter_vars):
+        if x.iter_type != y.iter_type or not tvm_ffi.structural_equal(x.dom, y.dom):
+            return None
+    return {x.var: y.var for x, y in zip(a.iter_vars, b.iter_vars)}
+
+
+def _uncast(expr):
+    """`expr` without the float casts around it (float16 softmax: exp in float32, summed in float32)."""
+    while isinstance(expr, tirx.Cast) and str(expr.ty).startswith("float"):
+        expr = expr.value
+    return expr
+
+
+def _is_const(expr, value: float) -> bool:
+    return isinstance(expr, (tirx.FloatImm, tirx.IntImm)) and expr.value == value
 
 
 def _check_worth_splitting(kept: list, rank: int, kernels: _Kernels, unsplit_blocks: int) -> None:
@@ -192,7 +290,8 @@ def _intermediates(views: list, inlined: list, kept: list, outputs: set, kernels
     return out
 
 
-def _notes(mapping: ThreadMapping, length: int, columns: bool, kernels: _Kernels, inlined: list) -> list:
+def _notes(mapping: ThreadMapping, length: int, columns: bool, kernels: _Kernels, inlined: list,
+           online: tuple) -> list:
     m = mapping
     if columns:
         first = (f"column access: {m.rows} threads walk columns of {length} in {m.split} chunks, {m.grid} blocks "
@@ -206,6 +305,9 @@ def _notes(mapping: ThreadMapping, length: int, columns: bool, kernels: _Kernels
         f"global stitching in {kernels.count} kernels (partials, then per-row combines); no grid barrier: "
         "TVM's runtime has no cooperative launch to guarantee every block is resident",
     ]
+    for total, peak in online:
+        notes.append(f"online softmax: {total}'s partials sum exp(x - {peak}'s chunk max) in {peak}'s pass, "
+                     "rescaled when combined")
     if any(v.expensive for v in inlined):
         notes.append("expensive element-wise ops are recomputed in each kernel that reads them")
     return notes
@@ -216,7 +318,7 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
     """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`."""
     if spec.family != "cuda":
         raise SplitError("row-split is a CUDA scheme")
-    views, outputs, inlined, kept, rank = _kept_blocks(func)
+    views, outputs, inlined, kept, rank, online = _kept_blocks(func)
     rows = static_product(kept[0].extents[:rank])
     if rows is None:
         raise SplitError("symbolic row count")
@@ -225,7 +327,7 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
     # Column access (e.g. dgamma, BatchNorm over N): a thread per row walks its column;
     # splitting the walk gives blocks when there are few rows.
     unsplit_blocks = -(-rows // spec.warp_size) if columns else rows
-    kernels = _kernels(kept)
+    kernels = _kernels(kept, online)
     if few_long_rows_only:
         if columns and (unsplit_blocks >= spec.sms or length < MIN_COLUMN_WALK):
             raise SplitError(f"{rows} column walks of {length}: enough blocks without a split")
@@ -251,9 +353,10 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
         phases=tuple(Phase(v.name, kernels.level[v.name]) for v in kept) + tuple(
             Phase(n, lvl, PhaseRole.COMBINE) for n, lvl in kernels.combine.items()),
         kernels=kernels.count,
+        online=online,
         shared_bytes=cuda_shared_bytes((), reductions, mapping.threads, mapping.rows_per_task, spec.warp_size),
         shared_reductions=reductions,
         reductions=sum(1 for v in kept if v.has_reduction),
-        notes=tuple(_notes(mapping, length, columns, kernels, inlined)),
+        notes=tuple(_notes(mapping, length, columns, kernels, inlined, online)),
         spec=spec,
     )

@@ -24,16 +24,18 @@ class Built:
 
 
 def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False,
-          emulate=None, cost_model=True, spec=None) -> Built:
+          emulate=None, cost_model=True, spec=None, fast_math=None) -> Built:
     """Compile `mod` with the stitch pipeline (stitched=True) or TVM's default one.
 
     `emulate="cuda"` (llvm only): the CUDA schedules, without thread bindings.
     `cost_model=False`: kernel configurations from the rules alone.
     `spec`: plan for this TargetSpec instead of the target's own.
+    `fast_math`: as `pipeline`'s (None: on for llvm, off for CUDA).
     """
     target = as_target(target)
     report = StitchReport() if stitched else None
-    pipe = (pipeline(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec)
+    pipe = (pipeline(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec,
+                     fast_math=fast_math)
             if stitched
             else default_pipeline(target))
     start = time.perf_counter()
