@@ -76,3 +76,12 @@ def test_transformer_forward_sheds_70_percent_of_memory_launches_and_keeps_dligh
         func = built.lowered[func_name]
         if "tvm_stitch.schedule_rule" in func.attrs and is_compute_kernel(func):
             assert str(func.attrs["tvm_stitch.schedule_rule"]) == "Matmul", func_name
+
+
+def test_bert_with_symbolic_sequence_has_no_fallback_for_a_shape_form():
+    # The head merge hands `s * 2` rows to a reshape declaring `2 * s`: FuseTIR compares the forms
+    # literally, so the outlined group takes each parameter in its member's form.
+    mod, _, _ = import_model("bert", "test", dynamic_shapes=(SEQUENCE,))
+    cuda = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    reasons = [g.fallback for g in cuda.report.fallbacks]
+    assert not [r for r in reasons if "Parameter expression" in r or "symbolic" in r or "well-formed" in r], reasons

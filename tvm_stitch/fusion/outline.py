@@ -17,7 +17,7 @@ import tvm_ffi
 from tvm import relax, sym, tirx
 
 from tvm_stitch.analysis.graph import Graph
-from tvm_stitch.analysis.tir_view import vars_in
+from tvm_stitch.analysis.tir_view import buffer_params, vars_in
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -141,8 +141,34 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
         _called_globals(mod, graph.nodes[index].binding.value, called)
     mini_mod = tvm.IRModule({gv: f for gv, f in called.items() if isinstance(f, tirx.PrimFunc)})
 
+    outlined_mod, main_params = _outlined_module(mod, mini_mod, graph, members, name, externals, outputs,
+                                                 [v.ty for v in externals])
+    forms = _member_forms(outlined_mod[name], mini_mod)
+    if forms:
+        # FuseTIR matches a parameter's shape to the member PrimFunc's literally (s * 2 is not 2 * s).
+        outlined_mod, main_params = _outlined_module(mod, mini_mod, graph, members, name, externals, outputs,
+                                                     [forms.get(i, v.ty) for i, v in enumerate(externals)])
+    # An ill-formed group (a symbolic variable left undefined) sends FuseTIR into endless recursion.
+    _check_well_formed(tvm.IRModule({gv: f for gv, f in outlined_mod.functions_items() if gv.name_hint != "main"}),
+                       "outlined group")
+    fused_mod = relax.transform.FuseTIR()(outlined_mod)
+    _check_well_formed(fused_mod, "FuseTIR's result")
+    call = _single_call_tir(fused_mod["main"])
+    fused_gv = call.args[0]
+    arg_exprs = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+    by_param = dict(zip(main_params, externals))
+    # Symbolic sizes the PrimFunc takes as scalars come as PrimValues of the caller's variables.
+    args = [by_param.get(a, a) for a in arg_exprs]
+    return Outlined(fused_mod[fused_gv], args, outputs, [v.ty for v in outputs])
+
+
+def _outlined_module(mod, mini_mod, graph, members, name, externals, outputs, types) -> tuple:
+    """(module of the Primitive group function `name` and a `main` calling it, main's parameters).
+
+    The group function's parameters take `types`, one per external; main's, the externals' own.
+    """
     bb = relax.BlockBuilder(mini_mod)
-    params = [relax.Var(_name(v, i), v.ty) for i, v in enumerate(externals)]
+    params = [relax.Var(_name(v, i), ty) for i, (v, ty) in enumerate(zip(externals, types))]
     vmap = dict(zip(externals, params))
     with bb.function(name, params, attrs={"Primitive": True}, private=True):
         with bb.dataflow():
@@ -160,19 +186,53 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
         with bb.dataflow():
             out = bb.emit_output(relax.Call(group_gv, main_params))
         bb.emit_func_output(out)
-    outlined_mod = bb.get()
-    # An ill-formed group (a symbolic variable left undefined) sends FuseTIR into endless recursion.
-    _check_well_formed(tvm.IRModule({gv: f for gv, f in outlined_mod.functions_items() if gv.name_hint != "main"}),
-                       "outlined group")
-    fused_mod = relax.transform.FuseTIR()(outlined_mod)
-    _check_well_formed(fused_mod, "FuseTIR's result")
-    call = _single_call_tir(fused_mod["main"])
-    fused_gv = call.args[0]
-    arg_exprs = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
-    by_param = dict(zip(main_params, externals))
-    # Symbolic sizes the PrimFunc takes as scalars come as PrimValues of the caller's variables.
-    args = [by_param.get(a, a) for a in arg_exprs]
-    return Outlined(fused_mod[fused_gv], args, outputs, [v.ty for v in outputs])
+    return bb.get(), main_params
+
+
+_ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
+
+
+def _in_caller_terms(expr, binding: dict):
+    """`expr` (a PrimFunc's shape dimension) with its variables replaced through `binding`; None when
+    it holds a variable `binding` lacks or a form other than integer arithmetic."""
+    if isinstance(expr, tirx.IntImm):
+        return expr
+    if isinstance(expr, tirx.Var):
+        return binding.get(expr)
+    if isinstance(expr, _ARITHMETIC):
+        a, b = _in_caller_terms(expr.a, binding), _in_caller_terms(expr.b, binding)
+        return None if a is None or b is None else type(expr)(a, b)
+    return None
+
+
+def _member_forms(group: relax.Function, mini_mod: tvm.IRModule) -> dict:
+    """{parameter index: its type in the form the first member PrimFunc reading it declares} for the
+    parameters of `group` whose shape forms differ from it but are provably equal (`s * 2`, `2 * s`)."""
+    forms: dict = {}
+    index = {p: i for i, p in enumerate(group.params)}
+    analyzer = sym.Analyzer()
+    for block in group.body.blocks:
+        for b in block.bindings:
+            call = b.value
+            if not (isinstance(call, relax.Call) and call.op.same_as(_CALL_TIR)):
+                continue
+            args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+            outs = list(b.var.ty.fields) if isinstance(b.var.ty, relax.TupleType) else [b.var.ty]
+            # (argument or None for an output, its type, the PrimFunc's shape at its place)
+            pairs = [(a, ty, p.ty.shape) for a, ty, p in zip(args + [None] * len(outs), [a.ty for a in args] + outs,
+                                                             buffer_params(mini_mod[call.args[0]]))
+                     if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
+                     and len(ty.shape.values) == len(p.ty.shape)]
+            binding = {d: e for _, ty, shape in pairs for d, e in zip(shape, ty.shape.values) if isinstance(d, tirx.Var)}
+            for a, ty, shape in pairs:
+                if a not in index or index[a] in forms:
+                    continue
+                dims = [_in_caller_terms(d, binding) for d in shape]
+                values = ty.shape.values
+                if all(d is not None and analyzer.can_prove_equal(d, v) for d, v in zip(dims, values)) \
+                        and not all(tvm_ffi.structural_equal(d, v) for d, v in zip(dims, values)):
+                    forms[index[a]] = relax.TensorType(dims, ty.dtype)
+    return forms
 
 
 def _sizes_in(graph: Graph, members: list) -> list:
