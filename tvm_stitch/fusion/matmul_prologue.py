@@ -183,13 +183,18 @@ def _composed(mod: tvm.IRModule, matmul: relax.Call, position: int, producer: re
 
 
 def defines_its_sizes(func: tirx.PrimFunc) -> bool:
-    """Whether every variable `func`'s body uses is a parameter or a size of a parameter's shape
-    (a fold over symbolic shapes can leave a size of a folded producer undefined)."""
-    defined = list(func.params)
+    """Whether every size `func`'s body uses is a parameter, a dimension of a parameter's shape or a
+    loop, block or let variable (a fold over symbolic shapes can leave a size of a folded producer
+    undefined: MakePackedAPI then refuses the function)."""
+    defined = set(func.params)
     for param in func.params:
-        for dim in getattr(param.ty, "shape", ()):
-            defined.extend(vars_in(dim))
-    return not tvm.tirx.analysis.undefined_vars(func.body, defined)
+        # Only a dimension that is a variable itself defines it (not `2 * s`).
+        defined |= {dim for dim in getattr(param.ty, "shape", ()) if isinstance(dim, tirx.Var)}
+    tvm_ffi.structural_walk(func.body, ((tirx.For, lambda loop: defined.add(loop.loop_var)),
+                                        (tirx.IterVar, lambda iv: defined.add(iv.var)),
+                                        (tirx.LetStmt, lambda let: defined.add(let.var))), order="post")
+    sizes = {v for v in vars_in(func.body) if str(v.ty).startswith(("int", "uint"))}
+    return sizes <= defined
 
 
 def matmul_rule_applies(func: tirx.PrimFunc, target: Target) -> bool:
