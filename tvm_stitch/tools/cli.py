@@ -73,15 +73,24 @@ def _model_names(text: str):
     return names
 
 
-def _explain(args) -> int:
-    from tvm_stitch.explain import explain_with_graph
+def _load(args):
+    """(module, description) named by `args.graph` (suite graph, model or script); None after printing why not."""
     from tvm_stitch.tools.sources import SourceError, load_module
 
     try:
-        mod, description = load_module(args.graph, dtype=args.dtype, size=args.size)
+        return load_module(args.graph, dtype=args.dtype, size=args.size)
     except SourceError as err:
         print(str(err), file=sys.stderr)
+        return None
+
+
+def _explain(args) -> int:
+    from tvm_stitch.explain import explain_with_graph
+
+    loaded = _load(args)
+    if loaded is None:
         return 2
+    mod, description = loaded
     from tvm_stitch.target import host_target
 
     target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else host_target()
@@ -100,13 +109,11 @@ def _explain(args) -> int:
 def _simt(args) -> int:
     from tvm_stitch import simt
     from tvm_stitch.check.opencl_run import NoOpenclDevice
-    from tvm_stitch.tools.sources import SourceError, load_module
 
-    try:
-        mod, description = load_module(args.graph, dtype=args.dtype, size=args.size)
-    except SourceError as err:
-        print(str(err), file=sys.stderr)
+    loaded = _load(args)
+    if loaded is None:
         return 2
+    mod, description = loaded
     try:
         report = simt.check(mod, {"kind": "cuda", "arch": args.arch}, oclgrind=args.oclgrind, seed=args.seed)
     except NoOpenclDevice as err:
