@@ -16,6 +16,7 @@ for llvm. See tvm_stitch/check/simt_kernel.py for the statuses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import tvm
 from tvm import tirx
@@ -30,7 +31,7 @@ from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import stitch_module
 from tvm_stitch.target import as_target
 
-DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
+DEFAULT_TARGET = MappingProxyType({"kind": "cuda", "arch": "sm_90"})
 
 __all__ = ["check", "SimtReport", "KernelCheck"]
 
@@ -101,7 +102,7 @@ def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int =
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"simt.check expects a Relax IRModule, got {type(mod).__name__}")
-    target = as_target(target if target is not None else DEFAULT_TARGET)
+    target = as_target(target if target is not None else dict(DEFAULT_TARGET))
     if target.kind.name != "cuda":
         raise ValueError(f"simt.check runs CUDA kernels; target kind {target.kind.name!r} is not cuda")
     device = opencl_run.device_for(oclgrind)

@@ -19,6 +19,8 @@ widened to float32 and narrows the outputs back, both exactly.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import ml_dtypes
 import numpy as np
 import tvm
@@ -26,9 +28,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 NARROW = ("bfloat16", "float16")  # bfloat16 first: "float16" is a suffix of it
-ROUND = {"float16": "tvm_stitch_round_float16", "bfloat16": "tvm_stitch_round_bfloat16"}
-_LARGEST = {"float16": float(np.finfo(np.float16).max), "bfloat16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)}
-_SCALAR = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+ROUND = MappingProxyType({"float16": "tvm_stitch_round_float16", "bfloat16": "tvm_stitch_round_bfloat16"})
+_LARGEST = MappingProxyType({"float16": float(np.finfo(np.float16).max),
+                             "bfloat16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)})
+_SCALAR = MappingProxyType({"float16": np.float16, "bfloat16": ml_dtypes.bfloat16})
 
 _WIDTHS = ("", "2", "3", "4", "8", "16")
 HELPERS = "\n".join(

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 
-OCLGRIND_ENV = {"OCLGRIND_DATA_RACES": "1", "OCLGRIND_UNINITIALIZED": "1"}
+OCLGRIND_ENV = MappingProxyType({"OCLGRIND_DATA_RACES": "1", "OCLGRIND_UNINITIALIZED": "1"})
 
 # (status, headline pattern), first match wins
 _KINDS = (
