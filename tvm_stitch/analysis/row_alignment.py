@@ -8,7 +8,12 @@ intermediate is produced and consumed by the same row task (a CUDA thread
 block, a CPU loop iteration), and intermediates never cross rows.
 
 Reads of tensors from outside the group may cross rows freely (a broadcast
-gamma, a transposed weight): they are read from global memory.
+gamma, a transposed weight, a gather through computed or loaded indices:
+an embedding lookup, a concat, a pad): they are read from global memory.
+A read of an intermediate through computed indices is aligned when its row
+indices are the row iterators themselves (a rotated half of the row); any
+other (a `take` of rows of an intermediate) crosses rows and ends the
+aligned depth, with the reason recorded.
 """
 
 from __future__ import annotations
@@ -74,6 +79,18 @@ def common_row_extents(views: list) -> tuple:
     return tuple(prefix)
 
 
+def _extents_differ(views: list, axis: int) -> str:
+    """Where the blocks' leading spatial extents stop agreeing, at `axis` ("" when some block has none left)."""
+    distinct = {}
+    for view in views:
+        lead = _leading_spatial(view)
+        if len(lead) <= axis:
+            return ""
+        distinct.setdefault(str(lead[axis]), view.name)
+    shown = ", ".join(f"{extent} ({name})" for extent, name in list(distinct.items())[:3])
+    return f"the blocks' extents differ at axis {axis}: {shown}"
+
+
 @dataclass(frozen=True)
 class RowInfo:
     """Row alignment of one PrimFunc.
@@ -86,10 +103,12 @@ class RowInfo:
     exprs: tuple  # the same extents printed, to compare rows (symbolic ones by name)
     depth: int
     param_access: tuple  # per param: tuple of kinds for r = 0..depth
+    limit: str = ""  # why the aligned depth stops where it does ("" when every leading axis is a row)
 
 
-def _internally_aligned(views: list, param_buffers: list, rank: int) -> bool:
-    """Writes aligned, and reads aligned unless they read a pure input (a parameter no block writes).
+def _misaligned(views: list, param_buffers: list, rank: int) -> str:
+    """The first write, or read of something other than a pure input (a parameter no block
+    writes), that does not keep row i at index [i, ...] at `rank`; "" when none.
 
     A parameter that is also written is a kernel output read back inside the
     kernel: another row task may not have written the row it wants yet.
@@ -100,13 +119,14 @@ def _internally_aligned(views: list, param_buffers: list, rank: int) -> bool:
         row_vars = view.iter_vars[:rank]
         for write in view.writes:
             if access_kind(write, row_vars) != ALIGNED:
-                return False
+                return f"block {view.name} writes {write.buffer.name} across rows"
         for read in view.reads:
             if any(read.buffer.same_as(b) for b in inputs):
                 continue
             if access_kind(read, row_vars) != ALIGNED:
-                return False
-    return True
+                return (f"block {view.name} reads {read.buffer.name} [{', '.join(str(i) for i in read.indices)}] "
+                        f"({read.kind} access) across rows")
+    return ""
 
 
 def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
@@ -115,9 +135,10 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
         views = block_views(s_tir.Schedule(func))
     param_buffers = buffer_params(func)
     extents = common_row_extents(views)
-    depth = 0
+    depth, limit = 0, ""
     for rank in range(1, len(extents) + 1):
-        if not _internally_aligned(views, param_buffers, rank):
+        limit = _misaligned(views, param_buffers, rank)
+        if limit:
             break
         depth = rank
     access = []
@@ -133,7 +154,10 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
             per_rank.append(_worst(kinds) if kinds else INVARIANT)
         access.append(tuple(per_rank))
     leading = extents[:depth]
-    return RowInfo(tuple(static_int(e) for e in leading), tuple(str(e) for e in leading), depth, tuple(access))
+    if not limit:
+        limit = _extents_differ(views, len(extents))
+    return RowInfo(tuple(static_int(e) for e in leading), tuple(str(e) for e in leading), depth, tuple(access),
+                   limit)
 
 
 def walks_columns(views: list, params: list, rank: int) -> bool:

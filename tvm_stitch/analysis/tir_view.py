@@ -24,8 +24,9 @@ EXPENSIVE_INTRINSICS = frozenset(
 )
 
 
-POINT = "point"  # the block's region of the buffer is one element: its index is the region's
-GATHER = "gather"  # the region spans more (computed or loaded indices): its index is a load's in the body
+POINT = "point"  # one element, at indices computed from the block's iterators alone
+GATHER = "gather"  # through loaded indices (a `take`), or a region one load does not cover (a concat's or
+# pad's guarded loads, two halves of a row): one access per index tuple the body loads it at
 REGION = "region"  # a region no load of the body describes (an opaque access): not describable
 
 
@@ -69,13 +70,21 @@ def _accesses(region, body, analyzer) -> list:
     """The accesses of one read or write region of a block whose body is `body`."""
     buffer = region.source
     if all(_is_one(r.extent) for r in region.region):
-        return [Access(buffer, tuple(_index(r.min, analyzer) for r in region.region), POINT)]
+        indices = tuple(_index(r.min, analyzer) for r in region.region)
+        return [Access(buffer, indices, GATHER if any(_loads_in(i) for i in indices) else POINT)]
     out = []
     for indices in _load_indices(body, buffer):
         simple = tuple(_index(i, analyzer) for i in indices)
         if not any(tvm_ffi.structural_equal(simple, a.indices) for a in out):
             out.append(Access(buffer, simple, GATHER))
     return out or [Access(buffer, tuple(r.min for r in region.region), REGION)]
+
+
+def _loads_in(expr) -> bool:
+    """Whether an expression loads from a buffer."""
+    found = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, found.append), order="post")
+    return bool(found)
 
 
 def _load_indices(stmt, buffer) -> list:
