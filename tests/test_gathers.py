@@ -5,6 +5,9 @@ intermediate the plan keeps on chip must stay in its row, else the rows stop
 there (one row task for a small kernel, a fallback naming the read for a large one).
 """
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import tvm
@@ -16,6 +19,7 @@ from tvm_stitch.analysis.tir_view import GATHER, POINT, block_views
 from tvm_stitch.planning.common import PlanError
 from tvm_stitch.planning.planner import plan_row_resident
 from tvm_stitch.tools.build import build, run_cpu
+from tvm_stitch.tools.launches import cuda_source
 
 from conftest import CUDA, LLVM, make_module, tensor
 
@@ -198,3 +202,14 @@ def _opaque_region(x: T.Buffer((4, 8), "float32"), y: T.Buffer((4,), "float32"))
 def test_region_no_load_describes_falls_back_with_its_buffer_named():
     with pytest.raises(PlanError, match="block opaque reads a region of x"):
         plan_row_resident(_opaque_region, TargetSpec.from_target(CUDA), "opaque")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_gather_kernels_compile_with_nvcc(name, tmp_path):
+    built = build(GRAPHS[name]()[0], CUDA, stitched=True, strict=True)
+    source = tmp_path / "kernels.cu"
+    source.write_text(cuda_source(built.executable))
+    result = subprocess.run([shutil.which("nvcc"), "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"),
+                             str(source)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
