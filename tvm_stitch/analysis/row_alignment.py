@@ -86,7 +86,8 @@ def _extents_differ(views: list, axis: int) -> str:
         lead = _leading_spatial(view)
         if len(lead) <= axis:
             return ""
-        distinct.setdefault(str(lead[axis]), view.name)
+        extent = static_int(lead[axis])
+        distinct.setdefault(str(lead[axis]) if extent is None else str(extent), view.name)
     shown = ", ".join(f"{extent} ({name})" for extent, name in list(distinct.items())[:3])
     return f"the blocks' extents differ at axis {axis}: {shown}"
 
