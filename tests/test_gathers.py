@@ -213,3 +213,20 @@ def test_gather_kernels_compile_with_nvcc(name, tmp_path):
     result = subprocess.run([shutil.which("nvcc"), "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"),
                              str(source)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_bert_embedding_with_symbolic_sequence_is_one_launch():
+    """BERT's token, type and position lookups + LayerNorm over a symbolic sequence: one CUDA launch
+    (it fell back as 10 when the position ids' two reads merged into a region)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tvm_stitch.tools.launches import cuda_source, kernels_per_primfunc, primfunc_calls
+    from tvm_stitch.tools.models import import_model
+
+    mod, _, _ = import_model("bert", "test", dynamic_shapes=({1: torch.export.Dim("s", min=2, max=128)},))
+    built = build(mod, CUDA, stitched=True)
+    (embedding,) = [g for g in built.report.groups if "take" in g.ops and "layer_norm" in g.ops]
+    assert embedding.kernel, embedding.fallback
+    calls = primfunc_calls(built.lowered)
+    assert calls[embedding.kernel] * kernels_per_primfunc(cuda_source(built.executable), calls)[embedding.kernel] == 1
+    assert not [g.fallback for g in built.report.fallbacks if "region" in g.fallback]
