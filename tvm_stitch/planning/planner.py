@@ -91,7 +91,8 @@ def _level(view, consumers: list, levels: dict, evaluations: dict, is_output: bo
     if not view.expensive and not emulated and not gathered:
         return INLINE, "cheap: recomputed in each consumer"
     if _evaluations(view, consumers, levels, evaluations) == 1:
-        return INLINE, f"{', '.join(view.expensive) or 'gather'} evaluated once, inlined into its consumer"
+        what = ", ".join(view.expensive) or "a gathered value"
+        return INLINE, f"{what} evaluated once, inlined into its consumer"
     if gathered and not view.expensive and not emulated:
         return SHARED, "gathered once: reads through computed indices, kept for its several uses"
     if emulated:
@@ -355,9 +356,9 @@ def _rows(analysis: Analysis, rank: int | None, spec: TargetSpec) -> _Rows:
         raise PlanError(f"rank {rank} is outside the aligned depth 1..{depth}")
     sizes = [static_product(v.extents) for v in kept]
     if rank == 0 and (None in sizes or max(sizes) >= LARGE_WORK):
-        work = "a symbolic number of" if None in sizes else str(max(sizes))
-        raise PlanError(f"no row axis shared by all blocks ({analysis.depth_limit}), and {work} elements "
-                        "are too many for one row task")
+        work = "an unbounded number of elements" if None in sizes else f"{max(sizes)} elements"
+        raise PlanError(f"no row axis shared by all blocks ({analysis.depth_limit}), and one row task "
+                        f"cannot hold {work}")
     within = [static_product(view.extents[rank:]) for view in kept]
     # None: a symbolic row length (softmax over a symbolic key length); planned for any length.
     within_max = None if None in within else max([1] + within)
