@@ -495,7 +495,9 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                             and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1
                             and (not symbolic_shared or i.name in symbolic_shared)),
                            key=lambda i: -i.bytes_per_row)
-        excess = (f"{', '.join(symbolic_shared)}: a row of symbolic length cannot have a static shared buffer"
+        ends = analysis.depth_limit and rank == analysis.depth
+        stop = f" (rows end at axis {rank}: {analysis.depth_limit})" if ends else ""
+        excess = (f"{', '.join(symbolic_shared)}: a row of symbolic length cannot have a static shared buffer{stop}"
                   if symbolic_shared else
                   f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
                   f"staging) exceed {limit} of shared memory")
