@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.script import tirx as T
 
 from tvm_stitch import TargetSpec
-from tvm_stitch.analysis.tir_view import GATHER, POINT, block_views
+from tvm_stitch.analysis.tir_view import GATHER, POINT, REGION, block_views
 from tvm_stitch.planning.common import PlanError
 from tvm_stitch.planning.planner import plan_row_resident
 from tvm_stitch.tools.build import build, run_cpu
@@ -230,3 +230,20 @@ def test_bert_embedding_with_symbolic_sequence_is_one_launch():
     calls = primfunc_calls(built.lowered)
     assert calls[embedding.kernel] * kernels_per_primfunc(cuda_source(built.executable), calls)[embedding.kernel] == 1
     assert not [g.fallback for g in built.report.fallbacks if "region" in g.fallback]
+
+
+@T.prim_func(s_tir=True)
+def _row_sum_in_body(x: T.Buffer((4, 8), "float32"), y: T.Buffer((4,), "float32")):
+    for i in range(4):
+        with T.sblock("looped"):
+            vi = T.axis.spatial(4, i)
+            T.reads(x[vi, 0:8])
+            T.writes(y[vi])
+            y[vi] = T.float32(0)
+            for k in range(8):
+                y[vi] = y[vi] + x[vi, k]
+
+
+def test_loads_inside_a_loop_of_the_body_are_a_region():
+    (view,) = block_views(tvm.s_tir.Schedule(_row_sum_in_body))
+    assert [r.kind for r in view.reads] == [REGION]

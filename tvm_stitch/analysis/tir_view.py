@@ -73,11 +73,23 @@ def _accesses(region, body, analyzer) -> list:
         indices = tuple(_index(r.min, analyzer) for r in region.region)
         return [Access(buffer, indices, GATHER if any(_loads_in(i) for i in indices) else POINT)]
     out = []
+    local = _body_vars(body)
     for indices in _load_indices(body, buffer):
+        if any(vars_in(i) & local for i in indices):
+            out = []  # a load inside a loop or binding of the body: per iteration, not per element
+            break
         simple = tuple(_index(i, analyzer) for i in indices)
         if not any(tvm_ffi.structural_equal(simple, a.indices) for a in out):
             out.append(Access(buffer, simple, GATHER))
     return out or [Access(buffer, tuple(r.min for r in region.region), REGION)]
+
+
+def _body_vars(stmt) -> set:
+    """The variables a statement defines itself: loop variables and let bindings."""
+    found = set()
+    tvm_ffi.structural_walk(stmt, ((tirx.For, lambda loop: found.add(loop.loop_var)),
+                                   ((tirx.Let, tirx.LetStmt, tirx.Bind), lambda let: found.add(let.var))), order="post")
+    return found
 
 
 def _loads_in(expr) -> bool:
