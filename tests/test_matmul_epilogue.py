@@ -242,7 +242,8 @@ def test_each_distinct_chain_is_composed_and_tried_once(monkeypatch, rng):
 
     monkeypatch.setattr(prologue, "_composed", counted("composed", prologue._composed))
     monkeypatch.setattr(prologue, "matmul_rule_applies", counted("trials", prologue.matmul_rule_applies))
-    qs, ks = [tensor(f"q{i}", (B, HEADS, T, D)) for i in range(2)], [tensor(f"k{i}", (B, HEADS, D, T)) for i in range(2)]
+    qs = [tensor(f"q{i}", (B, HEADS, T, D)) for i in range(2)]
+    ks = [tensor(f"k{i}", (B, HEADS, D, T)) for i in range(2)]
     op = relax.op
     cos, sin = (relax.const(rng.standard_normal((T, D)).astype("float32")) for _ in range(2))
 
