@@ -30,7 +30,7 @@ from tvm import relax, s_tir, tirx
 from tvm_stitch.analysis.classify import is_compute_kernel
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-ELEMWISE, BROADCAST, INJECTIVE, OUT_EWISE_FUSABLE = 0, 1, 2, 4  # TVM's OpPatternKind
+ELEMWISE, BROADCAST, INJECTIVE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 4, 8  # TVM's OpPatternKind
 
 
 def _blocks(func: tirx.PrimFunc) -> list:
@@ -106,7 +106,7 @@ def _epilogue_sites(mod: tvm.IRModule, func: relax.Function) -> list:
             if pattern <= BROADCAST:
                 after_matmul[binding.var] = transposed
                 continue
-            kind = copy_kind(callee) if pattern == INJECTIVE else ""
+            kind = copy_kind(callee) if pattern in (INJECTIVE, OPAQUE) else ""
             if not kind or (kind == "reshape" and transposed):
                 continue
             sites.append(call)
