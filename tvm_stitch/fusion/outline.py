@@ -106,8 +106,14 @@ def group_outputs(graph: Graph, members: list) -> list:
     return [v for v in defined if v in used]
 
 
-def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> Outlined:
-    """Fuse the member bindings into one PrimFunc (no scheduling)."""
+def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str, recomputed: list = ()) -> Outlined:
+    """Fuse the member bindings into one PrimFunc (no scheduling).
+
+    `recomputed`: producers the group computes again for its own use (see
+    partition.recomputed_in); none of its outputs, they keep their own bindings.
+    """
+    owned = members
+    members = sorted(set(members) | set(recomputed))
     member_vars = set()
     for index in members:
         member_vars.add(graph.nodes[index].var)
@@ -131,7 +137,7 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     undefined = _undefined_sizes(sizes, externals)
     if undefined:
         externals.append(relax.ShapeExpr(undefined))
-    outputs = group_outputs(graph, members)
+    outputs = group_outputs(graph, owned)
     for v in outputs:
         if not isinstance(v.ty, relax.TensorType):
             raise ValueError(f"group output {v.name} is not a tensor")

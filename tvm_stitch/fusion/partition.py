@@ -15,6 +15,12 @@ rows of at least `long_row` elements): its rows are split over blocks, and
 nothing is kept on chip per row.
 Nodes that join no other node stay singleton groups. The limits are the
 target's, made by planning/limits.py (`partition_limits(spec)`).
+
+Cheap producers that read no tensor (or only tiny ones) — the positions and
+masks computed from `arange` of a symbolic length, which a static build
+folds to constants — join no group: each group that reads one recomputes it
+(`recomputed_producers`, `recomputed_in`), as XLA and AStitch duplicate such
+producers, instead of launching it on its own and reading its result back.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
+from tvm import relax
 
 from tvm_stitch.analysis.classify import OpKind
 from tvm_stitch.analysis.graph import Graph, inlined_in_group
@@ -105,12 +112,73 @@ class Group:
         return out
 
 
+def _cheap_spatial(op) -> bool:
+    return op.cls.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE) and not op.cls.expensive
+
+
+def _tiny_external(graph: Graph, index: int, limits) -> bool:
+    """Whether external value `index` is a non-tensor (a shape) or a tensor of at most
+    `limits.recompute_input_elements` elements."""
+    ty = getattr(graph.externals[index], "ty", None)
+    if not isinstance(ty, relax.TensorType):
+        return True
+    if not isinstance(ty.shape, relax.ShapeExpr):
+        return False
+    total = 1
+    for dim in ty.shape.values:
+        value = static_int(dim)
+        if value is None:
+            return False
+        total *= value
+    return total <= limits.recompute_input_elements
+
+
+def recomputed_producers(graph: Graph, limits) -> frozenset:
+    """Nodes each consuming group recomputes instead of reading (see the module docstring).
+
+    A node qualifies when its ops are cheap spatial ones (no reduction, no
+    expensive intrinsic), each reading only tiny external values or other
+    qualifying nodes, and its result is read by stitchable nodes only (not by
+    opaque bindings, later blocks or the function's result, which need it in
+    memory anyway).
+    """
+    candidates = {node.index for node in graph.nodes
+                  if node.stitchable and node.ops and all(_cheap_spatial(graph.ops[i]) for i in node.ops)}
+    changed = True
+    while changed:
+        changed = False
+        for index in sorted(candidates):
+            ok = all(
+                (ref.op < 0 and _tiny_external(graph, ref.output, limits))
+                or (ref.op >= 0 and graph.ops[ref.op].node in candidates)
+                for i in graph.nodes[index].ops for ref in graph.ops[i].inputs)
+            if not ok:
+                candidates.discard(index)
+                changed = True
+    consumers = graph.consumers
+    return frozenset(index for index in candidates
+                     if consumers[index] and not any(i in graph.escapes for i in graph.nodes[index].ops))
+
+
+def recomputed_in(graph: Graph, members: list, recomputed: frozenset) -> list:
+    """The recomputed producers a group of `members` reads, directly or through each other, in order."""
+    found: set = set()
+    stack = [p for m in members for p in graph.producers[m] if p in recomputed]
+    while stack:
+        node = stack.pop()
+        if node not in found:
+            found.add(node)
+            stack.extend(p for p in graph.producers[node] if p in recomputed)
+    return sorted(found)
+
+
 class _Merger:
     """Groups and the checks that decide whether two may become one."""
 
     def __init__(self, graph: Graph, limits):
         self.graph = graph
         self.limits = limits
+        self.recomputed = recomputed_producers(graph, limits)
         self.desc = graph.descendants()
         self.anc = [0] * len(graph.nodes)
         for node, mask in enumerate(self.desc):
@@ -119,7 +187,7 @@ class _Merger:
         self.groups: dict = {}
         self.group_of: dict = {}
         for node in graph.nodes:
-            if node.stitchable and node.ops:
+            if node.stitchable and node.ops and node.index not in self.recomputed:
                 ops = set(node.ops)
                 rank, rows = group_rows(graph, ops)
                 self.groups[node.index] = Group(1 << node.index, ops, rank, rows, group_work(graph, ops))
@@ -166,7 +234,9 @@ class _Merger:
             self.group_of[member] = key
 
     def inputs(self, group: Group) -> set:
-        return {ref for i in group.ops for ref in self.graph.ops[i].inputs if ref.op not in group.ops}
+        """The values the group reads from memory (recomputed producers' results are not)."""
+        return {ref for i in group.ops for ref in self.graph.ops[i].inputs
+                if ref.op not in group.ops and (ref.op < 0 or self.graph.ops[ref.op].node not in self.recomputed)}
 
 
 def _bits(mask: int):
@@ -181,7 +251,8 @@ def _bits(mask: int):
 def partition(graph: Graph, limits) -> list:
     """Convex groups of stitchable nodes, as lists of node indices in order.
 
-    `limits`: the target's PartitionLimits (planning/limits.py).
+    `limits`: the target's PartitionLimits (planning/limits.py). The
+    recomputed producers are in no group (see `recomputed_in`).
 
     First along producer -> consumer edges; then siblings that read a common
     input over the same rows (dgamma and dbeta of a LayerNorm backward) join,
