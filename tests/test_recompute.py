@@ -77,3 +77,27 @@ def test_a_producer_reading_a_large_tensor_is_not_recomputed():
     mod = make_module([tensor("x", [4, 64, 64]), tensor("y", [2, 64, 64]), tensor("w", [64, 64])], body)
     cuda = build(mod, CUDA, stitched=True)
     assert not [g for g in cuda.report.groups if g.recomputed]
+
+
+def test_a_mask_whose_readers_fall_back_is_stitched_on_its_own(monkeypatch, rng):
+    from tvm_stitch import stitch_pass
+
+    plan_kernel = stitch_pass.plan_kernel
+
+    def refuse_softmax(func, spec, name):
+        if "softmax" in func.script():
+            raise stitch_pass.StitchError("refused for the test")
+        return plan_kernel(func, spec, name)
+
+    monkeypatch.setattr(stitch_pass, "plan_kernel", refuse_softmax)
+    mod = make_module([tensor("x", [4, S, S]), tensor("y", [2, S, S])], _two_masked_softmaxes)
+    cpu = build(mod, {"kind": "llvm"}, stitched=True)
+    stitched = [g for g in cpu.report.groups if g.stitched]
+    assert len(stitched) == 1 and "where" in stitched[0].ops and not stitched[0].recomputed
+    assert any("instead of recomputing" in note for note in cpu.report.notes)
+    x = rng.standard_normal((4, 9, 9)).astype("float32")
+    y = rng.standard_normal((2, 9, 9)).astype("float32")
+    mask = np.where(np.arange(9)[:, None] >= np.arange(9)[None, :], 0.0, -1e9)
+    a, b = run_cpu(cpu.executable, [x, y])
+    np.testing.assert_allclose(a, _softmax(x + mask), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b, _softmax(y + mask), rtol=1e-5, atol=1e-6)

@@ -64,6 +64,21 @@ def _defined(node) -> list:
     return [node.var] + [a.var for a in node.aliases]
 
 
+def _still_read(graph: Graph, recomputed: frozenset, stitched: list) -> frozenset:
+    """The recomputed producers some node outside the stitched groups reads (a group that fell back,
+    a reshape left to TVM), directly or through each other: they are computed once, in memory."""
+    inside = {m for members, _ in stitched for m in members}
+    read = {p for node in graph.nodes if node.index not in inside and node.index not in recomputed
+            for p in graph.producers[node.index] if p in recomputed}
+    stack = list(read)
+    while stack:
+        for p in graph.producers[stack.pop()]:
+            if p in recomputed and p not in read:
+                read.add(p)
+                stack.append(p)
+    return frozenset(read)
+
+
 def _without_unused(bindings: list, droppable: set, used_after: set) -> list:
     """`bindings` less those defining a variable of `droppable` that nothing later reads (a recomputed
     producer every reader of which computes it again)."""
@@ -214,6 +229,11 @@ class _Stitcher:
                     part_result = self._stitch_recomputing(func_name, graph, part, where, recomputed)
                     if part_result is not None:
                         stitched.append((part, part_result))
+        for members in partition(graph, partition_limits(self.spec), among=_still_read(graph, recomputed, stitched)):
+            if not _only_reshapes(graph, members):
+                result = self.stitch_group(func_name, graph, members, where)
+                if result is not None:
+                    stitched.append((members, result))
         if not stitched:
             return block
         by_first = {members[0]: (members, result) for members, result in stitched}

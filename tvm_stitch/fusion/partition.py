@@ -175,10 +175,10 @@ def recomputed_in(graph: Graph, members: list, recomputed: frozenset) -> list:
 class _Merger:
     """Groups and the checks that decide whether two may become one."""
 
-    def __init__(self, graph: Graph, limits):
+    def __init__(self, graph: Graph, limits, among: frozenset | None):
         self.graph = graph
         self.limits = limits
-        self.recomputed = recomputed_producers(graph, limits)
+        self.recomputed = recomputed_producers(graph, limits) if among is None else frozenset()
         self.desc = graph.descendants()
         self.anc = [0] * len(graph.nodes)
         for node, mask in enumerate(self.desc):
@@ -187,7 +187,8 @@ class _Merger:
         self.groups: dict = {}
         self.group_of: dict = {}
         for node in graph.nodes:
-            if node.stitchable and node.ops and node.index not in self.recomputed:
+            if node.stitchable and node.ops and node.index not in self.recomputed and (
+                    among is None or node.index in among):
                 ops = set(node.ops)
                 rank, rows = group_rows(graph, ops)
                 self.groups[node.index] = Group(1 << node.index, ops, rank, rows, group_work(graph, ops))
@@ -248,17 +249,19 @@ def _bits(mask: int):
         index += 1
 
 
-def partition(graph: Graph, limits) -> list:
+def partition(graph: Graph, limits, among: frozenset | None = None) -> list:
     """Convex groups of stitchable nodes, as lists of node indices in order.
 
     `limits`: the target's PartitionLimits (planning/limits.py). The
-    recomputed producers are in no group (see `recomputed_in`).
+    recomputed producers are in no group (see `recomputed_in`). `among`:
+    group only these nodes, recomputing nothing (recomputed producers that a
+    group falling back still reads from memory).
 
     First along producer -> consumer edges; then siblings that read a common
     input over the same rows (dgamma and dbeta of a LayerNorm backward) join,
     so the input is read by one kernel.
     """
-    m = _Merger(graph, limits)
+    m = _Merger(graph, limits, among)
     for node in graph.nodes:
         if node.index not in m.group_of:
             continue
