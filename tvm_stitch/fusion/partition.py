@@ -5,7 +5,7 @@ groups merge when
 - the union is convex: no path leaves it and comes back through a node
   outside it (otherwise the fused call would depend on its own result);
 - its ops share rows (see row_alignment) at some rank >= 1, or the union is
-  small enough for one row task;
+  small enough for one row task (and of static size, as the planners require);
 - the merge does not starve the kernel of parallelism: each part keeps at
   least half of the row tasks it had (capped at `parallel_rows`), unless the
   part is small;
@@ -79,6 +79,11 @@ def group_rows(graph: Graph, op_ids: set) -> tuple:
 
 def group_work(graph: Graph, op_ids: set) -> int:
     return max(_estimated_elements(t.shape) for i in op_ids for t in graph.ops[i].out_types)
+
+
+def _symbolic_work(graph: Graph, op_ids: set) -> bool:
+    """Whether an op of the group has a symbolic extent: the planners make no single row task of it."""
+    return any(static_int(d) is None for i in op_ids for t in graph.ops[i].out_types for d in t.shape)
 
 
 def materialized_row_bytes(graph: Graph, op_ids: set, rank: int) -> int:
@@ -214,7 +219,7 @@ class _Merger:
         ops = a.ops | b.ops
         rank, rows = group_rows(self.graph, ops)
         work = max(a.work, b.work)
-        if rank == 0 and work > self.limits.small_work:
+        if rank == 0 and (work > self.limits.small_work or _symbolic_work(self.graph, ops)):
             return None
         if same_rows and (rank == 0 or rows != a.rows or rows != b.rows):
             return None
