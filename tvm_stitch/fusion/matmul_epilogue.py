@@ -28,6 +28,7 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 from tvm_stitch.analysis.classify import is_compute_kernel
+from tvm_stitch.fusion.symbolic_indices import simplify_symbolic_indices
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 ELEMWISE, BROADCAST, INJECTIVE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 4, 8  # TVM's OpPatternKind
@@ -130,7 +131,7 @@ class RelabelMatmulEpilogues:
         relabelled = {}
         for callee in sites.values():
             if callee not in relabelled:
-                copy = mod[callee].with_attr("op_pattern", ELEMWISE)
+                copy = simplify_symbolic_indices(mod[callee]).with_attr("op_pattern", ELEMWISE)
                 relabelled[callee] = builder.add_func(copy, f"{callee.name_hint}_epilogue")
         rewritten = builder.get()
         rewriter = _Rewriter(rewritten, {call: relabelled[gv] for call, gv in sites.items()})
