@@ -101,3 +101,29 @@ def test_a_mask_whose_readers_fall_back_is_stitched_on_its_own(monkeypatch, rng)
     a, b = run_cpu(cpu.executable, [x, y])
     np.testing.assert_allclose(a, _softmax(x + mask), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(b, _softmax(y + mask), rtol=1e-5, atol=1e-6)
+
+
+def _two_masked_attention_scores(bb, q, k, q2, k2):
+    mask = _causal_mask(bb)
+    out = []
+    for a, b in ((q, k), (q2, k2)):
+        scores = bb.emit(relax.op.reshape(relax.op.matmul(a, b), relax.ShapeExpr([2, 2, S, S])))
+        out.append(bb.emit(relax.op.nn.softmax(relax.op.add(relax.op.multiply(scores, relax.const(0.25)), mask))))
+    return relax.Tuple(out)
+
+
+def test_scores_matmuls_leave_the_masked_scale_to_the_softmaxes_that_recompute_the_mask(rng):
+    # matmul -> reshape -> scale -> + mask -> softmax, twice: relabelling the reshapes would pull the
+    # mask's add into the matmuls' kernels, reading the mask from memory after a launch of its own.
+    params = [tensor("q", [4, S, 16]), tensor("k", [4, 16, S]), tensor("q2", [4, S, 16]), tensor("k2", [4, 16, S])]
+    mod = make_module(params, _two_masked_attention_scores)
+    cuda = build(mod, CUDA, stitched=True)
+    assert count_launches(cuda.lowered, cuda.executable) == 4  # two matmuls, two masked softmaxes
+    stitched = [g for g in cuda.report.groups if g.stitched]
+    assert len(stitched) == 2 and all("softmax" in g.ops and "where" in g.recomputed for g in stitched)
+    cpu = build(mod, {"kind": "llvm"}, stitched=True)
+    inputs = [rng.standard_normal(shape).astype("float32") for shape in ((4, 5, 16), (4, 16, 5)) * 2]
+    mask = np.where(np.arange(5)[:, None] >= np.arange(5)[None, :], 0.0, -1e9)
+    outs = run_cpu(cpu.executable, inputs)
+    for out, (a, b) in zip(outs, (inputs[:2], inputs[2:])):
+        np.testing.assert_allclose(out, _softmax((a @ b).reshape(2, 2, 5, 5) * 0.25 + mask), rtol=1e-5, atol=1e-6)
