@@ -65,11 +65,14 @@ def _defined(node) -> list:
 
 
 def _still_read(graph: Graph, recomputed: frozenset, stitched: list) -> frozenset:
-    """The recomputed producers some node outside the stitched groups reads (a group that fell back,
-    a reshape left to TVM), directly or through each other: they are computed once, in memory."""
+    """The recomputed producers read from memory — by a node outside the stitched groups (a group that
+    fell back, a reshape left to TVM) or by a group stitched without its copies — directly or through
+    each other: they are computed once, in memory."""
     inside = {m for members, _ in stitched for m in members}
     read = {p for node in graph.nodes if node.index not in inside and node.index not in recomputed
             for p in graph.producers[node.index] if p in recomputed}
+    args = {arg for _, (_, outlined) in stitched for arg in outlined.args if isinstance(arg, relax.Var)}
+    read.update(p for p in recomputed if any(v in args for v in _defined(graph.nodes[p])))
     stack = list(read)
     while stack:
         for p in graph.producers[stack.pop()]:
