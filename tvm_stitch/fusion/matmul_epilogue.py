@@ -30,6 +30,7 @@ from tvm import relax, s_tir, tirx
 
 from tvm_stitch.analysis.classify import is_compute_kernel
 from tvm_stitch.fusion.symbolic_indices import simplify_symbolic_indices
+from tvm_stitch.planning.limits import PartitionLimits
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 ELEMWISE, BROADCAST, INJECTIVE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 4, 8  # TVM's OpPatternKind
@@ -80,15 +81,13 @@ def _pattern(func) -> int | None:
     return int(func.attrs["op_pattern"])
 
 
-TINY_ELEMENTS = 256  # a constant this small read by an index-only computation keeps it index-only
-
-
 def _tiny_constant(value) -> bool:
+    """A constant small enough that the stitch pass recomputes what reads it (the partition's limit)."""
     ty = value.ty
     return (isinstance(value, tvm.ir.Constant) and isinstance(ty, relax.TensorType)
             and isinstance(ty.shape, relax.ShapeExpr)
             and all(isinstance(d, tirx.IntImm) for d in ty.shape.values)
-            and int(np.prod([int(d) for d in ty.shape.values])) <= TINY_ELEMENTS)
+            and int(np.prod([int(d) for d in ty.shape.values])) <= PartitionLimits.recompute_input_elements)
 
 
 def _symbolic_index_only(mod: tvm.IRModule, func: relax.Function) -> set:
