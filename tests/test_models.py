@@ -85,3 +85,35 @@ def test_bert_with_symbolic_sequence_has_no_fallback_for_a_shape_form():
     cuda = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
     reasons = [g.fallback for g in cuda.report.fallbacks]
     assert not [r for r in reasons if "Parameter expression" in r or "symbolic" in r or "well-formed" in r], reasons
+
+
+def test_symbolic_sequence_fuses_the_same_matmul_epilogues_as_the_static_build():
+    # Under a symbolic sequence AnnotateTIROpPattern labels the reshapes after the matmuls opaque;
+    # relabelled like their static forms, the FFN's GELU and the residual adds join the matmuls'
+    # kernels (scheduled by dlight's Matmul), not stitched groups of their own.
+    from tvm_stitch.analysis.classify import is_compute_kernel
+    from tvm_stitch.tools.launches import primfunc_calls
+
+    counts = {}
+    for dims in (None, (SEQUENCE,)):
+        mod, _, _ = import_model("bert", "test", dynamic_shapes=dims)
+        built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+        counts[dims is None] = launches_by_kind(built.lowered, built.executable)
+    assert counts[False][1] == counts[True][1]
+    assert not [g for g in built.report.groups if "gelu" in g.ops]
+    calls = primfunc_calls(built.lowered)
+    assert sum(n for name, n in calls.items() if name.startswith("fused_matmul") and name.endswith("_gelu")) == 2
+    assert sum(n for name, n in calls.items() if name.startswith("fused_matmul") and "epilogue_add" in name) == 4
+    for name in calls:
+        if name.startswith("fused_matmul") and is_compute_kernel(built.lowered[name]):
+            assert str(built.lowered[name].attrs["tvm_stitch.schedule_rule"]) == "Matmul", name
+
+
+def test_gpt2_final_layer_norm_stitches_under_a_symbolic_sequence():
+    # The reshape after the last LayerNorm indexes (b * s + t) // s % 2: rewritten in the proven
+    # form, the LayerNorm's row stays on chip at a static size (it had failed to lower).
+    mod, _, _ = import_model("gpt2-hf", "test", dynamic_shapes=(SEQUENCE,))
+    built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    final = [g for g in built.report.groups if g.ops and g.ops[-1].startswith("reshape") and "layer_norm" in g.ops]
+    assert final and all(g.stitched for g in final), [g.fallback for g in final]
+    assert not [g for g in built.report.fallbacks if "stack allocation" in g.fallback]

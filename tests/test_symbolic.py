@@ -92,3 +92,27 @@ def test_reshape_over_a_symbolic_sequence_reads_rows_aligned():
     reshape = next(f for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
     rows = analyze_rows(reshape)
     assert rows.param_access[0][2] == ALIGNED
+
+
+def _layer_norm_then_reshape(bb, x, gamma, beta):
+    # GPT-2's final LayerNorm: the reshape back to (2, s, 64) indexes its input as
+    # ((b * s + t) // s % 2, (b * s + t) % s, c), which TVM keeps for a symbolic s.
+    normed = bb.emit(relax.op.nn.layer_norm(x, gamma, beta, axes=[-1]))
+    return relax.op.reshape(normed, relax.ShapeExpr([2, S, 64]))
+
+
+def test_layer_norm_before_a_symbolic_reshape_stitches_with_rows_on_chip(rng):
+    mod = make_module([tensor("x", [2, S, 64]), tensor("g", [64]), tensor("b", [64])], _layer_norm_then_reshape)
+    cuda = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    assert not cuda.report.fallbacks, cuda.report.details()
+    assert count_launches(cuda.lowered, cuda.executable) == 1
+    assert cuda.report.plans[0].cached_inputs == ("x",)  # the row stays on chip, at a static size
+    g, b = rng.standard_normal(64).astype("float32"), rng.standard_normal(64).astype("float32")
+    for emulate in (None, "cuda"):
+        cpu = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
+        assert not cpu.report.fallbacks, cpu.report.details()
+        for length in (1, 7, 130):
+            x = rng.standard_normal((2, length, 64)).astype("float32")
+            centred = x - x.mean(-1, keepdims=True)
+            expected = centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-5) * g + b
+            np.testing.assert_allclose(run_cpu(cpu.executable, [x, g, b])[0], expected, rtol=1e-4, atol=1e-5)

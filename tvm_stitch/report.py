@@ -18,6 +18,7 @@ class GroupRecord:
     plan: StitchPlan | None = None
     fallback: str = ""  # why the group took TVM's default path
     positions: tuple = ()  # (dataflow block index, binding index) of each binding (names may repeat)
+    recomputed: tuple = ()  # ops of cheap producers the kernel computes again instead of reading
 
     @property
     def stitched(self) -> bool:
@@ -80,6 +81,10 @@ class StitchReport:
             lines.append(f"independent: {packed} launches {len(members)} kernels at once: {', '.join(members)}")
         for group in self.fallbacks:
             lines.append(f"fallback [{','.join(group.ops)}]: {group.fallback}")
+        for group in self.groups:
+            if group.stitched and group.recomputed:
+                lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (reads no large tensor: "
+                             f"no launch of its own)")
         lines.extend(self.notes)
         return "\n".join(lines)
 

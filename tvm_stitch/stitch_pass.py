@@ -28,7 +28,7 @@ from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import outline_group
 from tvm_stitch.fusion.packing import pack_block
-from tvm_stitch.fusion.partition import partition
+from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.planner import plan_kernel
@@ -58,6 +58,41 @@ def _used_after(func: relax.Function, block_index: int) -> set:
 def _only_reshapes(graph: Graph, members: list) -> bool:
     ops = [graph.ops[i] for m in members for i in graph.nodes[m].ops]
     return bool(ops) and all(relax.analysis.has_reshape_pattern(op.func) for op in ops)
+
+
+def _defined(node) -> list:
+    return [node.var] + [a.var for a in node.aliases]
+
+
+def _still_read(graph: Graph, recomputed: frozenset, stitched: list) -> frozenset:
+    """The recomputed producers read from memory — by a node outside the stitched groups (a group that
+    fell back, a reshape left to TVM) or by a group stitched without its copies — directly or through
+    each other: they are computed once, in memory."""
+    inside = {m for members, _ in stitched for m in members}
+    read = {p for node in graph.nodes if node.index not in inside and node.index not in recomputed
+            for p in graph.producers[node.index] if p in recomputed}
+    args = {arg for _, (_, outlined) in stitched for arg in outlined.args if isinstance(arg, relax.Var)}
+    read.update(p for p in recomputed if any(v in args for v in _defined(graph.nodes[p])))
+    stack = list(read)
+    while stack:
+        for p in graph.producers[stack.pop()]:
+            if p in recomputed and p not in read:
+                read.add(p)
+                stack.append(p)
+    return frozenset(read)
+
+
+def _without_unused(bindings: list, droppable: set, used_after: set) -> list:
+    """`bindings` less those defining a variable of `droppable` that nothing later reads (a recomputed
+    producer every reader of which computes it again)."""
+    used = set(used_after)
+    kept = []
+    for binding in reversed(bindings):
+        if binding.var in droppable and binding.var not in used:
+            continue
+        kept.append(binding)
+        used.update(relax.analysis.free_vars(binding.value))
+    return kept[::-1]
 
 
 def _topological_units(graph: Graph, groups: list) -> list:
@@ -113,10 +148,11 @@ class _Stitcher:
         self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, kernel name, plan)]
         self.count = 0
 
-    def stitch_group(self, func_name: str, graph: Graph, members: list, where: dict):
+    def stitch_group(self, func_name: str, graph: Graph, members: list, where: dict, recomputed: list = ()):
         """(PrimFunc name, outlined) for a stitched group, or None after recording why.
 
         `where`: binding variable -> (dataflow block index, binding index) in the function.
+        `recomputed`: producer nodes the kernel computes again (partition.recomputed_in).
         """
         nodes = [graph.nodes[m] for m in members]
         record = GroupRecord(
@@ -125,10 +161,11 @@ class _Stitcher:
             positions=tuple(where[n.var] for n in nodes),
             ops=tuple(graph.ops[i].name for n in nodes for i in n.ops),
             op_kinds=tuple(graph.ops[i].cls.describe() for n in nodes for i in n.ops),
+            recomputed=tuple(graph.ops[i].name for m in recomputed for i in graph.nodes[m].ops),
         )
         self.report.groups.append(record)
         try:
-            outlined = outline_group(self.mod, graph, members, f"stitch_{self.count}")
+            outlined = outline_group(self.mod, graph, members, f"stitch_{self.count}", recomputed)
             name, plan = self._kernel_for(outlined.func, record.ops)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
@@ -178,11 +215,12 @@ class _Stitcher:
         for node in graph.nodes:
             if not node.stitchable:
                 self.report.opaque.append((node.var.name, node.reason))
+        recomputed = recomputed_producers(graph, partition_limits(self.spec))
         stitched = []
         for members, parts in self._groups(graph):
             if _only_reshapes(graph, members):
                 continue  # TVM turns these into views that launch nothing
-            result = self.stitch_group(func_name, graph, members, where)
+            result = self._stitch_recomputing(func_name, graph, members, where, recomputed)
             if result is not None:
                 stitched.append((members, result))
                 continue
@@ -191,9 +229,14 @@ class _Stitcher:
                 self.report.notes.append(f"[{','.join(failed.ops)}] stitched as {len(parts)} groups with rows "
                                          f"kept on chip: {failed.fallback}")
                 for part in parts:
-                    part_result = self.stitch_group(func_name, graph, part, where)
+                    part_result = self._stitch_recomputing(func_name, graph, part, where, recomputed)
                     if part_result is not None:
                         stitched.append((part, part_result))
+        for members in partition(graph, partition_limits(self.spec), among=_still_read(graph, recomputed, stitched)):
+            if not _only_reshapes(graph, members):
+                result = self.stitch_group(func_name, graph, members, where)
+                if result is not None:
+                    stitched.append((members, result))
         if not stitched:
             return block
         by_first = {members[0]: (members, result) for members, result in stitched}
@@ -206,6 +249,7 @@ class _Stitcher:
             node = graph.nodes[unit[0]]
             bindings.append(node.binding)
             bindings.extend(node.aliases)
+        bindings = _without_unused(bindings, {v for r in recomputed for v in _defined(graph.nodes[r])}, used_after)
         kernels = {name: (self.new_funcs[name], plan) for name, plan in self.plans.items()}
         try:
             bindings = pack_block(bindings, kernels, calls, self.report,
@@ -215,6 +259,18 @@ class _Stitcher:
                 raise StitchError(f"cannot pack independent kernels: {err}") from err
             self.report.notes.append(f"independent kernels left unpacked: {type(err).__name__}: {err}")
         return relax.DataflowBlock(bindings)
+
+    def _stitch_recomputing(self, func_name: str, graph: Graph, members: list, where: dict, recomputed):
+        """`stitch_group` with the recomputed producers the group reads; where that fails, the group
+        alone (the producers then keep their own launch)."""
+        copies = recomputed_in(graph, members, recomputed)
+        result = self.stitch_group(func_name, graph, members, where, copies)
+        if result is None and copies:
+            failed = self.report.groups.pop()
+            self.report.notes.append(f"[{','.join(failed.ops)}] stitched reading [{','.join(failed.recomputed)}] "
+                                     f"instead of recomputing it: {failed.fallback}")
+            result = self.stitch_group(func_name, graph, members, where)
+        return result
 
     def _groups(self, graph: Graph) -> list:
         """(group, parts) pairs: a group whose rows may be split (see partition_limits) has as parts the

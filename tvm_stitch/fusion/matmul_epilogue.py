@@ -23,14 +23,17 @@ sites, so the relabelled sites call a copy and the others keep the original.
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 from tvm_stitch.analysis.classify import is_compute_kernel
+from tvm_stitch.fusion.symbolic_indices import simplify_symbolic_indices
+from tvm_stitch.planning.limits import PartitionLimits
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-ELEMWISE, BROADCAST, INJECTIVE, OUT_EWISE_FUSABLE = 0, 1, 2, 4  # TVM's OpPatternKind
+ELEMWISE, BROADCAST, INJECTIVE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 4, 8  # TVM's OpPatternKind
 
 
 def _blocks(func: tirx.PrimFunc) -> list:
@@ -78,14 +81,56 @@ def _pattern(func) -> int | None:
     return int(func.attrs["op_pattern"])
 
 
+def _tiny_constant(value) -> bool:
+    """A constant small enough that the stitch pass recomputes what reads it (the partition's limit)."""
+    ty = value.ty
+    return (isinstance(value, tvm.ir.Constant) and isinstance(ty, relax.TensorType)
+            and isinstance(ty.shape, relax.ShapeExpr)
+            and all(isinstance(d, tirx.IntImm) for d in ty.shape.values)
+            and int(np.prod([int(d) for d in ty.shape.values])) <= PartitionLimits.recompute_input_elements)
+
+
+def _symbolic_index_only(mod: tvm.IRModule, func: relax.Function) -> set:
+    """Relax vars computed from sizes alone (an `arange` of a symbolic length and the spatial ops
+    after it, reading no tensor but tiny constants), of symbolic shape: FoldConstant cannot fold
+    them, and the stitch pass recomputes them where a stitched group reads them."""
+    constants = set()
+    index_only = set()
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if _tiny_constant(value):
+                constants.add(binding.var)
+                continue
+            if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
+                continue
+            pattern = _pattern(mod[value.args[0]])
+            if pattern is None or pattern > INJECTIVE:
+                continue
+            args = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else [value.args[1]]
+            if all(a in index_only or a in constants or _tiny_constant(a) for a in args):
+                index_only.add(binding.var)
+    return {v for v in index_only if any(not isinstance(d, tirx.IntImm) for d in _shape(v))}
+
+
+def _shape(var) -> list:
+    ty = var.ty
+    return list(ty.shape.values) if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) else []
+
+
 def _epilogue_sites(mod: tvm.IRModule, func: relax.Function) -> list:
     """The call_tir calls of copies on a matmul's element-wise path, in binding order.
 
     Each tensor on such a path carries whether a transpose lies between it
-    and the matmul (then a reshape of it stays injective).
+    and the matmul (then a reshape of it stays injective), and the copies on
+    its path. A path reaching an op that reads a symbolic index-only tensor
+    (a mask of a symbolic length) keeps its copies: relabelled, they would
+    pull that op into the matmul's kernel, which reads the mask from memory,
+    where the stitched group after the copy computes it for free.
     """
-    after_matmul: dict = {}  # Relax var -> a transpose lies on its path from the matmul
-    sites = []
+    index_only = _symbolic_index_only(mod, func)
+    after_matmul: dict = {}  # Relax var -> (a transpose lies on its path from the matmul, copies on it)
+    sites, kept = [], set()
     compute: dict = {}  # GlobalVar -> is_compute_kernel (once per PrimFunc, not per call site)
     for block in func.body.blocks:
         for binding in block.bindings:
@@ -100,21 +145,25 @@ def _epilogue_sites(mod: tvm.IRModule, func: relax.Function) -> list:
             if pattern == OUT_EWISE_FUSABLE and call.args[0] not in compute:
                 compute[call.args[0]] = is_compute_kernel(callee)
             if pattern == OUT_EWISE_FUSABLE and compute[call.args[0]]:
-                after_matmul[binding.var] = False
+                after_matmul[binding.var] = (False, ())
                 continue
             reached = [after_matmul[a] for a in inputs if a in after_matmul]
             if not reached:
                 continue
-            transposed = any(reached)
+            transposed = any(t for t, _ in reached)
+            copies = tuple(c for _, path in reached for c in path)
             if pattern <= BROADCAST:
-                after_matmul[binding.var] = transposed
+                if any(a in index_only for a in inputs):
+                    kept.update(copies)
+                    continue
+                after_matmul[binding.var] = (transposed, copies)
                 continue
-            kind = copy_kind(callee) if pattern == INJECTIVE else ""
+            kind = copy_kind(callee) if pattern in (INJECTIVE, OPAQUE) else ""
             if not kind or (kind == "reshape" and transposed):
                 continue
             sites.append(call)
-            after_matmul[binding.var] = transposed or kind == "transpose"
-    return sites
+            after_matmul[binding.var] = (transposed or kind == "transpose", copies + (call,))
+    return [call for call in sites if call not in kept]
 
 
 @tvm.transform.module_pass(opt_level=0, name="RelabelMatmulEpilogues")
@@ -133,7 +182,7 @@ class RelabelMatmulEpilogues:
         relabelled = {}
         for callee in sites.values():
             if callee not in relabelled:
-                copy = mod[callee].with_attr("op_pattern", ELEMWISE)
+                copy = simplify_symbolic_indices(mod[callee]).with_attr("op_pattern", ELEMWISE)
                 relabelled[callee] = builder.add_func(copy, f"{callee.name_hint}_epilogue")
         rewritten = builder.get()
         rewriter = _Rewriter(rewritten, {call: relabelled[gv] for call, gv in sites.items()})

@@ -4,7 +4,8 @@ The group's bindings (call_tir calls and calls of FuseOps' Primitive
 functions, whose bodies are inlined) are re-emitted in a private Relax
 function with attribute `Primitive`; TVM's `FuseTIR`, run on a small module
 holding just that function and the PrimFuncs it calls, merges it into a
-single PrimFunc. The caller gets that PrimFunc, the Relax arguments to pass
+single PrimFunc (its indices over symbolic sizes simplified: see
+symbolic_indices.py). The caller gets that PrimFunc, the Relax arguments to pass
 to it, and which original variables its outputs define.
 """
 
@@ -18,6 +19,7 @@ from tvm import relax, sym, tirx
 
 from tvm_stitch.analysis.graph import Graph
 from tvm_stitch.analysis.tir_view import buffer_params, vars_in
+from tvm_stitch.fusion.symbolic_indices import simplify_symbolic_indices
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -104,8 +106,14 @@ def group_outputs(graph: Graph, members: list) -> list:
     return [v for v in defined if v in used]
 
 
-def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> Outlined:
-    """Fuse the member bindings into one PrimFunc (no scheduling)."""
+def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str, recomputed: list = ()) -> Outlined:
+    """Fuse the member bindings into one PrimFunc (no scheduling).
+
+    `recomputed`: producers the group computes again for its own use (see
+    partition.recomputed_in); none of its outputs, they keep their own bindings.
+    """
+    owned = members
+    members = sorted(set(members) | set(recomputed))
     member_vars = set()
     for index in members:
         member_vars.add(graph.nodes[index].var)
@@ -129,7 +137,7 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     undefined = _undefined_sizes(sizes, externals)
     if undefined:
         externals.append(relax.ShapeExpr(undefined))
-    outputs = group_outputs(graph, members)
+    outputs = group_outputs(graph, owned)
     for v in outputs:
         if not isinstance(v.ty, relax.TensorType):
             raise ValueError(f"group output {v.name} is not a tensor")
@@ -159,7 +167,7 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     by_param = dict(zip(main_params, externals))
     # Symbolic sizes the PrimFunc takes as scalars come as PrimValues of the caller's variables.
     args = [by_param.get(a, a) for a in arg_exprs]
-    return Outlined(fused_mod[fused_gv], args, outputs, [v.ty for v in outputs])
+    return Outlined(simplify_symbolic_indices(fused_mod[fused_gv]), args, outputs, [v.ty for v in outputs])
 
 
 def _outlined_module(mod, mini_mod, graph, members, name, externals, outputs, types) -> tuple:

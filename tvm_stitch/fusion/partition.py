@@ -5,7 +5,7 @@ groups merge when
 - the union is convex: no path leaves it and comes back through a node
   outside it (otherwise the fused call would depend on its own result);
 - its ops share rows (see row_alignment) at some rank >= 1, or the union is
-  small enough for one row task;
+  small enough for one row task (and of static size, as the planners require);
 - the merge does not starve the kernel of parallelism: each part keeps at
   least half of the row tasks it had (capped at `parallel_rows`), unless the
   part is small;
@@ -15,6 +15,12 @@ rows of at least `long_row` elements): its rows are split over blocks, and
 nothing is kept on chip per row.
 Nodes that join no other node stay singleton groups. The limits are the
 target's, made by planning/limits.py (`partition_limits(spec)`).
+
+Cheap producers that read no tensor (or only tiny ones) — the positions and
+masks computed from `arange` of a symbolic length, which a static build
+folds to constants — join no group: each group that reads one recomputes it
+(`recomputed_producers`, `recomputed_in`), as XLA and AStitch duplicate such
+producers, instead of launching it on its own and reading its result back.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
+from tvm import relax
 
 from tvm_stitch.analysis.classify import OpKind
 from tvm_stitch.analysis.graph import Graph, inlined_in_group
@@ -74,6 +81,11 @@ def group_work(graph: Graph, op_ids: set) -> int:
     return max(_estimated_elements(t.shape) for i in op_ids for t in graph.ops[i].out_types)
 
 
+def _symbolic_work(graph: Graph, op_ids: set) -> bool:
+    """Whether an op of the group has a symbolic extent: the planners make no single row task of it."""
+    return any(static_int(d) is None for i in op_ids for t in graph.ops[i].out_types for d in t.shape)
+
+
 def materialized_row_bytes(graph: Graph, op_ids: set, rank: int) -> int:
     """Bytes per row of intermediates that cannot be inlined into consumers."""
     consumed = {ref.op for i in op_ids for ref in graph.ops[i].inputs if ref.op in op_ids}
@@ -105,12 +117,73 @@ class Group:
         return out
 
 
+def _cheap_spatial(op) -> bool:
+    return op.cls.kind in (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE) and not op.cls.expensive
+
+
+def _tiny_external(graph: Graph, index: int, limits) -> bool:
+    """Whether external value `index` is a non-tensor (a shape) or a tensor of at most
+    `limits.recompute_input_elements` elements."""
+    ty = getattr(graph.externals[index], "ty", None)
+    if not isinstance(ty, relax.TensorType):
+        return True
+    if not isinstance(ty.shape, relax.ShapeExpr):
+        return False
+    total = 1
+    for dim in ty.shape.values:
+        value = static_int(dim)
+        if value is None:
+            return False
+        total *= value
+    return total <= limits.recompute_input_elements
+
+
+def recomputed_producers(graph: Graph, limits) -> frozenset:
+    """Nodes each consuming group recomputes instead of reading (see the module docstring).
+
+    A node qualifies when its ops are cheap spatial ones (no reduction, no
+    expensive intrinsic), each reading only tiny external values or other
+    qualifying nodes, and its result is read by stitchable nodes only (not by
+    opaque bindings, later blocks or the function's result, which need it in
+    memory anyway).
+    """
+    candidates = {node.index for node in graph.nodes
+                  if node.stitchable and node.ops and all(_cheap_spatial(graph.ops[i]) for i in node.ops)}
+    changed = True
+    while changed:
+        changed = False
+        for index in sorted(candidates):
+            ok = all(
+                (ref.op < 0 and _tiny_external(graph, ref.output, limits))
+                or (ref.op >= 0 and graph.ops[ref.op].node in candidates)
+                for i in graph.nodes[index].ops for ref in graph.ops[i].inputs)
+            if not ok:
+                candidates.discard(index)
+                changed = True
+    consumers = graph.consumers
+    return frozenset(index for index in candidates
+                     if consumers[index] and not any(i in graph.escapes for i in graph.nodes[index].ops))
+
+
+def recomputed_in(graph: Graph, members: list, recomputed: frozenset) -> list:
+    """The recomputed producers a group of `members` reads, directly or through each other, in order."""
+    found: set = set()
+    stack = [p for m in members for p in graph.producers[m] if p in recomputed]
+    while stack:
+        node = stack.pop()
+        if node not in found:
+            found.add(node)
+            stack.extend(p for p in graph.producers[node] if p in recomputed)
+    return sorted(found)
+
+
 class _Merger:
     """Groups and the checks that decide whether two may become one."""
 
-    def __init__(self, graph: Graph, limits):
+    def __init__(self, graph: Graph, limits, among: frozenset | None):
         self.graph = graph
         self.limits = limits
+        self.recomputed = recomputed_producers(graph, limits) if among is None else frozenset()
         self.desc = graph.descendants()
         self.anc = [0] * len(graph.nodes)
         for node, mask in enumerate(self.desc):
@@ -119,7 +192,8 @@ class _Merger:
         self.groups: dict = {}
         self.group_of: dict = {}
         for node in graph.nodes:
-            if node.stitchable and node.ops:
+            if node.stitchable and node.ops and node.index not in self.recomputed and (
+                    among is None or node.index in among):
                 ops = set(node.ops)
                 rank, rows = group_rows(graph, ops)
                 self.groups[node.index] = Group(1 << node.index, ops, rank, rows, group_work(graph, ops))
@@ -145,7 +219,7 @@ class _Merger:
         ops = a.ops | b.ops
         rank, rows = group_rows(self.graph, ops)
         work = max(a.work, b.work)
-        if rank == 0 and work > self.limits.small_work:
+        if rank == 0 and (work > self.limits.small_work or _symbolic_work(self.graph, ops)):
             return None
         if same_rows and (rank == 0 or rows != a.rows or rows != b.rows):
             return None
@@ -166,7 +240,9 @@ class _Merger:
             self.group_of[member] = key
 
     def inputs(self, group: Group) -> set:
-        return {ref for i in group.ops for ref in self.graph.ops[i].inputs if ref.op not in group.ops}
+        """The values the group reads from memory (recomputed producers' results are not)."""
+        return {ref for i in group.ops for ref in self.graph.ops[i].inputs
+                if ref.op not in group.ops and (ref.op < 0 or self.graph.ops[ref.op].node not in self.recomputed)}
 
 
 def _bits(mask: int):
@@ -178,16 +254,19 @@ def _bits(mask: int):
         index += 1
 
 
-def partition(graph: Graph, limits) -> list:
+def partition(graph: Graph, limits, among: frozenset | None = None) -> list:
     """Convex groups of stitchable nodes, as lists of node indices in order.
 
-    `limits`: the target's PartitionLimits (planning/limits.py).
+    `limits`: the target's PartitionLimits (planning/limits.py). The
+    recomputed producers are in no group (see `recomputed_in`). `among`:
+    group only these nodes, recomputing nothing (recomputed producers that a
+    group falling back still reads from memory).
 
     First along producer -> consumer edges; then siblings that read a common
     input over the same rows (dgamma and dbeta of a LayerNorm backward) join,
     so the input is read by one kernel.
     """
-    m = _Merger(graph, limits)
+    m = _Merger(graph, limits, among)
     for node in graph.nodes:
         if node.index not in m.group_of:
             continue

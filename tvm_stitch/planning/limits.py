@@ -27,6 +27,8 @@ class PartitionLimits:
     small_work: int = 1 << 16  # elements below which parallelism does not matter
     long_rows_below: int = 0  # unions with fewer row tasks, of rows of at least
     long_row: int = 1 << 62  # this many elements, are split over blocks: no limit on row bytes or rows
+    recompute_input_elements: int = 256  # a producer reading tensors of at most this many elements (from
+    # cache, per use) is recomputed by the groups reading it instead of being a launch of its own
 
 
 def partition_limits(spec: TargetSpec, split_long_rows: bool = True) -> PartitionLimits:

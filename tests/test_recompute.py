@@ -1,0 +1,129 @@
+"""Cheap index-only producers (masks from `arange` of a symbolic length) are recomputed by each group
+reading them instead of launching on their own (fusion/partition.py: recomputed_producers)."""
+
+import numpy as np
+from tvm import relax, tirx
+
+from tvm_stitch.tools.build import build, run_cpu
+from tvm_stitch.tools.launches import count_launches
+
+from conftest import make_module, tensor
+
+S = tirx.Var("s", "int64")
+CUDA = {"kind": "cuda", "arch": "sm_90"}
+
+
+def _causal_mask(bb):
+    pos = bb.emit(relax.op.arange(S, dtype="int64"))
+    causal = bb.emit(relax.op.greater_equal(relax.op.expand_dims(pos, 1), relax.op.expand_dims(pos, 0)))
+    return bb.emit(relax.op.where(causal, relax.const(0.0), relax.const(-1e9)))
+
+
+def _two_masked_softmaxes(bb, x, y):
+    # x and y have different row counts: two groups, both reading the mask.
+    mask = _causal_mask(bb)
+    return relax.Tuple([bb.emit(relax.op.nn.softmax(relax.op.add(x, mask))),
+                        bb.emit(relax.op.nn.softmax(relax.op.add(y, mask)))])
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_arange_mask_read_by_two_softmaxes_has_no_launch_of_its_own(rng):
+    mod = make_module([tensor("x", [4, S, S]), tensor("y", [2, S, S])], _two_masked_softmaxes)
+    cuda = build(mod, CUDA, stitched=True)
+    assert not cuda.report.fallbacks, cuda.report.details()
+    assert count_launches(cuda.lowered, cuda.executable) == 2  # the softmaxes; the mask is in both
+    recomputing = [g for g in cuda.report.groups if g.recomputed]
+    assert len(recomputing) == 2 and all("where" in g.recomputed and "arange" in g.recomputed for g in recomputing)
+    assert "recomputed in" in cuda.report.table()
+    for emulate in (None, "cuda"):
+        cpu = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
+        for length in (1, 5, 70):
+            x = rng.standard_normal((4, length, length)).astype("float32")
+            y = rng.standard_normal((2, length, length)).astype("float32")
+            mask = np.where(np.arange(length)[:, None] >= np.arange(length)[None, :], 0.0, -1e9)
+            a, b = run_cpu(cpu.executable, [x, y])
+            np.testing.assert_allclose(a, _softmax(x + mask), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(b, _softmax(y + mask), rtol=1e-5, atol=1e-6)
+
+
+def test_a_mask_the_function_returns_keeps_its_launch(rng):
+    # Returned, the mask must be in memory anyway: it is computed once, not recomputed.
+    def body(bb, x):
+        mask = _causal_mask(bb)
+        return relax.Tuple([bb.emit(relax.op.nn.softmax(relax.op.add(x, mask))), mask])
+
+    mod = make_module([tensor("x", [4, S, S])], body)
+    cuda = build(mod, CUDA, stitched=True)
+    assert not [g for g in cuda.report.groups if g.recomputed]
+    cpu = build(mod, {"kind": "llvm"}, stitched=True)
+    x = rng.standard_normal((4, 6, 6)).astype("float32")
+    mask = np.where(np.arange(6)[:, None] >= np.arange(6)[None, :], 0.0, -1e9)
+    soft, returned = run_cpu(cpu.executable, [x])
+    np.testing.assert_allclose(returned, mask)
+    np.testing.assert_allclose(soft, _softmax(x + mask), rtol=1e-5, atol=1e-6)
+
+
+def test_a_producer_reading_a_large_tensor_is_not_recomputed():
+    # 2 * w reads a 4096-element tensor: recomputing it per use would read w again; it is grouped as usual.
+    def body(bb, x, y, w):
+        doubled = bb.emit(relax.op.multiply(w, relax.const(2.0)))
+        return relax.Tuple([bb.emit(relax.op.nn.softmax(relax.op.add(x, doubled))),
+                            bb.emit(relax.op.nn.softmax(relax.op.add(y, doubled)))])
+
+    mod = make_module([tensor("x", [4, 64, 64]), tensor("y", [2, 64, 64]), tensor("w", [64, 64])], body)
+    cuda = build(mod, CUDA, stitched=True)
+    assert not [g for g in cuda.report.groups if g.recomputed]
+
+
+def test_a_mask_whose_readers_fall_back_is_stitched_on_its_own(monkeypatch, rng):
+    from tvm_stitch import stitch_pass
+
+    plan_kernel = stitch_pass.plan_kernel
+
+    def refuse_softmax(func, spec, name):
+        if "softmax" in func.script():
+            raise stitch_pass.StitchError("refused for the test")
+        return plan_kernel(func, spec, name)
+
+    monkeypatch.setattr(stitch_pass, "plan_kernel", refuse_softmax)
+    mod = make_module([tensor("x", [4, S, S]), tensor("y", [2, S, S])], _two_masked_softmaxes)
+    cpu = build(mod, {"kind": "llvm"}, stitched=True)
+    stitched = [g for g in cpu.report.groups if g.stitched]
+    assert len(stitched) == 1 and "where" in stitched[0].ops and not stitched[0].recomputed
+    assert any("instead of recomputing" in note for note in cpu.report.notes)
+    x = rng.standard_normal((4, 9, 9)).astype("float32")
+    y = rng.standard_normal((2, 9, 9)).astype("float32")
+    mask = np.where(np.arange(9)[:, None] >= np.arange(9)[None, :], 0.0, -1e9)
+    a, b = run_cpu(cpu.executable, [x, y])
+    np.testing.assert_allclose(a, _softmax(x + mask), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b, _softmax(y + mask), rtol=1e-5, atol=1e-6)
+
+
+def _two_masked_attention_scores(bb, q, k, q2, k2):
+    mask = _causal_mask(bb)
+    out = []
+    for a, b in ((q, k), (q2, k2)):
+        scores = bb.emit(relax.op.reshape(relax.op.matmul(a, b), relax.ShapeExpr([2, 2, S, S])))
+        out.append(bb.emit(relax.op.nn.softmax(relax.op.add(relax.op.multiply(scores, relax.const(0.25)), mask))))
+    return relax.Tuple(out)
+
+
+def test_scores_matmuls_leave_the_masked_scale_to_the_softmaxes_that_recompute_the_mask(rng):
+    # matmul -> reshape -> scale -> + mask -> softmax, twice: relabelling the reshapes would pull the
+    # mask's add into the matmuls' kernels, reading the mask from memory after a launch of its own.
+    params = [tensor("q", [4, S, 16]), tensor("k", [4, 16, S]), tensor("q2", [4, S, 16]), tensor("k2", [4, 16, S])]
+    mod = make_module(params, _two_masked_attention_scores)
+    cuda = build(mod, CUDA, stitched=True)
+    assert count_launches(cuda.lowered, cuda.executable) == 4  # two matmuls, two masked softmaxes
+    stitched = [g for g in cuda.report.groups if g.stitched]
+    assert len(stitched) == 2 and all("softmax" in g.ops and "where" in g.recomputed for g in stitched)
+    cpu = build(mod, {"kind": "llvm"}, stitched=True)
+    inputs = [rng.standard_normal(shape).astype("float32") for shape in ((4, 5, 16), (4, 16, 5)) * 2]
+    mask = np.where(np.arange(5)[:, None] >= np.arange(5)[None, :], 0.0, -1e9)
+    outs = run_cpu(cpu.executable, inputs)
+    for out, (a, b) in zip(outs, (inputs[:2], inputs[2:])):
+        np.testing.assert_allclose(out, _softmax((a @ b).reshape(2, 2, 5, 5) * 0.25 + mask), rtol=1e-5, atol=1e-6)
