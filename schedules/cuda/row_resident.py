@@ -21,7 +21,8 @@ from tvm.target import Target
 
 from tvm_stitch.planning.plan import REGISTER, SHARED, StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, loops_extent, merge_row_loops, within_row_loops
+from ..common import (blocks_by_name, inline_cheap_blocks, loops_extent, merge_row_loops, rows_first_in_stage,
+                      within_row_loops)
 
 UNROLL = 64
 
@@ -88,7 +89,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for name in on_chip_outputs:
         block = sch.get_sblock(name)
         consumers = sch.get_consumers(block)
-        sch.cache_write(block, 0, on_chip, consumer_blocks=consumers)
+        stage = sch.cache_write(block, 0, on_chip, consumer_blocks=consumers)
+        if plan.row_axes:
+            rows_first_in_stage(sch, block, stage, plan.rank)
     for name in plan.cached_inputs:
         _cache_input_row(sch, name, on_chip)
     row = merge_row_loops(sch, plan)

@@ -9,6 +9,12 @@ block, a CPU loop iteration), and intermediates never cross rows.
 
 Reads of tensors from outside the group may cross rows freely (a broadcast
 gamma, a transposed weight): they are read from global memory.
+
+In a PrimFunc whose row axes were moved first (`row_axes.rows_first`, marked
+with ROW_AXES_ATTR) the kernel's parameters keep their layout: a parameter
+is then row-aligned when each row iterator alone indexes one of its
+dimensions, the same dimensions in every access (a row task writes the
+strided slice y[:, c, :, :] and reads back only that slice).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from tvm_stitch.analysis.row_axes import ROW_AXES_ATTR, row_dims
 from tvm_stitch.analysis.tir_view import Access, BlockView, block_views, buffer_params, static_int, vars_in
 
 ALIGNED = "aligned"
@@ -88,23 +95,28 @@ class RowInfo:
     param_access: tuple  # per param: tuple of kinds for r = 0..depth
 
 
-def _internally_aligned(views: list, param_buffers: list, rank: int) -> bool:
+def _internally_aligned(views: list, param_buffers: list, rank: int, strided_params: bool = False) -> bool:
     """Writes aligned, and reads aligned unless they read a pure input (a parameter no block writes).
 
     A parameter that is also written is a kernel output read back inside the
     kernel: another row task may not have written the row it wants yet.
+    `strided_params`: parameters may hold the rows at any dimensions, the same in every access.
     """
     written = [w.buffer for v in views for w in v.writes]
     inputs = [b for b in param_buffers if not any(b.same_as(w) for w in written)]
+    param_dims = []  # (parameter, dimensions of its rows)
     for view in views:
         row_vars = view.iter_vars[:rank]
-        for write in view.writes:
-            if access_kind(write, row_vars) != ALIGNED:
-                return False
-        for read in view.reads:
-            if any(read.buffer.same_as(b) for b in inputs):
+        for access in view.writes + view.reads:
+            if any(access.buffer.same_as(b) for b in inputs):
                 continue
-            if access_kind(read, row_vars) != ALIGNED:
+            if strided_params and any(access.buffer.same_as(p) for p in param_buffers):
+                dims = row_dims(access, row_vars)
+                known = next((d for p, d in param_dims if p.same_as(access.buffer)), None)
+                if dims is None or known not in (None, dims):
+                    return False
+                param_dims.append((access.buffer, dims))
+            elif access_kind(access, row_vars) != ALIGNED:
                 return False
     return True
 
@@ -115,9 +127,10 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
         views = block_views(s_tir.Schedule(func))
     param_buffers = buffer_params(func)
     extents = common_row_extents(views)
+    strided = func.attrs is not None and ROW_AXES_ATTR in func.attrs
     depth = 0
     for rank in range(1, len(extents) + 1):
-        if not _internally_aligned(views, param_buffers, rank):
+        if not _internally_aligned(views, param_buffers, rank, strided):
             break
         depth = rank
     access = []

@@ -87,6 +87,9 @@ class StitchPlan:
     online: tuple = ()  # row-split: (sum, max) pairs whose partials take one pass (online softmax)
     notes: tuple = field(default=())
     aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
+    # Rows not leading: (block, positions of its row iterators) per block, moved first before
+    # planning and scheduling (analysis/row_axes.py); () when the rows are the leading axes.
+    row_axes: tuple = ()
     spec: TargetSpec | None = None  # the hardware the plan was made for
 
     def to_json(self) -> str:
@@ -101,6 +104,7 @@ class StitchPlan:
             data[key] = tuple(data.get(key, ()))
         data["shared_reductions"] = tuple(tuple(r) for r in data.get("shared_reductions", ()))
         data["online"] = tuple(tuple(pair) for pair in data.get("online", ()))
+        data["row_axes"] = tuple((block, tuple(positions)) for block, positions in data.get("row_axes", ()))
         data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
         if data.get("spec") is not None:
             data["spec"] = TargetSpec.from_dict(data["spec"])

@@ -15,10 +15,12 @@ caller then leaves the group to TVM's default path.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
+from tvm_stitch.analysis.row_axes import find_row_axes, rows_first
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
 from tvm_stitch.analysis.tir_view import (block_consumers, block_views, buffer_params, divides_by_symbolic, static_int,
                                           static_product)
@@ -529,9 +531,38 @@ def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
     reduction results and outputs are left on chip, the group is stitched
     through global memory by row-split.
     """
+    moved, row_axes = _rows_moved_first(func, spec.family)
     if spec.family != "cuda":
-        return plan_row_resident(func, spec, name)
-    return with_resources(_cuda_plan(func, spec, name))
+        plan = plan_row_resident(moved, spec, name)
+    else:
+        plan = with_resources(_cuda_plan(moved, spec, name))
+    if not row_axes:
+        return plan
+    positions = sorted({p for _, p in row_axes})
+    note = (f"rows are not the leading axes: block iterators {', '.join(map(str, positions))} "
+            f"(of {len(row_axes)} blocks) moved first; the kernel's tensors are read and written "
+            "as strided slices per row")
+    return dataclasses.replace(plan, row_axes=row_axes, notes=plan.notes + (note,))
+
+
+def _rows_moved_first(func: tirx.PrimFunc, family: str) -> tuple:
+    """(func with its row axes first, the row axes) when its blocks share no leading row axis but
+    do share non-leading ones (BatchNorm on NCHW: the channel); else (func, ())."""
+    try:
+        if analyse(func, family).depth > 0:
+            return func, ()
+    except PlanError:
+        return func, ()  # the plan below says why
+    row_axes = find_row_axes(func)
+    if row_axes is None:
+        return func, ()
+    try:
+        moved = rows_first(func, row_axes)
+        if analyse(moved, family).depth == 0:
+            return func, ()
+    except (PlanError, s_tir.ScheduleError):
+        return func, ()
+    return moved, row_axes
 
 
 def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:

@@ -1,0 +1,235 @@
+"""Row axes that are not leading: find them and move them first.
+
+Row-resident and row-split stitching take the rows from the leading axes
+every block shares. A reduction whose kept axis sits in the middle
+(BatchNorm on NCHW: statistics over N, H, W per channel C) shares no leading
+axis with its element-wise consumers: the reduction iterates (1, C, 1, 1 | N,
+H, W), the consumers (N, C, H, W). The channel is still a row: every block
+has one iterator for it, and every tensor produced inside the kernel holds
+it at one dimension, read and written at that dimension by plain iterators.
+
+`find_row_axes` finds such a set of axes, seeded by the first reduction's
+kept (non-unit) iterators and followed through the tensors the kernel
+produces; `rows_first` rewrites the PrimFunc so that in every block those
+iterators come first (s_tir `transform_block_layout`) and every buffer the
+kernel allocates holds them first (`transform_layout`). The kernel's
+parameters keep their layout: a row task then reads and writes a strided
+slice (y[:, c, :, :]), which `row_alignment` accepts for parameters of a
+function marked with ROW_AXES_ATTR. The plan records the axes as plain data
+(block name, iterator positions) and the schedules redo the same rewrite.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from tvm_stitch.analysis.tir_view import block_views, buffer_params, static_int, vars_in
+
+ROW_AXES_ATTR = "tvm_stitch.row_axes"  # on a rewritten PrimFunc: its rows were moved first
+
+
+def row_dims(access, row_vars: tuple) -> tuple | None:
+    """The dimension of `access` that each row iterator indexes alone, in row order; None if one
+    has none, or if a row iterator also appears in another index."""
+    dims = []
+    for var in row_vars:
+        found = [d for d, index in enumerate(access.indices) if isinstance(index, tirx.Var) and index.same_as(var)]
+        if len(found) != 1:
+            return None
+        dims.append(found[0])
+    rows = set(row_vars)
+    if any(vars_in(index) & rows for d, index in enumerate(access.indices) if d not in dims):
+        return None
+    return tuple(dims)
+
+
+def _rows_from(view, access, dims: tuple) -> tuple | None:
+    """The positions of `view`'s iterators that index `access` at `dims` (spatial ones only)."""
+    positions = []
+    for dim in dims:
+        index = access.indices[dim]
+        position = next((p for p, v in enumerate(view.iter_vars) if isinstance(index, tirx.Var) and v.same_as(index)),
+                        None)
+        if position is None or view.is_reduce[position]:
+            return None
+        positions.append(position)
+    return tuple(positions) if len(set(positions)) == len(positions) else None
+
+
+def _seed_rows(view) -> tuple:
+    """A reduction's kept iterators of extent above 1: the rows it offers."""
+    return tuple(p for p, (e, r) in enumerate(zip(view.extents, view.is_reduce)) if not r and static_int(e) != 1)
+
+
+def _propagate(views: list, free: list, rows: dict, dims: list) -> bool:
+    """Place every block it can: extend `rows` (block name -> positions of its row iterators) and
+    `dims` ((buffer, dimensions holding the rows) of the tensors blocks share) from what they hold,
+    leaving the buffers in `free` (read across rows) aside. False on a conflict: a tensor whose
+    rows two blocks put at different dimensions, or a placed block that reaches a tensor through
+    something other than its plain row iterators."""
+    def dims_for(buffer):
+        return next((d for b, d in dims if b.same_as(buffer)), None)
+
+    changed = True
+    while changed:
+        changed = False
+        for view in views:
+            accesses = [a for a in view.reads + view.writes if not any(a.buffer.same_as(f) for f in free)]
+            if view.name not in rows:
+                for access in accesses:
+                    known = dims_for(access.buffer)
+                    found = None if known is None else _rows_from(view, access, known)
+                    if found is not None:
+                        rows[view.name] = found
+                        changed = True
+                        break
+            if view.name not in rows:
+                continue
+            row_vars = tuple(view.iter_vars[p] for p in rows[view.name])
+            for access in accesses:
+                found = row_dims(access, row_vars)
+                known = dims_for(access.buffer)
+                if found is None or known not in (None, found):
+                    return False
+                if known is None:
+                    dims.append((access.buffer, found))
+                    changed = True
+    return True
+
+
+def _row_extents(views: list, rows: dict) -> tuple | None:
+    """The row extents every block shares (None if a block is not placed or they differ)."""
+    if len(rows) != len(views):
+        return None
+    extents = tuple(views[0].extents[p] for p in rows[views[0].name])
+    for view in views[1:]:
+        if not tvm_ffi.structural_equal(tuple(view.extents[p] for p in rows[view.name]), extents):
+            return None
+    return extents
+
+
+def find_row_axes(func: tirx.PrimFunc) -> tuple | None:
+    """Per block (name, positions of its row iterators), in program order, or None.
+
+    The rows are the first reduction's spatial iterators of extent above 1;
+    every other block's are the iterators that index the same dimensions of
+    the tensors it shares with blocks already placed. None when a block has
+    no such iterators, when their extents differ between blocks, when the
+    rows are already the leading iterators of every block, or when the
+    kernel does not reduce.
+    """
+    views = block_views(s_tir.Schedule(func))
+    seed = next((v for v in views if v.has_reduction), None)
+    positions = () if seed is None else _seed_rows(seed)
+    if not positions:
+        return None
+    inputs = [p for p in buffer_params(func) if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
+    rows = {seed.name: positions}
+    if not _propagate(views, inputs, rows, []) or _row_extents(views, rows) is None:
+        return None
+    if all(rows[v.name] == tuple(range(len(positions))) for v in views):
+        return None
+    return tuple((v.name, rows[v.name]) for v in views)
+
+
+def _op_dims(func: tirx.PrimFunc, seeds: dict, free: set, seed_reduction: bool) -> tuple | None:
+    """(dims per parameter position, row extents) of one op's PrimFunc, from the dimensions
+    `seeds` gives some parameters (or, with `seed_reduction`, from its first reduction); the
+    parameters at positions in `free` are read across rows. None where no consistent rows exist."""
+    views = block_views(s_tir.Schedule(func))
+    params = buffer_params(func)
+    rows, dims = {}, [(params[pos], d) for pos, d in seeds.items()]
+    if seed_reduction:
+        seed = next((v for v in views if v.has_reduction), None)
+        if seed is None or not _seed_rows(seed):
+            return None
+        rows[seed.name] = _seed_rows(seed)
+    if not _propagate(views, [params[pos] for pos in free], rows, dims):
+        return None
+    extents = _row_extents(views, rows)
+    if extents is None:
+        return None
+    found = {pos: next((d for b, d in dims if b.same_as(p)), None) for pos, p in enumerate(params) if pos not in free}
+    return None if None in found.values() else (found, extents)
+
+
+def group_row_count(ops: list, op_ids: set) -> tuple | None:
+    """(number of row axes, row extents) that the ops `op_ids` of a graph (analysis/graph.py's
+    Op: func, inputs, out_types) share at dimensions that need not lead, as `find_row_axes`
+    would find them in the fused kernel; None if they share none.
+
+    Seeded by the first reduction op; then each op with a tensor of known row dimensions
+    places its other tensors inside the group, until all are placed.
+    """
+    order = sorted(op_ids)
+    seed = next((i for i in order if any(v.has_reduction for v in block_views(s_tir.Schedule(ops[i].func)))), None)
+    if seed is None:
+        return None
+    known = {}  # (op, output) -> dims of the rows
+
+    def seeds_of(i):
+        op = ops[i]
+        seeds = {pos: known[(r.op, r.output)] for pos, r in enumerate(op.inputs) if (r.op, r.output) in known}
+        seeds.update({len(op.inputs) + k: known[(i, k)] for k in range(len(op.out_types)) if (i, k) in known})
+        return seeds
+
+    extents = None
+    pending = [seed] + [i for i in order if i != seed]
+    while pending:
+        i = next((i for i in pending if i == seed or seeds_of(i)), None)
+        if i is None:
+            return None
+        pending.remove(i)
+        op = ops[i]
+        free = {pos for pos, r in enumerate(op.inputs) if r.op not in op_ids}
+        result = _op_dims(op.func, seeds_of(i), free, i == seed)
+        if result is None:
+            return None
+        found, mine = result
+        if extents is not None and not tvm_ffi.structural_equal(mine, extents):
+            return None
+        extents = mine
+        for pos, d in found.items():
+            key = (op.inputs[pos].op, op.inputs[pos].output) if pos < len(op.inputs) else (i, pos - len(op.inputs))
+            if known.get(key, d) != d:
+                return None
+            known[key] = d
+    return len(extents), extents
+
+
+def _first(positions: tuple):
+    """The index map that puts the iterators (or dimensions) at `positions` first, the rest in order."""
+    def moved(*indices):
+        rest = [i for p, i in enumerate(indices) if p not in positions]
+        return tuple(indices[p] for p in positions) + tuple(rest)
+    return moved
+
+
+def rows_first(func: tirx.PrimFunc, row_axes: tuple) -> tirx.PrimFunc:
+    """`func` with each block's row iterators (`row_axes`: find_row_axes' answer) first, and each
+    buffer it allocates holding the rows first; marked with ROW_AXES_ATTR."""
+    sch = s_tir.Schedule(func)
+    params = buffer_params(func)
+    for name, positions in row_axes:
+        block = sch.get_sblock(name)
+        if positions != tuple(range(len(positions))):
+            iters = sch.get(block).iter_vars
+            sch.transform_block_layout(block, tirx.IndexMap.from_func(
+                _first(positions), ndim=len(iters), index_dtype=str(iters[0].var.ty)))
+    views = {v.name: v for v in block_views(sch)}
+    done = []
+    for name, positions in row_axes:
+        view = views[name]
+        row_vars = tuple(view.iter_vars[:len(positions)])
+        for index, write in enumerate(view.writes):
+            buffer = write.buffer
+            if any(buffer.same_as(p) for p in params + done):
+                continue
+            done.append(buffer)
+            dims = row_dims(write, row_vars)
+            if dims != tuple(range(len(dims))):
+                sch.transform_layout(sch.get_sblock(name), ("write", index), tirx.IndexMap.from_func(
+                    _first(dims), ndim=len(buffer.shape), index_dtype=str(buffer.shape[0].ty)))
+    return sch.mod["main"].with_attr(ROW_AXES_ATTR, True)
+
