@@ -160,12 +160,16 @@ def group_row_count(ops: list, op_ids: set) -> tuple | None:
     would find them in the fused kernel; None if they share none.
 
     Seeded by the first reduction op; then each op with a tensor of known row dimensions
-    places its other tensors inside the group, until all are placed.
+    places its other tensors inside the group, until all are placed. Only groups where a
+    reduction's result is read inside the group (BatchNorm: the mean broadcast back over N, H,
+    W): where reductions only end the group (column sums), their own leading axes are the rows
+    and their producers are inlined, which the leading rows already express.
     """
     order = sorted(op_ids)
-    seed = next((i for i in order if any(v.has_reduction for v in block_views(s_tir.Schedule(ops[i].func)))), None)
-    if seed is None:
+    reductions = [i for i in order if any(v.has_reduction for v in block_views(s_tir.Schedule(ops[i].func)))]
+    if not any(r.op in reductions for i in order for r in ops[i].inputs):
         return None
+    seed = reductions[0]
     known = {}  # (op, output) -> dims of the rows
 
     def seeds_of(i):
