@@ -21,25 +21,47 @@ function marked with ROW_AXES_ATTR. The plan records the axes as plain data
 
 from __future__ import annotations
 
+import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import s_tir, sym, tirx
 
 from tvm_stitch.analysis.tir_view import block_views, buffer_params, static_int, vars_in
 
 ROW_AXES_ATTR = "tvm_stitch.row_axes"  # on a rewritten PrimFunc: its rows were moved first
 
 
-def row_dims(access, row_vars: tuple) -> tuple | None:
+def _unit_free(view):
+    """The index simplifier of a block with its unit iterators set to 0 (a reshape's index
+    (c + h + w) % C over unit h, w is then the plain c); identity without a view."""
+    if view is None:
+        return lambda index: index
+    analyzer = sym.Analyzer()
+    units = False
+    for var, extent in zip(view.iter_vars, view.extents):
+        if static_int(extent) == 1:
+            analyzer.bind(var, tirx.const(0, var.ty))
+            units = True
+        else:
+            analyzer.bind(var, tvm.ir.Range.from_min_extent(0, extent))
+    if not units:
+        return lambda index: index
+    return lambda index: index if isinstance(index, tirx.Var) else analyzer.simplify(index)
+
+
+def row_dims(access, row_vars: tuple, view=None) -> tuple | None:
     """The dimension of `access` that each row iterator indexes alone, in row order; None if one
-    has none, or if a row iterator also appears in another index."""
+    has none, or if a row iterator also appears in another index. With the accessing block's
+    `view`, indices are read with its unit iterators set to 0."""
+    simple = _unit_free(view)
+    indices = [simple(i) for i in access.indices]
     dims = []
     for var in row_vars:
-        found = [d for d, index in enumerate(access.indices) if isinstance(index, tirx.Var) and index.same_as(var)]
+        found = [d for d, index in enumerate(indices) if isinstance(index, tirx.Var) and index.same_as(var)]
         if len(found) != 1:
             return None
         dims.append(found[0])
     rows = set(row_vars)
-    if any(vars_in(index) & rows for d, index in enumerate(access.indices) if d not in dims):
+    if any(vars_in(index) & rows for d, index in enumerate(indices) if d not in dims):
         return None
     return tuple(dims)
 
@@ -47,8 +69,9 @@ def row_dims(access, row_vars: tuple) -> tuple | None:
 def _rows_from(view, access, dims: tuple) -> tuple | None:
     """The positions of `view`'s iterators that index `access` at `dims` (spatial ones only)."""
     positions = []
+    simple = _unit_free(view)
     for dim in dims:
-        index = access.indices[dim]
+        index = simple(access.indices[dim])
         position = next((p for p, v in enumerate(view.iter_vars) if isinstance(index, tirx.Var) and v.same_as(index)),
                         None)
         if position is None or view.is_reduce[position]:
@@ -88,7 +111,7 @@ def _propagate(views: list, free: list, rows: dict, dims: list) -> bool:
                 continue
             row_vars = tuple(view.iter_vars[p] for p in rows[view.name])
             for access in accesses:
-                found = row_dims(access, row_vars)
+                found = row_dims(access, row_vars, view)
                 known = dims_for(access.buffer)
                 if found is None or known not in (None, found):
                     return False

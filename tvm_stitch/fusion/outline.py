@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import relax, sym, tirx
+from tvm import relax, s_tir, sym, tirx
 
 from tvm_stitch.analysis.graph import Graph
-from tvm_stitch.analysis.tir_view import buffer_params, vars_in
+from tvm_stitch.analysis.tir_view import block_views, buffer_params, vars_in
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -159,7 +159,34 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     by_param = dict(zip(main_params, externals))
     # Symbolic sizes the PrimFunc takes as scalars come as PrimValues of the caller's variables.
     args = [by_param.get(a, a) for a in arg_exprs]
-    return Outlined(fused_mod[fused_gv], args, outputs, [v.ty for v in outputs])
+    return Outlined(without_dead_blocks(fused_mod[fused_gv]), args, outputs, [v.ty for v in outputs])
+
+
+def without_dead_blocks(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` without the element-wise blocks whose results reach no output.
+
+    A member op with several results of which the group returns some (TVM's
+    batch_norm: the normalised tensor, and the moving mean and variance the
+    caller dropped) leaves blocks that write buffers nothing reads; kept, they
+    would be global allocations, which CUDA lowering rejects. Dead reductions
+    stay (s_tir inlines only element-wise blocks).
+    """
+    sch = s_tir.Schedule(func)
+    views = block_views(sch)
+    params = buffer_params(func)
+    live = set()
+    for view in reversed(views):
+        writes_output = any(w.buffer.same_as(p) for w in view.writes for p in params)
+        read_live = any(r.buffer.same_as(w.buffer) for other in views if other.name in live
+                        for r in other.reads for w in view.writes)
+        if writes_output or read_live:
+            live.add(view.name)
+    dead = [v for v in reversed(views) if v.name not in live and not v.has_reduction]
+    if not dead:
+        return func
+    for view in dead:
+        sch.compute_inline(sch.get_sblock(view.name))
+    return sch.mod["main"]
 
 
 def _outlined_module(mod, mini_mod, graph, members, name, externals, outputs, types) -> tuple:
