@@ -39,8 +39,9 @@ def substitute(expr, vmap: dict):
 class Outlined:
     func: tirx.PrimFunc  # the fused PrimFunc, unscheduled
     args: list  # Relax expressions of the original function, one per PrimFunc input (PrimValue: a size)
-    outputs: list  # original relax vars, one per PrimFunc output, in order
-    out_types: list  # TensorType per output
+    outputs: list  # original relax vars, in order: each one PrimFunc output, or a tuple of several
+    out_types: list  # TensorType per PrimFunc output
+    fields: tuple = ()  # per var of `outputs`: its number of tensor fields if a tuple, else 0 (all 0 if empty)
 
 
 def _called_globals(mod: tvm.IRModule, expr, found: dict) -> dict:
@@ -131,8 +132,9 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
         externals.append(relax.ShapeExpr(undefined))
     outputs = group_outputs(graph, members)
     for v in outputs:
-        if not isinstance(v.ty, relax.TensorType):
-            raise ValueError(f"group output {v.name} is not a tensor")
+        tensors = list(v.ty.fields) if isinstance(v.ty, relax.TupleType) else [v.ty]
+        if not tensors or not all(isinstance(t, relax.TensorType) for t in tensors):
+            raise ValueError(f"group output {v.name} is not a tensor or a tuple of tensors")
     if not outputs:
         raise ValueError("group has no outputs")
 
@@ -159,7 +161,9 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str) -> 
     by_param = dict(zip(main_params, externals))
     # Symbolic sizes the PrimFunc takes as scalars come as PrimValues of the caller's variables.
     args = [by_param.get(a, a) for a in arg_exprs]
-    return Outlined(without_dead_blocks(fused_mod[fused_gv]), args, outputs, [v.ty for v in outputs])
+    fields = tuple(len(v.ty.fields) if isinstance(v.ty, relax.TupleType) else 0 for v in outputs)
+    out_types = [t for v in outputs for t in (v.ty.fields if isinstance(v.ty, relax.TupleType) else [v.ty])]
+    return Outlined(without_dead_blocks(fused_mod[fused_gv]), args, outputs, out_types, fields)
 
 
 def without_dead_blocks(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -204,7 +208,10 @@ def _outlined_module(mod, mini_mod, graph, members, name, externals, outputs, ty
                 vmap[node.var] = _emit_value(bb, mod, node.binding.value, vmap)
                 for alias in node.aliases:
                     vmap[alias.var] = bb.emit(substitute(alias.value, vmap))
-            results = [vmap[v] for v in outputs]
+            results = []
+            for v in outputs:  # a tuple result (TVM's batch_norm) returns its fields
+                results += ([bb.emit(relax.TupleGetItem(vmap[v], i)) for i in range(len(v.ty.fields))]
+                            if isinstance(v.ty, relax.TupleType) else [vmap[v]])
             ret = bb.emit_output(relax.Tuple(results) if len(results) > 1 else results[0])
         group_gv = bb.emit_func_output(ret)
 
