@@ -568,12 +568,17 @@ def _rows_moved_first(func: tirx.PrimFunc, family: str) -> tuple:
 def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
     try:
         return plan_row_split(func, spec, name, few_long_rows_only=True)
-    except SplitError:
-        pass
+    except SplitError as err:
+        not_split = err
     recompute = ()
     while True:
         try:
-            return plan_row_resident(func, spec, name, recompute)
+            plan = plan_row_resident(func, spec, name, recompute)
+            if 0 < plan.mapping.grid < spec.sms:
+                # The plan says why the idle SMs are left idle.
+                plan = dataclasses.replace(plan, notes=plan.notes + (
+                    f"{plan.mapping.grid} blocks for {spec.sms} SMs, not split over more: {not_split}",))
+            return plan
         except SharedMemoryError as err:
             if err.demotable:  # AStitch's demotion, one intermediate at a time, largest first
                 recompute += (err.demotable[0],)
