@@ -135,7 +135,7 @@ def test_few_long_channels_split_over_blocks():
     report = tvm_stitch.explain(_tvm_batchnorm((8, 64, 48, 48), False), CUDA, strict=True)
     [group] = report.groups
     assert group.plan.scheme == "row-split" and group.plan.row_axes
-    assert group.plan.mapping.grid >= 2 * 132 and group.plan.kernels == 3
+    assert group.plan.mapping.grid >= 2 * 132 and group.plan.kernels == 2 and group.plan.variance
 
 
 def _simt_device(oclgrind: bool):
@@ -155,8 +155,8 @@ def test_batchnorm_kernel_is_clean_under_oclgrind():
 
 
 def test_split_channels_run_in_order_on_pocl():
-    """16 channels of 4 x 64 x 64: row-split partials and combines over strided channel slices."""
+    """16 channels of 4 x 64 x 64: row-split over strided channel slices, the variance in the mean's pass."""
     _simt_device(False)
     from tvm_stitch import simt
     report = simt.check(_tvm_batchnorm((4, 16, 64, 64), False))
-    assert [k.launches for k in report.kernels] == [3] and report.ok, str(report)
+    assert [k.launches for k in report.kernels] == [2] and report.ok, str(report)

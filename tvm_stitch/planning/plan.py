@@ -85,6 +85,7 @@ class StitchPlan:
     occupancy: float = -1.0  # CUDA: resident warps per SM over the maximum, from threads, registers, shared
     phases: tuple = ()  # row-split: a Phase per kept block and per reduction's combine
     online: tuple = ()  # row-split: (sum, max) pairs whose partials take one pass (online softmax)
+    variance: tuple = ()  # row-split: (squared deviations, sum) pairs whose partials take one pass
     notes: tuple = field(default=())
     aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
     # Rows not leading: (block, positions of its row iterators) per block, moved first before
@@ -104,6 +105,7 @@ class StitchPlan:
             data[key] = tuple(data.get(key, ()))
         data["shared_reductions"] = tuple(tuple(r) for r in data.get("shared_reductions", ()))
         data["online"] = tuple(tuple(pair) for pair in data.get("online", ()))
+        data["variance"] = tuple(tuple(pair) for pair in data.get("variance", ()))
         data["row_axes"] = tuple((block, tuple(positions)) for block, positions in data.get("row_axes", ()))
         data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
         if data.get("spec") is not None:
