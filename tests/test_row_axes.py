@@ -158,5 +158,29 @@ def test_split_channels_run_in_order_on_pocl():
     """16 channels of 4 x 64 x 64: row-split over strided channel slices, the variance in the mean's pass."""
     _simt_device(False)
     from tvm_stitch import simt
-    report = simt.check(_tvm_batchnorm((4, 16, 64, 64), False))
+    report = simt.check(_tvm_batchnorm((2, 4, 128, 128), False))
     assert [k.launches for k in report.kernels] == [2] and report.ok, str(report)
+
+
+def test_one_pass_variance_is_clean_under_oclgrind():
+    _simt_device(True)
+    from tvm_stitch import simt
+    report = simt.check(_tvm_batchnorm((1, 2, 128, 128), True), oclgrind=True)
+    assert [k.launches for k in report.kernels] == [2] and report.ok, str(report)
+
+
+def test_one_pass_variance_is_accurate_far_from_zero(rng):
+    """Chunks shifted by their own mean: a mean of 1000 costs no precision in the variance."""
+    shape = (2, 4, 128, 128)
+    mod = _tvm_batchnorm(shape, True)
+    x = (rng.standard_normal(shape) + 1000).astype("float32")
+    c = shape[1]
+    ones, zeros = np.ones(c, "float32"), np.zeros(c, "float32")
+    built = build(mod, LLVM, stitched=True, strict=True, emulate="cuda")
+    [plan] = built.report.plans
+    assert plan.scheme == "row-split" and plan.variance
+    y, _, moving_var = run_cpu(built.executable, [x, ones, zeros, zeros, zeros])
+    _, var = _stats(x)
+    np.testing.assert_allclose(moving_var, 0.1 * var.ravel(), rtol=1e-4)
+    np.testing.assert_allclose(y, (x - x.astype(np.float64).mean((0, 2, 3), keepdims=True)) / np.sqrt(var + EPS),
+                               rtol=1e-3, atol=1e-3)
