@@ -18,13 +18,25 @@ def inline_cheap_blocks(sch: s_tir.Schedule, plan: StitchPlan) -> None:
         sch.compute_inline(sch.get_sblock(name))
 
 
+def recompute_in_readers(sch: s_tir.Schedule, names: tuple) -> None:
+    """Let the blocks that read each element-wise output block of `names` recompute its value
+    instead of loading the output (row-split: a per-row mean that another block of the same
+    kernel would otherwise read before it is written). The output is then written by a copy
+    stage (s_tir names it after the block's buffer) that computes the value too."""
+    for name in names:
+        block = sch.get_sblock(name)
+        stage = sch.cache_write(block, 0, "global", consumer_blocks=sch.get_consumers(block))
+        rows_first_in_stage(sch, block, stage, len(sch.get(block).iter_vars))
+        sch.compute_inline(block)
+
+
 def rows_first_in_stage(sch: s_tir.Schedule, producer, stage, rank: int) -> None:
     """Bring the row iterators of a cache stage first (`stage`: the copy `cache_write` made of
     `producer`'s result, iterating over the parameter's layout).
 
     Where the rows are not the parameter's leading dimensions (plan.row_axes), the copy's
     leading iterators are not rows; the producer's first `rank` iterators name the
-    dimensions that are.
+    dimensions that are (all of an element-wise producer's: the copy then iterates in its order).
     """
     node = sch.get(producer)
     row_vars = [iv.var for iv in node.iter_vars[:rank]]

@@ -32,7 +32,7 @@ from tvm.target import Target
 
 from tvm_stitch.planning.plan import GLOBAL, PhaseRole, StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent
+from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent, recompute_in_readers
 
 
 def _fuse(sch: s_tir.Schedule, loops: list):
@@ -61,6 +61,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     # combine's kernel, its partials in the reduction's own.
     kernel_of = {**compute_level, **combine_level}
     sch = s_tir.Schedule(func)
+    recompute_in_readers(sch, plan.recomputed_outputs)
     inline_cheap_blocks(sch, plan)
 
     chunked = []  # (block name, is a partial reduction)

@@ -86,6 +86,7 @@ class StitchPlan:
     phases: tuple = ()  # row-split: a Phase per kept block and per reduction's combine
     online: tuple = ()  # row-split: (sum, max) pairs whose partials take one pass (online softmax)
     variance: tuple = ()  # row-split: (squared deviations, sum) pairs whose partials take one pass
+    recomputed_outputs: tuple = ()  # row-split: element-wise outputs their readers recompute (not load)
     notes: tuple = field(default=())
     aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
     # Rows not leading: (block, positions of its row iterators) per block, moved first before
@@ -101,7 +102,8 @@ class StitchPlan:
         data = json.loads(text)
         data["mapping"] = ThreadMapping(**data["mapping"])
         data["intermediates"] = tuple(Intermediate(**i) for i in data["intermediates"])
-        for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes", "shared_rows"):
+        for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes", "shared_rows",
+                    "recomputed_outputs"):
             data[key] = tuple(data.get(key, ()))
         data["shared_reductions"] = tuple(tuple(r) for r in data.get("shared_reductions", ()))
         data["online"] = tuple(tuple(pair) for pair in data.get("online", ()))

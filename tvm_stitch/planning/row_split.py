@@ -57,6 +57,7 @@ from tvm_stitch.planning.plan import (GLOBAL, REGISTER, Intermediate, Phase, Pha
                                       ThreadMapping)
 from tvm_stitch.planning.resources import cuda_shared_bytes
 from tvm_stitch.planning.spec import TargetSpec
+from schedules.common import recompute_in_readers
 
 # Rows fewer than the SMs (spec.sms) and at least this long are split.
 SPLIT_MIN_ROW = 16384  # elements: 64 KB of float32, more than a block's shared memory
@@ -105,10 +106,11 @@ def _levels(kept: list, consumers: dict) -> dict:
 
 
 def _kept_blocks(func: tirx.PrimFunc) -> tuple:
-    """(views, outputs, inlined views, kept views, rank, online pairs, variance pairs): the blocks
+    """(views, outputs, inlined views, kept views, rank, online pairs, variance pairs, recomputed): the blocks
     once every element-wise block that is not an output is inlined, the rows they share, and the
     (sum, max) and (squared deviations, sum) reductions that take one pass (`online_pairs`,
-    `variance_pairs`)."""
+    `variance_pairs`), and the outputs recomputed by their readers (`_recomputed_outputs`)."""
+    func, recomputed = _recomputed_outputs(func)
     views = block_views(s_tir.Schedule(func))
     outputs = output_blocks(views, func)
     inlined = [v for v in views if v.name not in outputs and not v.has_reduction]
@@ -120,7 +122,27 @@ def _kept_blocks(func: tirx.PrimFunc) -> tuple:
     rank = analyze_rows(trial.mod["main"], kept).depth
     if rank == 0:
         raise SplitError("no row axis shared by all blocks")
-    return views, outputs, inlined, kept, rank, online_pairs(trial, kept, rank), variance_pairs(trial, kept)
+    return (views, outputs, inlined, kept, rank, online_pairs(trial, kept, rank), variance_pairs(trial, kept),
+            recomputed)
+
+
+def _recomputed_outputs(func: tirx.PrimFunc) -> tuple:
+    """(func with its element-wise outputs that other blocks read recomputed by those readers,
+    their names): a reader then waits for what the output reads, not for the output itself
+    (`recompute_in_readers`; a per-row mean read by the variance in the same kernel)."""
+    sch = s_tir.Schedule(func)
+    views = block_views(sch)
+    outputs = output_blocks(views, func)
+    names = tuple(v.name for v in views if v.name in outputs and not v.has_reduction and len(v.writes) == 1
+                  and any(r.buffer.same_as(v.writes[0].buffer) for other in views if other is not v
+                          for r in other.reads))
+    if not names:
+        return func, ()
+    try:
+        recompute_in_readers(sch, names)
+    except s_tir.ScheduleError:
+        return func, ()
+    return sch.mod["main"], names
 
 
 def _row_length(kept: list, rank: int) -> int:
@@ -384,7 +406,7 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
     """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`."""
     if spec.family != "cuda":
         raise SplitError("row-split is a CUDA scheme")
-    views, outputs, inlined, kept, rank, online, variance = _kept_blocks(func)
+    views, outputs, inlined, kept, rank, online, variance, recomputed = _kept_blocks(func)
     rows = static_product(kept[0].extents[:rank])
     if rows is None:
         raise SplitError("symbolic row count")
@@ -421,6 +443,7 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
         kernels=kernels.count,
         online=online,
         variance=variance,
+        recomputed_outputs=recomputed,
         shared_bytes=cuda_shared_bytes((), reductions, mapping.threads, mapping.rows_per_task, spec.warp_size),
         shared_reductions=reductions,
         reductions=sum(1 for v in kept if v.has_reduction),
