@@ -65,7 +65,8 @@ def test_batchnorm_nchw_rows_are_channels_and_match_numpy(target_kind, rng):
     built = build(_manual_batchnorm(shape), LLVM, stitched=True, strict=True, **emulate)
     [plan] = built.report.plans
     assert plan.rank == 1 and plan.row_shape == ("16",) and plan.mapping.rows == 16
-    assert plan.row_axes and all(positions == (1,) for name, positions in plan.row_axes if name.startswith("T_"))
+    assert plan.row_axes and all(positions == (1,) and factors == (0,)
+                                 for name, positions, factors in plan.row_axes if name.startswith("T_"))
     y, mean, var = run_cpu(built.executable, [x, g, b])
     ref_mean, ref_var = _stats(x)
     np.testing.assert_allclose(mean, ref_mean, rtol=1e-5, atol=1e-5)
@@ -100,7 +101,7 @@ def _planned_funcs(mod, monkeypatch) -> list:
 def test_row_axes_move_the_channel_first_in_every_block(monkeypatch):
     [func] = _planned_funcs(_manual_batchnorm((2, 8, 3, 3)), monkeypatch)
     axes = find_row_axes(func)
-    assert axes and all(len(positions) == 1 for _, positions in axes)
+    assert axes and all(len(positions) == 1 for _, positions, _ in axes)
     moved = rows_first(func, axes)
     assert analyze_rows(func).depth == 0 and analyze_rows(moved).depth >= 1
     assert all(static_int(view.extents[0]) == 8 for view in block_views(s_tir.Schedule(moved)))
@@ -184,3 +185,36 @@ def test_one_pass_variance_is_accurate_far_from_zero(rng):
     np.testing.assert_allclose(moving_var, 0.1 * var.ravel(), rtol=1e-4)
     np.testing.assert_allclose(y, (x - x.astype(np.float64).mean((0, 2, 3), keepdims=True)) / np.sqrt(var + EPS),
                                rtol=1e-3, atol=1e-3)
+
+
+def _group_norm(shape, groups):
+    c = shape[1]
+    params = [tensor("x", shape), tensor("gamma", (c,)), tensor("beta", (c,))]
+    return make_module(params, lambda bb, x, gamma, beta: bb.emit(
+        relax.op.nn.group_norm(x, gamma, beta, num_groups=groups, channel_axis=1, axes=[2, 3])))
+
+
+@pytest.mark.parametrize("target_kind", ["cpu", "cuda-on-cpu"])
+def test_group_norm_rows_are_batch_and_group_and_match_numpy(target_kind, rng):
+    """The output reads its group's statistics at c // (C/G): its channel iterator is split,
+    so the rows are (batch, group), not the batch alone."""
+    shape, groups = (3, 16, 5, 4), 4
+    mod = _group_norm(shape, groups)
+    [group] = tvm_stitch.explain(mod, CUDA, strict=True).groups
+    assert group.plan.row_shape == ("3", "4") and group.plan.mapping.grid == 12
+    assert any(4 in factors for _, _, factors in group.plan.row_axes)
+    x = rng.standard_normal(shape).astype("float32")
+    gamma, beta = rng.standard_normal(16).astype("float32"), rng.standard_normal(16).astype("float32")
+    emulate = {"emulate": "cuda"} if target_kind == "cuda-on-cpu" else {}
+    built = build(mod, LLVM, stitched=True, strict=True, **emulate)
+    [y] = run_cpu(built.executable, [x, gamma, beta])
+    xg = x.astype(np.float64).reshape(3, groups, -1)
+    ref = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + EPS)).reshape(shape)
+    np.testing.assert_allclose(y, ref * gamma.reshape(1, -1, 1, 1) + beta.reshape(1, -1, 1, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_group_norm_kernel_is_clean_under_oclgrind():
+    _simt_device(True)
+    from tvm_stitch import simt
+    report = simt.check(_group_norm((2, 16, 4, 4), 4), oclgrind=True)
+    assert report.kernels and report.ok, str(report)

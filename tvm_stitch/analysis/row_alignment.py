@@ -111,7 +111,7 @@ def _internally_aligned(views: list, param_buffers: list, rank: int, strided_par
             if any(access.buffer.same_as(b) for b in inputs):
                 continue
             if strided_params and any(access.buffer.same_as(p) for p in param_buffers):
-                dims = row_dims(access, row_vars)
+                dims = row_dims(access, row_vars, view)
                 known = next((d for p, d in param_dims if p.same_as(access.buffer)), None)
                 if dims is None or known not in (None, dims):
                     return False

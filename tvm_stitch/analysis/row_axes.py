@@ -30,33 +30,46 @@ from tvm_stitch.analysis.tir_view import block_views, buffer_params, static_int,
 ROW_AXES_ATTR = "tvm_stitch.row_axes"  # on a rewritten PrimFunc: its rows were moved first
 
 
-def _unit_free(view):
-    """The index simplifier of a block with its unit iterators set to 0 (a reshape's index
-    (c + h + w) % C over unit h, w is then the plain c); identity without a view."""
-    if view is None:
-        return lambda index: index
+def _simplifier(view):
+    """(simplify, analyzer) of a block's indices: its unit iterators set to 0 (a reshape's index
+    (c + h + w) % C over unit h, w is then the plain c), the others bound to their ranges;
+    without a view, identity and an empty analyzer."""
     analyzer = sym.Analyzer()
-    units = False
+    if view is None:
+        return (lambda index: index), analyzer
     for var, extent in zip(view.iter_vars, view.extents):
         if static_int(extent) == 1:
             analyzer.bind(var, tirx.const(0, var.ty))
-            units = True
         else:
             analyzer.bind(var, tvm.ir.Range.from_min_extent(0, extent))
-    if not units:
-        return lambda index: index
-    return lambda index: index if isinstance(index, tirx.Var) else analyzer.simplify(index)
+    return (lambda index: index if isinstance(index, tirx.Var) else analyzer.simplify(index)), analyzer
+
+
+def _scaled(index, var, analyzer) -> bool:
+    """`index` is var * k + e with e free of `var` and 0 <= e < k: distinct values of var index
+    disjoint slices (a channel group's channels, c = g * C/G + r)."""
+    if not isinstance(index, tirx.Add):
+        return False
+    for scaled, rest in ((index.a, index.b), (index.b, index.a)):
+        if (isinstance(scaled, tirx.Mul) and isinstance(scaled.a, tirx.Var) and scaled.a.same_as(var)
+                and isinstance(scaled.b, tirx.IntImm) and var not in vars_in(rest)):
+            bound = analyzer.const_int_bound(rest)
+            if bound.min_value >= 0 and bound.max_value < scaled.b.value:
+                return True
+    return False
 
 
 def row_dims(access, row_vars: tuple, view=None) -> tuple | None:
-    """The dimension of `access` that each row iterator indexes alone, in row order; None if one
-    has none, or if a row iterator also appears in another index. With the accessing block's
-    `view`, indices are read with its unit iterators set to 0."""
-    simple = _unit_free(view)
+    """The dimension of `access` that each row iterator indexes, in row order: alone, or with
+    the accessing block's `view`, as var * k + e over a slice 0 <= e < k (its unit iterators set
+    to 0); None if one has none, or if a row iterator also appears in another index."""
+    simple, analyzer = _simplifier(view)
     indices = [simple(i) for i in access.indices]
     dims = []
     for var in row_vars:
         found = [d for d, index in enumerate(indices) if isinstance(index, tirx.Var) and index.same_as(var)]
+        if not found and view is not None:
+            found = [d for d, index in enumerate(indices) if _scaled(index, var, analyzer)]
         if len(found) != 1:
             return None
         dims.append(found[0])
@@ -66,27 +79,69 @@ def row_dims(access, row_vars: tuple, view=None) -> tuple | None:
     return tuple(dims)
 
 
+def _spec_dims(access, view, specs: tuple) -> tuple | None:
+    """The dimension of `access` indexed by each row of `specs` ((iterator position, factor):
+    the iterator, or with a factor k its quotient by k), in row order; an iterator split by k may
+    appear elsewhere only as its remainder by k. None where that does not hold."""
+    simple, _ = _simplifier(view)
+    indices = [simple(i) for i in access.indices]
+    dims = []
+    for position, factor in specs:
+        var = view.iter_vars[position]
+        found = [d for d, index in enumerate(indices) if _is_row(index, var, factor)]
+        if len(found) != 1:
+            return None
+        dims.append(found[0])
+    for d, index in enumerate(indices):
+        if d in dims:
+            continue
+        for position, factor in specs:
+            var = view.iter_vars[position]
+            if var in vars_in(index) and not (factor and isinstance(index, tirx.FloorMod) and index.a.same_as(var)
+                                               and isinstance(index.b, tirx.IntImm) and index.b.value == factor):
+                return None
+    return tuple(dims)
+
+
+def _is_row(index, var, factor: int) -> bool:
+    """`index` holds the row `var` (with a factor k: var // k, or var itself, whose values for
+    one quotient are the row's slice of k)."""
+    if not factor or (isinstance(index, tirx.Var) and index.same_as(var)):
+        return isinstance(index, tirx.Var) and index.same_as(var)
+    return (isinstance(index, tirx.FloorDiv) and isinstance(index.a, tirx.Var) and index.a.same_as(var)
+            and isinstance(index.b, tirx.IntImm) and index.b.value == factor)
+
+
 def _rows_from(view, access, dims: tuple) -> tuple | None:
-    """The positions of `view`'s iterators that index `access` at `dims` (spatial ones only)."""
-    positions = []
-    simple = _unit_free(view)
+    """The row specs ((position, factor) per row) of `view` that index `access` at `dims`: a
+    spatial iterator, or its quotient by a constant that divides its extent (the output of a
+    GroupNorm reads its group's statistics at c // (C/G))."""
+    specs = []
+    simple, _ = _simplifier(view)
     for dim in dims:
         index = simple(access.indices[dim])
+        factor = 0
+        if (isinstance(index, tirx.FloorDiv) and isinstance(index.a, tirx.Var) and isinstance(index.b, tirx.IntImm)
+                and index.b.value > 1):
+            index, factor = index.a, int(index.b.value)
         position = next((p for p, v in enumerate(view.iter_vars) if isinstance(index, tirx.Var) and v.same_as(index)),
                         None)
         if position is None or view.is_reduce[position]:
             return None
-        positions.append(position)
-    return tuple(positions) if len(set(positions)) == len(positions) else None
+        extent = static_int(view.extents[position])
+        if factor and (extent is None or extent % factor):
+            return None
+        specs.append((position, factor))
+    return tuple(specs) if len({p for p, _ in specs}) == len(specs) else None
 
 
 def _seed_rows(view) -> tuple:
-    """A reduction's kept iterators of extent above 1: the rows it offers."""
-    return tuple(p for p, (e, r) in enumerate(zip(view.extents, view.is_reduce)) if not r and static_int(e) != 1)
+    """A reduction's kept iterators of extent above 1: the rows it offers, as row specs."""
+    return tuple((p, 0) for p, (e, r) in enumerate(zip(view.extents, view.is_reduce)) if not r and static_int(e) != 1)
 
 
 def _propagate(views: list, free: list, rows: dict, dims: list) -> bool:
-    """Place every block it can: extend `rows` (block name -> positions of its row iterators) and
+    """Place every block it can: extend `rows` (block name -> row specs: (iterator position, factor)) and
     `dims` ((buffer, dimensions holding the rows) of the tensors blocks share) from what they hold,
     leaving the buffers in `free` (read across rows) aside. False on a conflict: a tensor whose
     rows two blocks put at different dimensions, or a placed block that reaches a tensor through
@@ -109,9 +164,8 @@ def _propagate(views: list, free: list, rows: dict, dims: list) -> bool:
                         break
             if view.name not in rows:
                 continue
-            row_vars = tuple(view.iter_vars[p] for p in rows[view.name])
             for access in accesses:
-                found = row_dims(access, row_vars, view)
+                found = _spec_dims(access, view, rows[view.name])
                 known = dims_for(access.buffer)
                 if found is None or known not in (None, found):
                     return False
@@ -125,35 +179,48 @@ def _row_extents(views: list, rows: dict) -> tuple | None:
     """The row extents every block shares (None if a block is not placed or they differ)."""
     if len(rows) != len(views):
         return None
-    extents = tuple(views[0].extents[p] for p in rows[views[0].name])
+    def extents_of(view):
+        return tuple(view.extents[p] if not k else tirx.const(static_int(view.extents[p]) // k, view.extents[p].ty)
+                     for p, k in rows[view.name])
+
+    extents = extents_of(views[0])
     for view in views[1:]:
-        if not tvm_ffi.structural_equal(tuple(view.extents[p] for p in rows[view.name]), extents):
+        if not tvm_ffi.structural_equal(extents_of(view), extents):
             return None
     return extents
 
 
 def find_row_axes(func: tirx.PrimFunc) -> tuple | None:
-    """Per block (name, positions of its row iterators), in program order, or None.
+    """Per block (name, positions of its row iterators, factors), in program order, or None.
 
     The rows are the first reduction's spatial iterators of extent above 1;
-    every other block's are the iterators that index the same dimensions of
-    the tensors it shares with blocks already placed. None when a block has
-    no such iterators, when their extents differ between blocks, when the
-    rows are already the leading iterators of every block, or when the
-    kernel does not reduce.
+    every other block's (but element-wise blocks of inputs alone, read like
+    inputs and left in place) are the iterators that index the same
+    dimensions of the tensors it shares with blocks already placed, or their quotients by
+    a factor (0: the iterator itself; k: the iterator is split into its
+    quotient by k, a row, and its remainder). None when a block has no such
+    iterators, when their extents differ between blocks, when the rows are
+    already the leading iterators of every block, or when the kernel does
+    not reduce.
     """
     views = block_views(s_tir.Schedule(func))
     seed = next((v for v in views if v.has_reduction), None)
     positions = () if seed is None else _seed_rows(seed)
     if not positions:
         return None
-    inputs = [p for p in buffer_params(func) if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
+    free = [p for p in buffer_params(func) if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
+    placed = []
+    for view in views:  # element-wise blocks of inputs alone (a reshaped gamma): read like inputs
+        if not view.has_reduction and all(any(r.buffer.same_as(f) for f in free) for r in view.reads):
+            free.extend(w.buffer for w in view.writes)
+        else:
+            placed.append(view)
     rows = {seed.name: positions}
-    if not _propagate(views, inputs, rows, []) or _row_extents(views, rows) is None:
+    if not _propagate(placed, free, rows, []) or _row_extents(placed, rows) is None:
         return None
-    if all(rows[v.name] == tuple(range(len(positions))) for v in views):
+    if all(rows[v.name] == tuple((p, 0) for p in range(len(positions))) for v in placed):
         return None
-    return tuple((v.name, rows[v.name]) for v in views)
+    return tuple((v.name, tuple(p for p, _ in rows[v.name]), tuple(k for _, k in rows[v.name])) for v in placed)
 
 
 def _op_dims(func: tirx.PrimFunc, seeds: dict, free: set, seed_reduction: bool) -> tuple | None:
@@ -225,28 +292,34 @@ def group_row_count(ops: list, op_ids: set) -> tuple | None:
     return len(extents), extents
 
 
-def _first(positions: tuple):
-    """The index map that puts the iterators (or dimensions) at `positions` first, the rest in order."""
+def _first(positions: tuple, factors: tuple = ()):
+    """The index map that puts the iterators (or dimensions) at `positions` first, the rest in
+    order; an iterator with a factor k is split: its quotient by k first, its remainder in its place."""
+    factors = factors or (0,) * len(positions)
+    split = dict(zip(positions, factors))
+
     def moved(*indices):
-        rest = [i for p, i in enumerate(indices) if p not in positions]
-        return tuple(indices[p] for p in positions) + tuple(rest)
+        rows = tuple(indices[p] // k if k else indices[p] for p, k in zip(positions, factors))
+        rest = tuple(i % split[p] if split.get(p) else i for p, i in enumerate(indices) if split.get(p, 0) or p not in split)
+        return rows + rest
     return moved
 
 
 def rows_first(func: tirx.PrimFunc, row_axes: tuple) -> tirx.PrimFunc:
-    """`func` with each block's row iterators (`row_axes`: find_row_axes' answer) first, and each
-    buffer it allocates holding the rows first; marked with ROW_AXES_ATTR."""
+    """`func` with each block's row iterators (`row_axes`: find_row_axes' answer) first, split
+    where the rows are quotients, and each buffer it allocates holding the rows first; marked
+    with ROW_AXES_ATTR."""
     sch = s_tir.Schedule(func)
     params = buffer_params(func)
-    for name, positions in row_axes:
+    for name, positions, factors in row_axes:
         block = sch.get_sblock(name)
-        if positions != tuple(range(len(positions))):
+        if positions != tuple(range(len(positions))) or any(factors):
             iters = sch.get(block).iter_vars
             sch.transform_block_layout(block, tirx.IndexMap.from_func(
-                _first(positions), ndim=len(iters), index_dtype=str(iters[0].var.ty)))
+                _first(positions, factors), ndim=len(iters), index_dtype=str(iters[0].var.ty)))
     views = {v.name: v for v in block_views(sch)}
     done = []
-    for name, positions in row_axes:
+    for name, positions, _ in row_axes:
         view = views[name]
         row_vars = tuple(view.iter_vars[:len(positions)])
         for index, write in enumerate(view.writes):
@@ -255,8 +328,7 @@ def rows_first(func: tirx.PrimFunc, row_axes: tuple) -> tirx.PrimFunc:
                 continue
             done.append(buffer)
             dims = row_dims(write, row_vars)
-            if dims != tuple(range(len(dims))):
+            if dims is not None and dims != tuple(range(len(dims))):
                 sch.transform_layout(sch.get_sblock(name), ("write", index), tirx.IndexMap.from_func(
                     _first(dims), ndim=len(buffer.shape), index_dtype=str(buffer.shape[0].ty)))
     return sch.mod["main"].with_attr(ROW_AXES_ATTR, True)
-

@@ -89,8 +89,9 @@ class StitchPlan:
     recomputed_outputs: tuple = ()  # row-split: element-wise outputs their readers recompute (not load)
     notes: tuple = field(default=())
     aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
-    # Rows not leading: (block, positions of its row iterators) per block, moved first before
-    # planning and scheduling (analysis/row_axes.py); () when the rows are the leading axes.
+    # Rows not leading: (block, positions of its row iterators, factors: 0 the iterator, k its
+    # quotient by k) per block, moved first before planning and scheduling (analysis/row_axes.py);
+    # () when the rows are the leading axes.
     row_axes: tuple = ()
     spec: TargetSpec | None = None  # the hardware the plan was made for
 
@@ -108,7 +109,8 @@ class StitchPlan:
         data["shared_reductions"] = tuple(tuple(r) for r in data.get("shared_reductions", ()))
         data["online"] = tuple(tuple(pair) for pair in data.get("online", ()))
         data["variance"] = tuple(tuple(pair) for pair in data.get("variance", ()))
-        data["row_axes"] = tuple((block, tuple(positions)) for block, positions in data.get("row_axes", ()))
+        data["row_axes"] = tuple((block, tuple(positions), tuple(factors))
+                                 for block, positions, factors in data.get("row_axes", ()))
         data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
         if data.get("spec") is not None:
             data["spec"] = TargetSpec.from_dict(data["spec"])

@@ -538,31 +538,38 @@ def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
         plan = with_resources(_cuda_plan(moved, spec, name))
     if not row_axes:
         return plan
-    positions = sorted({p for _, p in row_axes})
+    positions = sorted({p for _, p, _ in row_axes})
+    split = sorted({k for _, _, factors in row_axes for k in factors if k})
     note = (f"rows are not the leading axes: block iterators {', '.join(map(str, positions))} "
-            f"(of {len(row_axes)} blocks) moved first; the kernel's tensors are read and written "
-            "as strided slices per row")
+            f"(of {len(row_axes)} blocks) moved first"
+            + (f", split by {', '.join(map(str, split))} where a row is a quotient" if split else "")
+            + "; the kernel's tensors are read and written as strided slices per row")
     return dataclasses.replace(plan, row_axes=row_axes, notes=plan.notes + (note,))
 
 
 def _rows_moved_first(func: tirx.PrimFunc, family: str) -> tuple:
-    """(func with its row axes first, the row axes) when its blocks share no leading row axis but
-    do share non-leading ones (BatchNorm on NCHW: the channel); else (func, ())."""
+    """(func with its row axes first, the row axes) when its blocks share more rows at axes that
+    do not lead than at leading ones (BatchNorm on NCHW: the channel, where no leading axis is
+    shared; GroupNorm: (batch, group), where only the batch leads); else (func, ())."""
     try:
-        if analyse(func, family).depth > 0:
-            return func, ()
+        leading = _row_count(analyse(func, family))
     except PlanError:
         return func, ()  # the plan below says why
     row_axes = find_row_axes(func)
-    if row_axes is None:
+    if row_axes is None or leading is None:
         return func, ()
     try:
         moved = rows_first(func, row_axes)
-        if analyse(moved, family).depth == 0:
+        if (_row_count(analyse(moved, family)) or 0) <= leading:
             return func, ()
     except (PlanError, s_tir.ScheduleError):
         return func, ()
     return moved, row_axes
+
+
+def _row_count(analysis: Analysis) -> int | None:
+    """Row tasks at the aligned depth (1 at depth 0; None when symbolic)."""
+    return static_product(analysis.kept[0].extents[:analysis.depth]) if analysis.kept else None
 
 
 def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
