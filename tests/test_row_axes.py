@@ -80,6 +80,7 @@ def test_batchnorm_nchw_is_one_cuda_launch_with_a_block_per_channel():
     [group] = report.groups
     assert group.plan.scheme == "row-resident" and group.plan.mapping.grid == 32
     assert any("rows are not the leading axes" in note for note in group.plan.notes)
+    assert "row axes moved first" in report.details()
     assert cuda_launches(mod, stitched=True) == 1 < cuda_launches(mod, stitched=False)
 
 
