@@ -219,3 +219,18 @@ def test_group_norm_kernel_is_clean_under_oclgrind():
     from tvm_stitch import simt
     report = simt.check(_group_norm((2, 16, 4, 4), 4), oclgrind=True)
     assert report.kernels and report.ok, str(report)
+
+
+def test_average_pool_with_rows_the_threads_do_not_divide_builds_and_matches(rng):
+    """Each thread sums its outputs' 3x3 windows serially: in a register, then one store to shared
+    memory (summed in shared memory under the thread predicate of 784 outputs over 256 threads,
+    TVM's lowering rejected it: 'Cannot insert syncs inside condition')."""
+    shape = (8, 64, 28, 28)
+    mod = make_module([tensor("x", shape)], lambda bb, x: bb.emit(
+        relax.op.nn.avg_pool2d(x, pool_size=(3, 3), strides=(1, 1), padding=(1, 1))))
+    [group] = tvm_stitch.explain(mod, CUDA, strict=True).groups
+    assert group.plan.rank == 2 and 784 % group.plan.mapping.threads
+    x = rng.standard_normal(shape).astype("float32")
+    [expected] = run_cpu(build(mod, LLVM, stitched=False).executable, [x])
+    [out] = run_cpu(build(mod, LLVM, stitched=True, strict=True, emulate="cuda").executable, [x])
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
