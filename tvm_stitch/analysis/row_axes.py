@@ -194,8 +194,8 @@ def find_row_axes(func: tirx.PrimFunc) -> tuple | None:
     """Per block (name, positions of its row iterators, factors), in program order, or None.
 
     The rows are the first reduction's spatial iterators of extent above 1;
-    every other block's (but element-wise blocks of inputs alone, read like
-    inputs and left in place) are the iterators that index the same
+    every other block's (but element-wise blocks of inputs alone that write
+    no output, read like inputs and left in place) are the iterators that index the same
     dimensions of the tensors it shares with blocks already placed, or their quotients by
     a factor (0: the iterator itself; k: the iterator is split into its
     quotient by k, a row, and its remainder). None when a block has no such
@@ -208,10 +208,13 @@ def find_row_axes(func: tirx.PrimFunc) -> tuple | None:
     positions = () if seed is None else _seed_rows(seed)
     if not positions:
         return None
-    free = [p for p in buffer_params(func) if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
+    params = buffer_params(func)
+    free = [p for p in params if not any(w.buffer.same_as(p) for v in views for w in v.writes)]
     placed = []
     for view in views:  # element-wise blocks of inputs alone (a reshaped gamma): read like inputs
-        if not view.has_reduction and all(any(r.buffer.same_as(f) for f in free) for r in view.reads):
+        writes_output = any(w.buffer.same_as(p) for w in view.writes for p in params)
+        if (not view.has_reduction and not writes_output
+                and all(any(r.buffer.same_as(f) for f in free) for r in view.reads)):
             free.extend(w.buffer for w in view.writes)
         else:
             placed.append(view)
@@ -300,8 +303,13 @@ def _first(positions: tuple, factors: tuple = ()):
 
     def moved(*indices):
         rows = tuple(indices[p] // k if k else indices[p] for p, k in zip(positions, factors))
-        rest = tuple(i % split[p] if split.get(p) else i for p, i in enumerate(indices) if split.get(p, 0) or p not in split)
-        return rows + rest
+        rest = []
+        for p, index in enumerate(indices):
+            if p not in split:
+                rest.append(index)
+            elif split[p]:
+                rest.append(index % split[p])  # a split row iterator leaves its remainder in place
+        return rows + tuple(rest)
     return moved
 
 

@@ -249,10 +249,11 @@ def online_pairs(trial: s_tir.Schedule, kept: list, rank: int) -> tuple:
     return tuple(pairs)
 
 
-def _loads_of(expr, buffer) -> list:
+def _loads(expr, buffer=None) -> list:
+    """The loads in `expr` (of `buffer` only, if given)."""
     found = []
-    tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, lambda load: found.append(load) if load.source.same_as(buffer)
-                                   else None), order="post")
+    tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, lambda load: found.append(load)
+                                   if buffer is None or load.source.same_as(buffer) else None), order="post")
     return found
 
 
@@ -277,13 +278,13 @@ def variance_pairs(trial: s_tir.Schedule, kept: list) -> tuple:
             if (total == squares or sum_parts is None or sum_parts[4] is not tirx.Add
                     or not _is_const(sum_parts[0], 0.0) or any(p == total for _, p in pairs)):
                 continue
-            loads = _loads_of(shift, sum_parts[1])
+            loads = _loads(shift, sum_parts[1])
             if not loads or _reads_buffer(a, sum_parts[1]) or any(vars_in(i) & reduce_vars for l in loads
                                                                    for i in l.indices):
                 continue
             rest = tvm_ffi.structural_map(shift, (tvm.ir.TensorLoad, lambda load, s=sum_parts[1]: tirx.const(
                 0, load.ty) if load.source.same_as(s) else load))
-            if vars_in(rest) or _other_loads(rest):
+            if vars_in(rest) or _loads(rest):
                 continue
             iters = _same_iterators(blocks[total], blocks[squares])
             if iters is None:
@@ -293,12 +294,6 @@ def variance_pairs(trial: s_tir.Schedule, kept: list) -> tuple:
                     and tvm_ffi.structural_equal(sq_parts[1].shape, sum_parts[1].shape)):
                 pairs.append((squares, total))
     return tuple(pairs)
-
-
-def _other_loads(expr) -> list:
-    found = []
-    tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, found.append), order="post")
-    return found
 
 
 def _same_iterators(a, b):
