@@ -18,46 +18,6 @@ def inline_cheap_blocks(sch: s_tir.Schedule, plan: StitchPlan) -> None:
         sch.compute_inline(sch.get_sblock(name))
 
 
-def recompute_in_readers(sch: s_tir.Schedule, names: tuple) -> None:
-    """Let the blocks that read each element-wise output block of `names` recompute its value
-    instead of loading the output (row-split: a per-row mean that another block of the same
-    kernel would otherwise read before it is written). The output is then written by a copy
-    stage (s_tir names it after the block's buffer) that computes the value too."""
-    for name in names:
-        block = sch.get_sblock(name)
-        stage = sch.cache_write(block, 0, "global", consumer_blocks=sch.get_consumers(block))
-        rows_first_in_stage(sch, block, stage, len(sch.get(block).iter_vars))
-        sch.compute_inline(block)
-
-
-def rows_first_in_stage(sch: s_tir.Schedule, producer, stage, rank: int) -> None:
-    """Bring the row iterators of a cache stage first (`stage`: the copy `cache_write` made of
-    `producer`'s result, iterating over the parameter's layout).
-
-    Where the rows are not the parameter's leading dimensions (plan.row_axes), the copy's
-    leading iterators are not rows; the producer's first `rank` iterators name the
-    dimensions that are (all of an element-wise producer's: the copy then iterates in its order).
-    """
-    node = sch.get(producer)
-    row_vars = [iv.var for iv in node.iter_vars[:rank]]
-    indices = [r.min for r in node.writes[0].region]
-    dims = []
-    for var in row_vars:
-        found = [d for d, index in enumerate(indices) if isinstance(index, tirx.Var) and index.same_as(var)]
-        if len(found) != 1:
-            return
-        dims.append(found[0])
-    if dims == list(range(rank)):
-        return
-    iters = sch.get(stage).iter_vars
-
-    def moved(*ivs):
-        return tuple(ivs[d] for d in dims) + tuple(v for d, v in enumerate(ivs) if d not in dims)
-
-    sch.transform_block_layout(stage, tirx.IndexMap.from_func(moved, ndim=len(iters),
-                                                              index_dtype=str(iters[0].var.ty)))
-
-
 def merge_row_loops(sch: s_tir.Schedule, plan: StitchPlan):
     """Fuse each block's row loops and merge them into one loop over rows.
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from tvm_stitch.planning.common import rows_first_in_stage
 from tvm_stitch.planning.plan import REGISTER, SHARED, StitchPlan
 
-from ..common import (blocks_by_name, inline_cheap_blocks, loops_extent, merge_row_loops, rows_first_in_stage,
-                      within_row_loops)
+from ..common import blocks_by_name, inline_cheap_blocks, loops_extent, merge_row_loops, within_row_loops
 
 UNROLL = 64
 

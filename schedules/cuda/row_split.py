@@ -30,9 +30,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from tvm_stitch.planning.common import recompute_in_readers
 from tvm_stitch.planning.plan import GLOBAL, PhaseRole, StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent, recompute_in_readers
+from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent
 
 
 def _fuse(sch: s_tir.Schedule, loops: list):

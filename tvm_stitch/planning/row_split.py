@@ -52,12 +52,11 @@ from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
 from tvm_stitch.analysis.tir_view import (block_consumers, block_views, buffer_params, static_int, static_product,
                                           vars_in)
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
-                                        wanted_blocks)
+                                        recompute_in_readers, wanted_blocks)
 from tvm_stitch.planning.plan import (GLOBAL, REGISTER, Intermediate, Phase, PhaseRole, StitchPlan,
                                       ThreadMapping)
 from tvm_stitch.planning.resources import cuda_shared_bytes
 from tvm_stitch.planning.spec import TargetSpec
-from schedules.common import recompute_in_readers
 
 # Rows fewer than the SMs (spec.sms) and at least this long are split.
 SPLIT_MIN_ROW = 16384  # elements: 64 KB of float32, more than a block's shared memory
