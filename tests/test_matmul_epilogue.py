@@ -225,3 +225,39 @@ def test_a_copy_dlight_matmul_would_not_schedule_with_the_matmul_stays_and_is_re
     calls = primfunc_calls(FoldProloguesIntoMatmuls(CUDA, report)(legalized(mod)))
     assert "expand_dims" in calls and not [name for name in calls if name.endswith("_prologue")]
     assert any("expand_dims stays a kernel" in note for note in report.notes)
+
+
+def test_each_distinct_chain_is_composed_and_tried_once(monkeypatch, rng):
+    """Two layers' rotary embeddings before q @ k^T: one FuseTIR composition and one dlight trial
+    serve both (the layers share their PrimFuncs), not one per producer per round."""
+    import tvm_stitch.fusion.matmul_prologue as prologue
+
+    counts = {"composed": 0, "trials": 0}
+
+    def counted(name, inner):
+        def wrapper(*args):
+            counts[name] += 1
+            return inner(*args)
+        return wrapper
+
+    monkeypatch.setattr(prologue, "_composed", counted("composed", prologue._composed))
+    monkeypatch.setattr(prologue, "matmul_rule_applies", counted("trials", prologue.matmul_rule_applies))
+    qs = [tensor(f"q{i}", (B, HEADS, T, D)) for i in range(2)]
+    ks = [tensor(f"k{i}", (B, HEADS, D, T)) for i in range(2)]
+    op = relax.op
+    cos, sin = (relax.const(rng.standard_normal((T, D)).astype("float32")) for _ in range(2))
+
+    def body(bb, q0, q1, k0, k1):
+        scores = []
+        for q, k in ((q0, k0), (q1, k1)):
+            half = D // 2
+            rotated = op.concat([op.negative(op.strided_slice(q, [3], [half], [D])),
+                                 op.strided_slice(q, [3], [0], [half])], axis=3)
+            roped = op.add(op.multiply(q, cos), op.multiply(rotated, sin))
+            scores.append(bb.emit(op.matmul(op.permute_dims(op.reshape(roped, (B, HEADS, T, D)), [0, 1, 2, 3]), k)))
+        return bb.emit(relax.Tuple(scores))
+
+    folded = FoldProloguesIntoMatmuls(CUDA)(legalized(make_module(qs + ks, body)))
+    calls = primfunc_calls(folded)
+    assert list(calls) == [name for name in calls if name.endswith("_prologue")] and sum(calls.values()) == 2
+    assert counts == {"composed": 1, "trials": 1}

@@ -35,6 +35,7 @@ from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
 from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.fusion.precision import AccumulateInFloat32
+from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
 from tvm_stitch.target import as_target, backend_passes, warn_if_generic_cpu
@@ -85,7 +86,7 @@ class GuardedDefaultSchedule:
         return mod
 
 
-CPU_RULES = (contraction.apply,)  # dlight's contract: apply(func, target) -> Schedule | None
+CPU_RULES = (contraction.apply,)  # dlight's contract plus the spec: apply(func, target, spec) -> Schedule | None
 
 
 @tvm.transform.module_pass(opt_level=0, name="GuardedCpuSchedule")
@@ -99,13 +100,14 @@ class GuardedCpuSchedule:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = Target.current(allow_none=False)
+        spec = TargetSpec.from_target(target)  # once: it reads the host's caches and thread count
         updates = {}
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
             for rule in CPU_RULES:
                 try:
-                    sch = rule(func, target)
+                    sch = rule(func, target, spec)
                 except Exception:  # noqa: BLE001 - a failing rule leaves the function unscheduled
                     sch = None
                 if sch is not None:

@@ -8,8 +8,11 @@ Kinds, from cheapest to excluded:
   say whether it is a row (innermost), column (outermost), middle or full one;
 - compute-intensive: a reduction that reads two tensors through the reduce
   axes with reuse between them (matmul, conv, attention scores);
-- unsupported: anything the views cannot describe (non-point accesses,
-  non-trivial loop nests, no blocks).
+- unsupported: anything the views cannot describe (regions accessed other
+  than element by element, non-trivial loop nests, no blocks).
+
+Reads through computed indices (gathers) are element accesses like any other:
+a block with one is injective unless it reduces.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from enum import Enum
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import BlockView, block_views, vars_in
+from tvm_stitch.analysis.tir_view import REGION, BlockView, block_views, vars_in
 
 
 class OpKind(str, Enum):
@@ -119,8 +122,8 @@ def classify_views(views: list) -> OpClass:
     for view in views:
         if not view.trivial_binding:
             return OpClass(OpKind.UNSUPPORTED, reason=f"block {view.name} has a non-trivial loop nest")
-        if not view.writes or not all(a.point for a in view.reads + view.writes):
-            return OpClass(OpKind.UNSUPPORTED, reason=f"block {view.name} has non-point accesses")
+        if not view.writes or any(a.kind == REGION for a in view.reads + view.writes):
+            return OpClass(OpKind.UNSUPPORTED, reason=f"block {view.name} accesses a region, not elements")
         if view.has_reduction and _is_matmul_like(view):
             return OpClass(OpKind.COMPUTE, reason=f"block {view.name} contracts two tensors")
     reductions = [v for v in views if v.has_reduction]

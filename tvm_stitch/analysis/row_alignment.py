@@ -8,13 +8,19 @@ intermediate is produced and consumed by the same row task (a CUDA thread
 block, a CPU loop iteration), and intermediates never cross rows.
 
 Reads of tensors from outside the group may cross rows freely (a broadcast
-gamma, a transposed weight): they are read from global memory.
+gamma, a transposed weight, a gather through computed or loaded indices:
+an embedding lookup, a concat, a pad): they are read from global memory.
+A read of an intermediate through computed indices is aligned when its row
+indices are the row iterators themselves (a rotated half of the row); any
+other (a `take` of rows of an intermediate) crosses rows and ends the
+aligned depth, with the reason recorded.
 
 In a PrimFunc whose row axes were moved first (`row_axes.rows_first`, marked
 with ROW_AXES_ATTR) the kernel's parameters keep their layout: a parameter
-is then row-aligned when each row iterator alone indexes one of its
-dimensions, the same dimensions in every access (a row task writes the
-strided slice y[:, c, :, :] and reads back only that slice).
+is then row-aligned when each row iterator indexes one of its dimensions
+(alone, or as r * k + e over a slice), the same dimensions in every access
+(a row task writes the strided slice y[:, c, :, :] and reads back only that
+slice).
 """
 
 from __future__ import annotations
@@ -81,6 +87,19 @@ def common_row_extents(views: list) -> tuple:
     return tuple(prefix)
 
 
+def _extents_differ(views: list, axis: int) -> str:
+    """Where the blocks' leading spatial extents stop agreeing, at `axis` ("" when some block has none left)."""
+    distinct = {}
+    for view in views:
+        lead = _leading_spatial(view)
+        if len(lead) <= axis:
+            return ""
+        extent = static_int(lead[axis])
+        distinct.setdefault(str(lead[axis]) if extent is None else str(extent), view.name)
+    shown = ", ".join(f"{extent} ({name})" for extent, name in list(distinct.items())[:3])
+    return f"the blocks' extents differ at axis {axis}: {shown}"
+
+
 @dataclass(frozen=True)
 class RowInfo:
     """Row alignment of one PrimFunc.
@@ -93,10 +112,12 @@ class RowInfo:
     exprs: tuple  # the same extents printed, to compare rows (symbolic ones by name)
     depth: int
     param_access: tuple  # per param: tuple of kinds for r = 0..depth
+    limit: str = ""  # why the aligned depth stops where it does ("" when every leading axis is a row)
 
 
-def _internally_aligned(views: list, param_buffers: list, rank: int, strided_params: bool = False) -> bool:
-    """Writes aligned, and reads aligned unless they read a pure input (a parameter no block writes).
+def _misaligned(views: list, param_buffers: list, rank: int, strided_params: bool = False) -> str:
+    """The first write, or read of something other than a pure input (a parameter no block
+    writes), that does not keep row i at index [i, ...] at `rank`; "" when none.
 
     A parameter that is also written is a kernel output read back inside the
     kernel: another row task may not have written the row it wants yet.
@@ -107,17 +128,33 @@ def _internally_aligned(views: list, param_buffers: list, rank: int, strided_par
     param_dims = []  # (parameter, dimensions of its rows)
     for view in views:
         row_vars = view.iter_vars[:rank]
-        for access in view.writes + view.reads:
-            if any(access.buffer.same_as(b) for b in inputs):
+        for write in view.writes:
+            if strided_params and any(write.buffer.same_as(p) for p in param_buffers):
+                if not _strided_row(write, view, row_vars, param_dims):
+                    return f"block {view.name} writes {write.buffer.name} across rows"
+            elif access_kind(write, row_vars) != ALIGNED:
+                return f"block {view.name} writes {write.buffer.name} across rows"
+        for read in view.reads:
+            if any(read.buffer.same_as(b) for b in inputs):
                 continue
-            if strided_params and any(access.buffer.same_as(p) for p in param_buffers):
-                dims = row_dims(access, row_vars, view)
-                known = next((d for p, d in param_dims if p.same_as(access.buffer)), None)
-                if dims is None or known not in (None, dims):
-                    return False
-                param_dims.append((access.buffer, dims))
-            elif access_kind(access, row_vars) != ALIGNED:
-                return False
+            if strided_params and any(read.buffer.same_as(p) for p in param_buffers):
+                aligned = _strided_row(read, view, row_vars, param_dims)
+            else:
+                aligned = access_kind(read, row_vars) == ALIGNED
+            if not aligned:
+                return (f"block {view.name} reads {read.buffer.name} [{', '.join(str(i) for i in read.indices)}] "
+                        f"({read.kind} access) across rows")
+    return ""
+
+
+def _strided_row(access: Access, view: BlockView, row_vars: tuple, param_dims: list) -> bool:
+    """A parameter's access holds each row at one dimension, the same in every access
+    (`param_dims`: (parameter, dimensions) found so far, extended)."""
+    dims = row_dims(access, row_vars, view)
+    known = next((d for p, d in param_dims if p.same_as(access.buffer)), None)
+    if dims is None or known not in (None, dims):
+        return False
+    param_dims.append((access.buffer, dims))
     return True
 
 
@@ -128,9 +165,10 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
     param_buffers = buffer_params(func)
     extents = common_row_extents(views)
     strided = func.attrs is not None and ROW_AXES_ATTR in func.attrs
-    depth = 0
+    depth, limit = 0, ""
     for rank in range(1, len(extents) + 1):
-        if not _internally_aligned(views, param_buffers, rank, strided):
+        limit = _misaligned(views, param_buffers, rank, strided)
+        if limit:
             break
         depth = rank
     access = []
@@ -146,7 +184,10 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
             per_rank.append(_worst(kinds) if kinds else INVARIANT)
         access.append(tuple(per_rank))
     leading = extents[:depth]
-    return RowInfo(tuple(static_int(e) for e in leading), tuple(str(e) for e in leading), depth, tuple(access))
+    if not limit:
+        limit = _extents_differ(views, len(extents))
+    return RowInfo(tuple(static_int(e) for e in leading), tuple(str(e) for e in leading), depth, tuple(access),
+                   limit)
 
 
 def walks_columns(views: list, params: list, rank: int) -> bool:

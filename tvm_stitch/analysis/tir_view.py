@@ -24,13 +24,24 @@ EXPENSIVE_INTRINSICS = frozenset(
 )
 
 
+POINT = "point"  # one element, at indices computed from the block's iterators alone
+GATHER = "gather"  # through loaded indices (a `take`), or a region one load does not cover (a concat's or
+# pad's guarded loads, two halves of a row): one access per index tuple the body loads it at
+REGION = "region"  # a region no load of the body describes (an opaque access): not describable
+
+
 @dataclass(frozen=True)
 class Access:
-    """One buffer access of a block: the buffer and its per-dimension index."""
+    """One buffer access of a block: the buffer, its per-dimension index and its kind.
+
+    A gather (a `take`, a concat's or pad's guarded load, a rotated half) is
+    one access per distinct index tuple the body loads the buffer at; each
+    index may hold arithmetic, conditions' operands and loads of other buffers.
+    """
 
     buffer: tirx.Buffer
-    indices: tuple  # PrimExpr per dimension (the region's minimum)
-    point: bool  # every dimension is a single element
+    indices: tuple  # PrimExpr per dimension
+    kind: str  # POINT, GATHER or REGION
 
 
 @dataclass(frozen=True)
@@ -55,9 +66,49 @@ class BlockView:
         return any(self.is_reduce)
 
 
-def _access(region, analyzer) -> Access:
-    point = all(_is_one(r.extent) for r in region.region)
-    return Access(region.source, tuple(_index(r.min, analyzer) for r in region.region), point)
+def _accesses(region, body, analyzer) -> list:
+    """The accesses of one read or write region of a block whose body is `body`."""
+    buffer = region.source
+    if all(_is_one(r.extent) for r in region.region):
+        indices = tuple(_index(r.min, analyzer) for r in region.region)
+        return [Access(buffer, indices, GATHER if any(_loads_in(i) for i in indices) else POINT)]
+    out = []
+    local = _body_vars(body)
+    for indices in _load_indices(body, buffer):
+        if any(vars_in(i) & local for i in indices):
+            out = []  # a load inside a loop or binding of the body: per iteration, not per element
+            break
+        simple = tuple(_index(i, analyzer) for i in indices)
+        if not any(tvm_ffi.structural_equal(simple, a.indices) for a in out):
+            out.append(Access(buffer, simple, GATHER))
+    return out or [Access(buffer, tuple(r.min for r in region.region), REGION)]
+
+
+def _body_vars(stmt) -> set:
+    """The variables a statement defines itself: loop variables and let bindings."""
+    found = set()
+    tvm_ffi.structural_walk(stmt, ((tirx.For, lambda loop: found.add(loop.loop_var)),
+                                   ((tirx.Let, tirx.LetStmt, tirx.Bind), lambda let: found.add(let.var))), order="post")
+    return found
+
+
+def _loads_in(expr) -> bool:
+    """Whether an expression loads from a buffer."""
+    found = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, found.append), order="post")
+    return bool(found)
+
+
+def _load_indices(stmt, buffer) -> list:
+    """The index tuples of every load of `buffer` in `stmt`."""
+    found = []
+
+    def on_load(load):
+        if load.source.same_as(buffer):
+            found.append(tuple(load.indices))
+
+    tvm_ffi.structural_walk(stmt, (tvm.ir.TensorLoad, on_load), order="post")
+    return found
 
 
 def _index(expr, analyzer):
@@ -236,8 +287,8 @@ def view_of_block(block, trivial_binding: bool = True) -> BlockView:
         iter_vars=tuple(iv.var for iv in block.iter_vars),
         extents=tuple(iv.dom.extent for iv in block.iter_vars),
         is_reduce=tuple(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars),
-        reads=tuple(_access(r, analyzer) for r in block.reads),
-        writes=tuple(_access(w, analyzer) for w in block.writes),
+        reads=tuple(a for r in block.reads for a in _accesses(r, block.body, analyzer)),
+        writes=tuple(a for w in block.writes for a in _accesses(w, tirx.Evaluate(0), analyzer)),
         expensive=expensive_ops(block.body),
         trivial_binding=trivial_binding,
         loads=_load_counts(block.body),

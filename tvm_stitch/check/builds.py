@@ -9,6 +9,13 @@ On llvm the check runs TVM's TIR lowering and host finalisation but not
 LLVM's code generation, which is most of a CPU kernel's compile time and
 would be paid again by the real build (ConvNeXt: 1.2 s of checks in a
 3.2 s stitched compile, against 1.2 s for TVM's default pipeline).
+The risk this leaves: a kernel that lowers but that LLVM's code generation
+rejects fails the user's `tvm.compile` instead of falling back. No cheap
+guard exists inside the pipeline: the code generation runs in
+`tvm.compile`, after it, and running it here for each stitched kernel (or
+once for all of them) pays their code generation twice. The suite's
+graphs and the models build, so no such kernel is known; one found later
+is a case for this check to catch before code generation.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ times (a gamma broadcast over every row) is counted once: after the first
 pass it is served from the cache, not device memory, while the kernel
 streams the rest through it. Larger buffers are counted at every read.
 
-Ideal: each input read once, each output written once.
+Ideal: each input read once, each output written once; an input no block
+reads whole (an embedding table read through a gather, a slice) counts at
+most the elements of the block that reads it least: a gathered row is read
+once per use.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
     root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
     root_allocs = list(root.alloc_buffers) if root is not None else []
     loads: list = []  # (buffer, elements loaded)
+    first_reads: list = []  # (buffer, instances of a block that loads it)
     stored = 0
     symbolic = False
 
@@ -82,10 +86,12 @@ def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
 
         tvm_ffi.structural_walk(block.body, (tvm.ir.TensorLoad, on_load), order="post")
         written = [w.source for w in block.writes]
-        for buffer, _ in seen:
+        for k, (buffer, _) in enumerate(seen):
             if any(buffer.same_as(w) for w in written):
                 continue  # the accumulator of a reduction: read back from where it is written
             loads.append((buffer, domain))
+            if not any(buffer.same_as(b) for b, _ in seen[:k]):
+                first_reads.append((buffer, domain))
         for buffer in written:
             if _global(buffer, params, root_allocs):
                 stored += spatial * _dtype_bytes(buffer)
@@ -111,5 +117,6 @@ def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
         size = static_product(param.shape)
         if size is None:
             return None
-        ideal += size * _dtype_bytes(param)
+        reads = [n for b, n in first_reads if b.same_as(param)]
+        ideal += min([size] + reads) * _dtype_bytes(param)
     return Traffic(loaded, stored, ideal)

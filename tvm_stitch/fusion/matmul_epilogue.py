@@ -86,6 +86,7 @@ def _epilogue_sites(mod: tvm.IRModule, func: relax.Function) -> list:
     """
     after_matmul: dict = {}  # Relax var -> a transpose lies on its path from the matmul
     sites = []
+    compute: dict = {}  # GlobalVar -> is_compute_kernel (once per PrimFunc, not per call site)
     for block in func.body.blocks:
         for binding in block.bindings:
             call = binding.value
@@ -96,7 +97,9 @@ def _epilogue_sites(mod: tvm.IRModule, func: relax.Function) -> list:
             if pattern is None:
                 continue
             inputs = [a for a in call.args[1].fields if isinstance(a, relax.Var)]
-            if pattern == OUT_EWISE_FUSABLE and is_compute_kernel(callee):
+            if pattern == OUT_EWISE_FUSABLE and call.args[0] not in compute:
+                compute[call.args[0]] = is_compute_kernel(callee)
+            if pattern == OUT_EWISE_FUSABLE and compute[call.args[0]]:
                 after_matmul[binding.var] = False
                 continue
             reached = [after_matmul[a] for a in inputs if a in after_matmul]

@@ -20,7 +20,12 @@ The matmul call then gets a PrimFunc of its own holding the producer's
 blocks before the matmul's (TVM's FuseTIR merges them), labelled like the
 matmul, kept only when dlight's Matmul rule schedules it (it inlines the
 producer into its global-to-shared load); a producer it would not schedule
-stays a kernel. Repeated until nothing folds, so a chain folds whole.
+stays a kernel. A matmul's whole chain (every producer that folds, however
+deep) is composed and tried at once, and each distinct composition once:
+a composition costs a FuseTIR and a dlight trial (tens of milliseconds),
+and a model's layers repeat theirs. Where dlight refuses a whole chain,
+its matmuls fold one producer per round until nothing folds, keeping each
+fold dlight schedules.
 """
 
 from __future__ import annotations
@@ -148,27 +153,47 @@ def _fold_sites(kinds: _Kinds, func: relax.Function, output_call, gathered: set)
                 yield var, position, producer
 
 
-def _outer_args(matmul: relax.Call, position: int, producer: relax.Call) -> list:
-    """The matmul's arguments with the producer's inputs in place of its result."""
-    args = list(matmul.args[1].fields)
-    return args[:position] + list(producer.args[1].fields) + args[position + 1:]
+def _wiring(matmul: relax.Call, chain: list):
+    """(key, leaves) of folding `chain` ([(var, producer call)] in binding order) into `matmul`:
+    `leaves` are the inputs from outside the chain, each once, in order of first use; `key` is the
+    same for two sites exactly when their compositions are (the same PrimFuncs, wired alike, on
+    arguments of the same types)."""
+    position = {var: j for j, (var, _) in enumerate(chain)}
+    leaves, leaf_index = [], {}
+
+    def ref(arg):
+        if arg in position:
+            return ("chain", position[arg])
+        if arg not in leaf_index:
+            leaf_index[arg] = len(leaves)
+            leaves.append(arg)
+        return ("leaf", leaf_index[arg])
+
+    def call_key(call):
+        return (call.args[0], tuple(ref(a) for a in call.args[1].fields),
+                tuple(tvm_ffi.structural_hash(t) for t in call.ty_args))
+
+    key = (tuple(call_key(producer) for _, producer in chain), call_key(matmul))
+    return key + (tuple(tvm_ffi.structural_hash(leaf.ty) for leaf in leaves),), leaves
 
 
-def _composed(mod: tvm.IRModule, matmul: relax.Call, position: int, producer: relax.Call):
-    """(PrimFunc, order): the producer's blocks, then the matmul's reading their result; its
-    parameters are `_outer_args(...)[i]` for i in `order` (FuseTIR merges repeated arguments)."""
-    mini = tvm.IRModule({gv: mod[gv] for gv in (matmul.args[0], producer.args[0])})
+def _composed(mod: tvm.IRModule, matmul: relax.Call, chain: list, leaves: list):
+    """(PrimFunc, order): the blocks of the chain's producers, in order, then the matmul's reading
+    their results; its parameters are `leaves[i]` for i in `order` (FuseTIR merges repeated
+    arguments)."""
+    mini = tvm.IRModule({gv: mod[gv] for gv in {matmul.args[0], *(p.args[0] for _, p in chain)}})
     builder = relax.BlockBuilder(mini)
-    outer_args = _outer_args(matmul, position, producer)
-    width = len(producer.args[1].fields)
-    params = [relax.Var(f"p{i}", a.ty) for i, a in enumerate(outer_args)]
+    params = [relax.Var(f"p{i}", leaf.ty) for i, leaf in enumerate(leaves)]
+    inner = dict(zip(leaves, params))
+
+    def call(c: relax.Call) -> relax.Call:
+        return relax.Call(c.op, [c.args[0], relax.Tuple([inner[a] for a in c.args[1].fields])], c.attrs, c.ty_args)
+
     with builder.function("group", params, attrs={"Primitive": True}, private=True):
         with builder.dataflow():
-            made = builder.emit(relax.Call(producer.op, [producer.args[0], relax.Tuple(params[position:position + width])],
-                                           producer.attrs, producer.ty_args))
-            inner = params[:position] + [made] + params[position + width:]
-            out = builder.emit_output(relax.Call(matmul.op, [matmul.args[0], relax.Tuple(inner)],
-                                                 matmul.attrs, matmul.ty_args))
+            for var, producer in chain:
+                inner[var] = builder.emit(call(producer))
+            out = builder.emit_output(call(matmul))
         group = builder.emit_func_output(out)
     main_params = [relax.Var(f"a{i}", p.ty) for i, p in enumerate(params)]
     with builder.function("main", main_params):
@@ -176,10 +201,10 @@ def _composed(mod: tvm.IRModule, matmul: relax.Call, position: int, producer: re
             out = builder.emit_output(relax.Call(group, main_params))
         builder.emit_func_output(out)
     fused = relax.transform.FuseTIR()(builder.get())
-    (call,) = _call_tir_bindings(fused["main"]).values()
+    (fused_call,) = _call_tir_bindings(fused["main"]).values()
     index = {p: i for i, p in enumerate(main_params)}
-    func = fused[call.args[0]].with_attr("op_pattern", OUT_EWISE_FUSABLE)
-    return func, [index[a] for a in call.args[1].fields]
+    func = fused[fused_call.args[0]].with_attr("op_pattern", OUT_EWISE_FUSABLE)
+    return func, [index[a] for a in fused_call.args[1].fields]
 
 
 def defines_its_sizes(func: tirx.PrimFunc) -> bool:
@@ -207,17 +232,64 @@ def matmul_rule_applies(func: tirx.PrimFunc, target: Target) -> bool:
         return False
 
 
+def _chains(kinds: _Kinds, func: relax.Function, output_call, gathered: set) -> dict:
+    """Matmul var -> [(var, producer call)] in binding order: the whole chain that folds into it.
+
+    A var folds when its producer would be a fold site (see `_fold_sites`) and every user of it is a
+    matmul or a var that folds too: what folding one producer per round would reach, once every
+    round's fold is scheduled. A var feeding two matmuls is in both chains."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    order = {b.var: i for i, b in enumerate(bindings)}
+    calls = _call_tir_bindings(func)
+    items = {b.var: b.value for b in bindings
+             if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in calls}
+    uses = _users(func)
+    folding = {v for v, c in calls.items() if not kinds.is_matmul(c) and (v in gathered or kinds.is_copy(c))}
+    folding |= set(items)
+    producers: dict = {}
+    changed = True
+    while changed:
+        changed = False
+        for var in sorted(folding, key=order.get):
+            if all(u in folding or (u in calls and kinds.is_matmul(calls[u])) for u in uses.get(var, [None])):
+                if var not in producers:  # an output of a split: a copy of its own, or None
+                    producers[var] = calls[var] if var in calls else \
+                        output_call(calls[items[var].tuple_value], items[var].index)
+                if producers[var] is not None and (var in calls or kinds.is_copy(producers[var])):
+                    continue
+            folding.discard(var)
+            changed = True
+    chains = {}
+    for var, call in calls.items():
+        if not kinds.is_matmul(call):
+            continue
+        members, pending = set(), [a for a in call.args[1].fields if a in folding]
+        while pending:
+            member = pending.pop()
+            if member not in members:
+                members.add(member)
+                pending.extend(a for a in producers[member].args[1].fields if a in folding)
+        if members:
+            chains[var] = [(v, producers[v]) for v in sorted(members, key=order.get)]
+    return chains
+
+
 @tvm.transform.module_pass(opt_level=0, name="FoldProloguesIntoMatmuls")
 class FoldProloguesIntoMatmuls:
-    """Folds the producers that feed only matmuls into them (see the module docstring)."""
+    """Folds the producers that feed only matmuls into them (see the module docstring).
+
+    Each matmul's whole chain is composed and tried at once (one FuseTIR and one dlight trial per
+    distinct composition: the layers of a model share them); where dlight's Matmul rule refuses a
+    chain, its matmuls fold one producer per round instead, keeping what it schedules."""
 
     def __init__(self, target: Target, report=None):
         self.target = target
         self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        # (matmul PrimFunc, position, producer PrimFunc) -> (GlobalVar, argument order), or None: not scheduled
-        composed: dict = {}
+        composed: dict = {}  # _wiring key -> (GlobalVar, argument order), or why it does not fold
+        noted: set = set()  # the keys whose reason the report has
+        tried: dict = {}  # structural hash -> [(PrimFunc, GlobalVar or None)]: one trial per composition
         outputs: dict = {}  # (split PrimFunc, output index) -> GlobalVar of that output's copy, or None
         kinds = _Kinds(mod)
 
@@ -235,58 +307,71 @@ class FoldProloguesIntoMatmuls:
                 return None
             return relax.Call(split.op, [outputs[key], split.args[1]], split.attrs, [split.ty_args[0].fields[index]])
 
-        by_structure: dict = {}  # structural hash -> [(PrimFunc, GlobalVar)]: one copy of each composition
-
-        def add(prim: tirx.PrimFunc, name: str) -> tvm.ir.GlobalVar:
+        def scheduled(prim: tirx.PrimFunc, name: str):
+            """The GlobalVar of `prim` where dlight's Matmul rule schedules it, else None."""
             nonlocal mod
-            same = by_structure.setdefault(tvm_ffi.structural_hash(prim), [])
+            same = tried.setdefault(tvm_ffi.structural_hash(prim), [])
             for other, other_gv in same:
                 if tvm_ffi.structural_equal(prim, other):
                     return other_gv
-            builder = relax.BlockBuilder(mod)
-            new_gv = builder.add_func(prim, name)
-            mod = kinds.mod = builder.get()
+            new_gv = None
+            if defines_its_sizes(prim) and matmul_rule_applies(prim, self.target):
+                builder = relax.BlockBuilder(mod)
+                new_gv = builder.add_func(prim, name)
+                mod = kinds.mod = builder.get()
             same.append((prim, new_gv))
             return new_gv
+
+        def fold(matmul: relax.Call, chain: list, note: bool):
+            """The call of `matmul` reading through `chain`, or None (the reason noted in the report
+            if `note`, once per composition)."""
+            key, leaves = _wiring(matmul, chain)
+            if key not in composed:
+                try:
+                    prim, order = _composed(mod, matmul, chain, leaves)
+                    callee = scheduled(prim, f"{matmul.args[0].name_hint}_prologue")
+                    composed[key] = (callee, order) if callee is not None else \
+                        "dlight's Matmul rule does not schedule the two as one"
+                except (tvm.error.TVMError, ValueError) as err:  # FuseTIR refused the composition
+                    composed[key] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}"
+            if isinstance(composed[key], str):
+                if note and key not in noted and self.report is not None:
+                    noted.add(key)
+                    self.report.notes.append(f"{', '.join(p.args[0].name_hint for _, p in chain)} stays a kernel "
+                                             f"before {matmul.args[0].name_hint}: {composed[key]}")
+                return None
+            callee, order = composed[key]
+            return relax.Call(matmul.op, [callee, relax.Tuple([leaves[i] for i in order])], matmul.attrs,
+                              matmul.ty_args)
 
         for gv, func in list(mod.functions_items()):
             if not isinstance(func, relax.Function):
                 continue
             gathered = gather_regions(kinds, func)
-            folded = True
+            chains = _chains(kinds, func, output_call, gathered)
+            calls = _call_tir_bindings(func)
+            folds = {var: fold(calls[var], chain, note=False) for var, chain in chains.items()}
+            refused = {v for var, chain in chains.items() if folds[var] is None for v, _ in chain}
+            # A chain sharing a var with a refused one waits for the rounds below: that var may stay.
+            new_values = {var: call for var, call in folds.items()
+                          if call is not None and not any(v in refused for v, _ in chains[var])}
+            if new_values:
+                index_of = {b.var: i for i, b in enumerate(b for block in func.body.blocks for b in block.bindings)}
+                folded_vars = sorted({v for var in new_values for v, _ in chains[var]}, key=index_of.get)
+                func = _replace_bindings(func, new_values, folded_vars)
+                mod[gv] = func
+            folded = bool(refused)
             while folded:  # one round folds at most one producer into each matmul
                 calls = _call_tir_bindings(func)
                 new_values, old_args = {}, []
                 for var, position, producer in list(_fold_sites(kinds, func, output_call, gathered)):
-                    matmul = calls[var]
-                    arg = matmul.args[1].fields[position]
+                    arg = calls[var].args[1].fields[position]
                     if var in new_values or arg in old_args:
                         continue
-                    key = (matmul.args[0], position, producer.args[0])
-                    if key not in composed:
-                        composed[key] = None
-                        try:
-                            prim, order = _composed(mod, matmul, position, producer)
-                        except (tvm.error.TVMError, ValueError) as err:  # FuseTIR refused the pair
-                            prim = None
-                            if self.report is not None:
-                                self.report.notes.append(
-                                    f"{producer.args[0].name_hint} stays a kernel before {matmul.args[0].name_hint}: "
-                                    f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}")
-                        if prim is not None and defines_its_sizes(prim) and matmul_rule_applies(prim, self.target):
-                            name = f"{matmul.args[0].name_hint}_{producer.args[0].name_hint}_prologue"
-                            composed[key] = (add(prim, name), order)
-                        elif self.report is not None:
-                            self.report.notes.append(
-                                f"{producer.args[0].name_hint} stays a kernel before {matmul.args[0].name_hint}: "
-                                "dlight's Matmul rule does not schedule the two as one")
-                    if composed[key] is None:
-                        continue
-                    callee, order = composed[key]
-                    outer_args = _outer_args(matmul, position, producer)
-                    new_values[var] = relax.Call(matmul.op, [callee, relax.Tuple([outer_args[i] for i in order])],
-                                                 matmul.attrs, matmul.ty_args)
-                    old_args.append(arg)
+                    call = fold(calls[var], [(arg, producer)], note=True)
+                    if call is not None:
+                        new_values[var] = call
+                        old_args.append(arg)
                 folded = bool(new_values)
                 if folded:
                     func = _replace_bindings(func, new_values, old_args)

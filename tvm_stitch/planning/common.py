@@ -2,7 +2,7 @@
 
 The analysis of a fused PrimFunc both start from (its blocks, the blocks
 that write its outputs, the blocks left once some are inlined, the check
-that every block is a plain loop nest of point accesses), the CUDA
+that every block is a plain loop nest accessing elements one by one), the CUDA
 launch heuristics both follow (threads per block, blocks wanted per SM),
 and the rewrites a plan's trial and its schedule both make (outputs
 recomputed by their readers, cache stages in their producer's order).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import block_views, buffer_params
+from tvm_stitch.analysis.tir_view import REGION, block_views, buffer_params
 from tvm_stitch.planning.spec import TargetSpec
 
 BLOCK_THREADS = 256  # threads per CUDA block at most: enough warps per block, several blocks per SM
@@ -40,14 +40,19 @@ def output_blocks(views: list, func: tirx.PrimFunc) -> set:
 
 
 def check_describable(views: list, error: type = PlanError) -> None:
-    """Raise `error` unless every block is one loop per iterator with point accesses only."""
+    """Raise `error` unless every block is one loop per iterator that accesses elements one by one:
+    at a point of its iterators, or through computed indices (gathers: whether such a read may
+    cross rows is the row alignment's question)."""
     if not views:
         raise error("no blocks")
     for view in views:
         if not view.trivial_binding:
             raise error(f"block {view.name}: loop nest is not one loop per iterator")
-        if not all(a.point for a in view.reads + view.writes):
-            raise error(f"block {view.name}: non-point buffer access")
+        for access in view.reads + view.writes:
+            if access.kind == REGION:
+                role = "writes" if any(access is w for w in view.writes) else "reads"
+                raise error(f"block {view.name} {role} a region of {access.buffer.name} that no element "
+                            "access of its body describes")
 
 
 def inline_trial(func: tirx.PrimFunc, names: list, error: type = PlanError) -> tuple:

@@ -7,7 +7,9 @@ row. Per block the planner chooses where its result lives:
   injective work and not a kernel output;
 - on chip (shared memory on CUDA, a per-row buffer on CPU) when it is a
   reduction result, holds an expensive op (computed once, never
-  recomputed), or is a kernel output that other blocks also read;
+  recomputed), depends on a gather (reads through computed indices, which
+  no aligned row cache serves) and is read more than once per element, or
+  is a kernel output that other blocks also read;
 - kernel outputs are written to global memory.
 Anything the scheme cannot express raises PlanError with the reason; the
 caller then leaves the group to TVM's default path.
@@ -22,8 +24,8 @@ from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_axes import find_row_axes, rows_first
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
-from tvm_stitch.analysis.tir_view import (block_consumers, block_views, buffer_params, divides_by_symbolic, static_int,
-                                          static_product)
+from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, block_views, buffer_params, divides_by_symbolic,
+                                          static_int, static_product)
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
@@ -71,12 +73,13 @@ def _next_pow2(n: int) -> int:
 
 
 def _level(view, consumers: list, levels: dict, evaluations: dict, is_output: bool,
-           family: str) -> tuple:
+           family: str, gathered: bool) -> tuple:
     """Where a block's result lives, given the levels already chosen for its consumers.
 
     `evaluations[c]` is how often consumer c is evaluated per element of its
-    own result when inlined; an expensive block is inlined only if that
-    makes it evaluated once per element.
+    own result when inlined; an expensive or `gathered` block (one whose value
+    depends on a read through computed indices) is inlined only if that makes
+    it evaluated once per element.
     """
     if is_output:
         if family == "cuda":
@@ -87,10 +90,13 @@ def _level(view, consumers: list, levels: dict, evaluations: dict, is_output: bo
     if len(view.writes) != 1:
         return SHARED, "block writes several buffers"
     emulated = family == "cpu" and str(view.writes[0].buffer.dtype) in EMULATED_ON_CPU
-    if not view.expensive and not emulated:
+    if not view.expensive and not emulated and not gathered:
         return INLINE, "cheap: recomputed in each consumer"
     if _evaluations(view, consumers, levels, evaluations) == 1:
-        return INLINE, f"{', '.join(view.expensive)} evaluated once, inlined into its consumer"
+        what = ", ".join(view.expensive) or "a gathered value"
+        return INLINE, f"{what} evaluated once, inlined into its consumer"
+    if gathered and not view.expensive and not emulated:
+        return SHARED, "gathered once: reads through computed indices, kept for its several uses"
     if emulated:
         return SHARED, f"computed once: {view.writes[0].buffer.dtype} arithmetic is emulated on the CPU"
     return SHARED, f"computed once: {', '.join(view.expensive)}"
@@ -253,10 +259,11 @@ def _cpu_reduction_rank(views: list, rank: int, depth: int) -> int:
     return rank
 
 
-def _levels(views: list, outputs: set, family: str, recompute: tuple = ()) -> dict:
+def _levels(views: list, outputs: set, family: str, recompute: tuple = (), gathered: set = frozenset()) -> dict:
     """Level and reason for every block whose result is read inside the kernel, last block first.
 
     Blocks in `recompute` are inlined although expensive: demoted from shared memory.
+    Blocks in `gathered` are kept on chip when read more than once per element.
     """
     consumers = block_consumers(views)
     by_name = {view.name: view for view in views}
@@ -269,10 +276,30 @@ def _levels(views: list, outputs: set, family: str, recompute: tuple = ()) -> di
             levels[view.name] = (INLINE, "demoted from shared memory (the row does not fit): "
                                          "recomputed in each consumer")
         else:
-            levels[view.name] = _level(view, users, levels, evaluations, view.name in outputs, family)
+            levels[view.name] = _level(view, users, levels, evaluations, view.name in outputs, family,
+                                       view.name in gathered)
         if levels[view.name][0] == INLINE:
             evaluations[view.name] = max(1, _evaluations(view, users, levels, evaluations))
     return levels
+
+
+def _gathered(views: list) -> set:
+    """Names of the blocks whose value depends on a read through computed indices (a `take`,
+    a concat), directly or through the blocks they read."""
+    out = set()
+    for view in views:
+        producers = [p for p in views if p.name in out]
+        if any(a.kind == GATHER for a in view.reads) or any(
+                r.buffer.same_as(w.buffer) for p in producers for w in p.writes for r in view.reads):
+            out.add(view.name)
+    return out
+
+
+def _kept_rows(func: tirx.PrimFunc, views: list, levels: dict) -> tuple:
+    """(kept blocks, their row alignment) once the register-level blocks are inlined: those decide the rows."""
+    trial, kept = inline_trial(func, [v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == INLINE])
+    check_describable(kept)
+    return kept, analyze_rows(trial.mod["main"], kept)
 
 
 @dataclass(frozen=True)
@@ -288,6 +315,7 @@ class Analysis:
     levels: dict  # block -> (level, why), for blocks read inside the kernel
     kept: tuple  # the blocks left once the register-level ones are inlined
     depth: int  # aligned row depth of the kept blocks
+    depth_limit: str  # why the aligned depth stops there (the row alignment's reason)
 
 
 def analyse(func: tirx.PrimFunc, family: str, recompute: tuple = ()) -> Analysis:
@@ -295,12 +323,17 @@ def analyse(func: tirx.PrimFunc, family: str, recompute: tuple = ()) -> Analysis
     views = block_views(s_tir.Schedule(func))
     check_describable(views)
     outputs = output_blocks(views, func)
-    levels = _levels(views, outputs, family, recompute)
-    # The blocks that remain once the register-level ones are inlined decide the rows.
-    trial, kept = inline_trial(func, [v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == INLINE])
-    check_describable(kept)
-    depth = analyze_rows(trial.mod["main"], kept).depth
-    return Analysis(func, family, tuple(recompute), tuple(views), frozenset(outputs), levels, tuple(kept), depth)
+    gathered = _gathered(views)
+    levels = _levels(views, outputs, family, recompute, gathered)
+    kept, rows = _kept_rows(func, views, levels)
+    if any(levels[name][0] != INLINE for name in gathered if name in levels):
+        # A gathered result kept on chip may be read across rows, where recomputed it would not be.
+        inlined = _levels(views, outputs, family, recompute)
+        kept_inlined, rows_inlined = _kept_rows(func, views, inlined)
+        if rows_inlined.depth > rows.depth:
+            levels, kept, rows = inlined, kept_inlined, rows_inlined
+    return Analysis(func, family, tuple(recompute), tuple(views), frozenset(outputs), levels, tuple(kept), rows.depth,
+                    rows.limit)
 
 
 @dataclass(frozen=True)
@@ -323,9 +356,11 @@ def _rows(analysis: Analysis, rank: int | None, spec: TargetSpec) -> _Rows:
         rank = depth if spec.family == "cuda" and spatial_only and depth else _choose_rank(kept, depth, spec)
     elif not min(1, depth) <= rank <= depth:
         raise PlanError(f"rank {rank} is outside the aligned depth 1..{depth}")
-    work = max(static_product(v.extents) or LARGE_WORK for v in kept)
-    if rank == 0 and work >= LARGE_WORK:
-        raise PlanError(f"no row axis shared by all blocks, and {work} elements are too many for one row task")
+    sizes = [static_product(v.extents) for v in kept]
+    if rank == 0 and (None in sizes or max(sizes) >= LARGE_WORK):
+        work = "an unbounded number of elements" if None in sizes else f"{max(sizes)} elements"
+        raise PlanError(f"no row axis shared by all blocks ({analysis.depth_limit}), and one row task "
+                        f"cannot hold {work}")
     within = [static_product(view.extents[rank:]) for view in kept]
     # None: a symbolic row length (softmax over a symbolic key length); planned for any length.
     within_max = None if None in within else max([1] + within)
@@ -462,7 +497,9 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                             and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1
                             and (not symbolic_shared or i.name in symbolic_shared)),
                            key=lambda i: -i.bytes_per_row)
-        excess = (f"{', '.join(symbolic_shared)}: a row of symbolic length cannot have a static shared buffer"
+        ends = analysis.depth_limit and rank == analysis.depth
+        stop = f" (rows end at axis {rank}: {analysis.depth_limit})" if ends else ""
+        excess = (f"{', '.join(symbolic_shared)}: a row of symbolic length cannot have a static shared buffer{stop}"
                   if symbolic_shared else
                   f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
                   f"staging) exceed {limit} of shared memory")

@@ -12,7 +12,10 @@ Ops: unary element-wise (exp, log, erf, tanh, sigmoid, rsqrt, sqrt, abs,
 negative, power), binary (add, subtract, multiply, divide, maximum, minimum,
 where over a comparison) with broadcasts from lower ranks, reductions
 (sum, mean, max, min; keepdims both ways; inner, outer, middle and several
-axes), reshape, transpose, slice, concat, casts through float16/bfloat16.
+axes), reshape, transpose, slice, concat, casts through float16/bfloat16,
+and reads through computed indices: flip, rotate-half (RoPE's concat of the
+negated upper half and the lower half), pad, and take with constant indices
+(repeats included).
 Values are kept finite by construction (exp of a tanh, log of 1 + |x|, ...).
 """
 
@@ -33,6 +36,7 @@ UNARY = ("exp", "log", "erf", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "negati
 BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "where")
 REDUCE = ("sum", "mean", "max", "min")
 SHAPE_OPS = ("reshape", "transpose", "slice", "concat", "cast")
+GATHER_OPS = ("flip", "rotate_half", "pad", "take")
 DIMS = (1, 2, 3, 5, 7, 8, 16, 31, 32, 64, 97, 128, 256, 1000)
 OCLGRIND_MAX_ELEMENTS = 1 << 15  # larger graphs run on pocl under --oclgrind: the simulator is slow
 
@@ -98,6 +102,18 @@ def _apply(bb, step: Step, values: list, dtype_of):
         return op.concat([a, values[step.args[1]]], axis=p["axis"])
     if step.op == "cast":
         return op.astype(op.astype(a, p["via"]), dt)
+    if step.op == "flip":
+        return op.flip(a, axis=p["axis"])
+    if step.op == "rotate_half":
+        half = int(a.ty.shape[p["axis"]]) // 2
+        upper = op.strided_slice(a, [p["axis"]], [half], [2 * half])
+        return op.concat([op.negative(upper), op.strided_slice(a, [p["axis"]], [0], [half])], axis=p["axis"])
+    if step.op == "pad":
+        widths = [0] * (2 * a.ty.ndim)
+        widths[2 * p["axis"]:2 * p["axis"] + 2] = p["widths"]
+        return op.nn.pad(a, widths, pad_value=0.0)
+    if step.op == "take":
+        return op.take(a, relax.const(np.array(p["indices"], "int64")), axis=p["axis"])
     raise ValueError(f"unknown fuzz op {step.op!r}")
 
 
@@ -197,6 +213,8 @@ class _Generator:
             n_axes = 1 if rng.random() < 0.7 or rank == 1 else int(rng.integers(1, rank + 1))
             axes = sorted(int(a) for a in rng.choice(rank, size=n_axes, replace=False))
             return Step(self.pick(REDUCE), [index], {"axes": axes, "keepdims": bool(rng.random() < 0.5)})
+        if kind > 0.95:
+            return self.gather_step(index, shape)
         op = self.pick(SHAPE_OPS)
         if op == "reshape" and len(shape) >= 2:
             return Step(op, [index], {"shape": shape[:-2] + [shape[-2] * shape[-1]]})
@@ -214,6 +232,22 @@ class _Generator:
         if op == "cast":
             return Step(op, [index], {"via": self.pick(["float16", "bfloat16", "float32"])})
         return Step(self.pick(UNARY), [index])
+
+    def gather_step(self, index: int, shape: list):
+        """A read through computed indices of a random axis (None for a scalar)."""
+        if not shape:
+            return None
+        rng = self.rng
+        axis = int(rng.integers(len(shape)))
+        op = self.pick(GATHER_OPS)
+        if op == "rotate_half" and shape[axis] % 2 == 0:
+            return Step(op, [index], {"axis": axis})
+        if op == "pad":
+            return Step(op, [index], {"axis": axis, "widths": [int(rng.integers(0, 3)), int(rng.integers(1, 3))]})
+        if op == "take":
+            count = self.pick([1, shape[axis], max(1, shape[axis] // 2)])
+            return Step(op, [index], {"axis": axis, "indices": [int(i) for i in rng.integers(0, shape[axis], count)]})
+        return Step("flip", [index], {"axis": axis})
 
 
 def _broadcastable(small: list, big: list) -> bool:
@@ -243,6 +277,10 @@ def _result_shape(step: Step, shapes: list) -> list:
         out = list(a)
         out[p["axis"]] += shapes[step.args[1]][p["axis"]]
         return out
+    if step.op in ("pad", "take"):
+        out = list(a)
+        out[p["axis"]] = a[p["axis"]] + sum(p["widths"]) if step.op == "pad" else len(p["indices"])
+        return out
     if step.op in BINARY:
         b = shapes[step.args[1]]
         return list(a) if len(a) >= len(b) else list(b)
@@ -260,6 +298,8 @@ def _make_symbolic(spec: Spec, rng) -> Spec:
     steps = []
     for step in spec.steps:
         if step.op in REDUCE and 0 in step.params["axes"] or step.op == "transpose":
+            return spec
+        if step.op in GATHER_OPS and step.params["axis"] == 0 and step.op != "flip":
             return spec
         steps.append(step)
     return Spec(inputs, steps, spec.outputs, {"n": [1, 3, int(rng.integers(4, 40))]})
