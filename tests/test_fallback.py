@@ -52,25 +52,45 @@ def test_strict_mode_turns_fallbacks_into_errors():
         tvm_stitch.explain(_softmax_dynamic_rows(), CUDA, strict=True)
 
 
-def test_group_whose_schedule_fails_to_build_falls_back():
-    # Reductions over rows of 16 then over a middle axis of 1000: the first
-    # schedule tried for such shapes put a barrier under a thread predicate.
+def _row_sums_then_middle_axis_sum():
+    """Reductions over rows of 16 then over a middle axis of 1000: the first schedule tried for
+    such shapes put a barrier under a thread predicate (TVM's lowering rejected it)."""
     x = tensor("x", (2, 1000, 16))
 
     def body(bb, x):
         inner = bb.emit(op.sum(x, axis=[2], keepdims=True))
         return bb.emit(op.sum(op.multiply(x, inner), axis=[1]))
 
-    mod = make_module([x], body)
-    report = tvm_stitch.StitchReport()
-    tvm.compile(mod, target=CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, report=report))
-    (group,) = report.groups
-    assert not group.stitched and "InternalError" in group.fallback, report.table()
-    built = build(mod, LLVM, stitched=True)
+    return make_module([x], body)
+
+
+def _check_row_sums_then_middle_axis_sum(mod, **build_options):
+    built = build(mod, LLVM, stitched=True, **build_options)
     data = np.random.default_rng(0).standard_normal((2, 1000, 16)).astype("float32")
     (out,) = run_cpu(built.executable, [data])
     ref = (data * data.sum(2, keepdims=True)).sum(1)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+
+
+def test_group_whose_schedule_fails_to_build_falls_back(monkeypatch):
+    def failing_build(func, target):
+        raise tvm.error.InternalError("Cannot insert syncs inside condition")
+
+    monkeypatch.setattr(tvm_stitch.stitch_pass, "check_builds", failing_build)
+    mod = _row_sums_then_middle_axis_sum()
+    report = tvm_stitch.StitchReport()
+    tvm.compile(mod, target=CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, report=report))
+    (group,) = report.groups
+    assert not group.stitched and "InternalError" in group.fallback, report.table()
+    _check_row_sums_then_middle_axis_sum(mod)
+
+
+def test_row_sums_then_a_middle_axis_sum_now_stitch_on_cuda():
+    """Its in-thread sums accumulate in registers (schedules/cuda/row_resident.py): it builds."""
+    mod = _row_sums_then_middle_axis_sum()
+    report = tvm_stitch.explain(mod, CUDA, strict=True)
+    assert [g.stitched for g in report.groups] == [True]
+    _check_row_sums_then_middle_axis_sum(mod, strict=True, emulate="cuda")
 
 
 def _exp_and_two_row_sums():

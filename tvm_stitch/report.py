@@ -94,6 +94,10 @@ class StitchReport:
         for plan in self.plans:
             out.append(f"{plan.kernel}: {plan.scheme}, rows {plan.row_shape}, dominant {list(plan.dominant)}")
             out.append(f"  mapping: {plan.mapping}")
+            if plan.row_axes:
+                moved = ", ".join(f"{block} {list(positions)}" + (f" split by {list(factors)}" if any(factors) else "")
+                                  for block, positions, factors in plan.row_axes)
+                out.append(f"  row axes moved first (block, iterator positions): {moved}")
             if plan.cached_inputs:
                 out.append(f"  inputs loaded once into shared memory: {', '.join(plan.cached_inputs)}")
             if plan.modeled_bytes >= 0:

@@ -289,12 +289,19 @@ class _Stitcher:
     def _call_bindings(self, name: str, outlined, calls: dict) -> list:
         out_ty = outlined.out_types if len(outlined.out_types) > 1 else outlined.out_types[0]
         call = relax.call_tir(calls[name], relax.Tuple(list(outlined.args)), out_ty)
-        if len(outlined.outputs) == 1:
+        fields = outlined.fields or (0,) * len(outlined.outputs)
+        if len(outlined.outputs) == 1 and not fields[0]:
             return [relax.VarBinding(outlined.outputs[0], call)]
         tmp = relax.DataflowVar(f"{name}_out", relax.TupleType(list(outlined.out_types)))
         bindings = [relax.VarBinding(tmp, call)]
-        for k, var in enumerate(outlined.outputs):
-            bindings.append(relax.VarBinding(var, relax.TupleGetItem(tmp, k)))
+        k = 0
+        for var, count in zip(outlined.outputs, fields):
+            if count:  # a tuple result: rebuilt from its fields
+                value = relax.Tuple([relax.TupleGetItem(tmp, k + i) for i in range(count)])
+            else:
+                value = relax.TupleGetItem(tmp, k)
+            bindings.append(relax.VarBinding(var, value))
+            k += max(1, count)
         return bindings
 
 

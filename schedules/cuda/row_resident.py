@@ -19,6 +19,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from tvm_stitch.planning.common import rows_first_in_stage
 from tvm_stitch.planning.plan import REGISTER, SHARED, StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, loops_extent, merge_row_loops, within_row_loops
@@ -88,7 +89,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for name in on_chip_outputs:
         block = sch.get_sblock(name)
         consumers = sch.get_consumers(block)
-        sch.cache_write(block, 0, on_chip, consumer_blocks=consumers)
+        stage = sch.cache_write(block, 0, on_chip, consumer_blocks=consumers)
+        if plan.row_axes:
+            rows_first_in_stage(sch, block, stage, plan.rank)
     for name in plan.cached_inputs:
         _cache_input_row(sch, name, on_chip)
     row = merge_row_loops(sch, plan)
@@ -103,6 +106,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
         sch.bind(row, "blockIdx.x")
     kept_on_chip = {i.name for i in plan.intermediates if not i.inlined}
     warp_reduced = []  # intermediates reduced across the threads of one warp
+    serial_reduced = []  # (intermediate, its thread loop): reduced serially in each thread
     for name, block in blocks_by_name(sch).items():
         spatial, reduce = within_row_loops(sch, block, row)
         if threads == 1:
@@ -128,7 +132,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             if not reduce and lanes > 1 and (spatial_extent or 0) % (threads * lanes) == 0:
                 loop, vector_loop = sch.split(loop, [None, lanes])
                 sch.vectorize(vector_loop)
-            _split_over_threads(sch, loop, threads, bind)
+            _, thread_loop = _split_over_threads(sch, loop, threads, bind)
+            if reduce and bind and name in kept_on_chip and name not in plan.outputs:
+                serial_reduced.append((name, thread_loop))
         else:
             _split_over_threads(sch, sch.add_unit_loop(block), threads, bind)
     for inter in plan.intermediates:
@@ -146,6 +152,12 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             block = sch.get_sblock(inter.name)
             for index in range(len(sch.get(block).writes)):
                 sch.set_scope(block, index, scope)
+    for name, thread_loop in serial_reduced:
+        # Accumulated in a register, stored to shared memory once: a sum updated in shared memory
+        # under a thread predicate (a row length the threads do not divide: average pooling's
+        # windows) needs barriers inside the predicate, which TVM's lowering rejects.
+        stage = sch.cache_write(sch.get_sblock(name), 0, "local")
+        sch.reverse_compute_at(stage, thread_loop)
     if packed > 1 and threads > 1 and plan.rank > 1:
         _flatten_row_axes(sch, plan.rank)
     return sch

@@ -30,6 +30,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from tvm_stitch.planning.common import recompute_in_readers
 from tvm_stitch.planning.plan import GLOBAL, PhaseRole, StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent
@@ -61,6 +62,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     # combine's kernel, its partials in the reduction's own.
     kernel_of = {**compute_level, **combine_level}
     sch = s_tir.Schedule(func)
+    recompute_in_readers(sch, plan.recomputed_outputs)
     inline_cheap_blocks(sch, plan)
 
     chunked = []  # (block name, is a partial reduction)
@@ -77,9 +79,11 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             chunked.append((name, False))
 
     # Root loop nests in kernel order, then each kernel's row loops merged into one.
-    sch = _in_kernel_order(sch, kernel_of, _online_rewrites(sch, plan.online, partial_of))
+    rewrites = _online_rewrites(sch, plan.online, partial_of)
+    rewrites.update(_variance_rewrites(sch, plan.variance, partial_of, split))
+    sch = _in_kernel_order(sch, kernel_of, rewrites)
     if bind and not columns:
-        for total, peak in plan.online:
+        for total, peak in plan.online + tuple((squares, total) for squares, total in plan.variance):
             # The chunk max feeds the chunk's sum through shared memory: only thread 0 writes the
             # global partial, and without a barrier the block's other threads may read it early.
             # Its copy to global memory, per chunk, keeps the partial for the combine.
@@ -177,6 +181,42 @@ def _online_rewrites(sch: s_tir.Schedule, online: tuple, partial_of: dict) -> di
         value = store.value.a + partial * tirx.exp(shift)
         rewrites[block.name_hint] = _with_reads(block, tirx.BufferStore(store.buffer, value, store.indices),
                                                 [peak_at, row_max])
+    return rewrites
+
+
+def _variance_rewrites(sch: s_tir.Schedule, variance: tuple, partial_of: dict, split: int) -> dict:
+    """Block name -> rewritten block, for each one-pass (squared deviations, sum) pair: the
+    squares' partial shifts by its chunk's own sum (the combined sum S replaced by s_c * split);
+    the squares' combine adds q_c + d * (2 * (s_c - n_c * m_c) + n_c * d), d = m_c - M."""
+    rewrites = {}
+    for squares, total in variance:
+        sq_rf, sum_rf = (sch.get(sch.get_sblock(partial_of[n])) for n in (squares, total))
+        combined = sch.get(sch.get_sblock(total)).body.buffer
+        dtype = str(sum_rf.body.buffer.dtype)
+        chunk = 1  # n_c: the elements of a chunk, reduced inside the partial
+        for iv in sq_rf.iter_vars:
+            if iv.iter_type == tirx.IterVar.CommReduce:
+                chunk *= int(iv.dom.extent)
+
+        def with_sum(expr, value, combined=combined):
+            return tvm_ffi.structural_map(expr, (tvm.ir.TensorLoad,
+                                                 lambda load: value if load.source.same_as(combined) else load))
+
+        own_sum = tirx.BufferLoad(sum_rf.body.buffer, list(sq_rf.body.indices))
+        scale = tirx.const(split, dtype)
+        rewrites[sq_rf.name_hint] = _with_reads(sq_rf, with_sum(sq_rf.body, own_sum * scale), [own_sum])
+        shift = sq_rf.body.value.b.a.b  # (a - m) * (a - m): m, reading only S (planning checked)
+        block = sch.get(sch.get_sblock(squares))
+        store = block.body  # q = q + q_rf[.., c]
+        partial = store.value.b
+        chunk_sum = tirx.BufferLoad(sum_rf.body.buffer, list(partial.indices))
+        row_sum = tirx.BufferLoad(combined, list(store.indices))
+        chunk_shift, row_shift = with_sum(shift, chunk_sum * scale), with_sum(shift, row_sum)
+        n_c = tirx.const(chunk, dtype)
+        d = chunk_shift - row_shift
+        value = store.value.a + (partial + d * (tirx.const(2, dtype) * (chunk_sum - n_c * chunk_shift) + n_c * d))
+        rewrites[block.name_hint] = _with_reads(block, tirx.BufferStore(store.buffer, value, store.indices),
+                                                [chunk_sum, row_sum])
     return rewrites
 
 

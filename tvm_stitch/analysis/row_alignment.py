@@ -14,6 +14,13 @@ A read of an intermediate through computed indices is aligned when its row
 indices are the row iterators themselves (a rotated half of the row); any
 other (a `take` of rows of an intermediate) crosses rows and ends the
 aligned depth, with the reason recorded.
+
+In a PrimFunc whose row axes were moved first (`row_axes.rows_first`, marked
+with ROW_AXES_ATTR) the kernel's parameters keep their layout: a parameter
+is then row-aligned when each row iterator indexes one of its dimensions
+(alone, or as r * k + e over a slice), the same dimensions in every access
+(a row task writes the strided slice y[:, c, :, :] and reads back only that
+slice).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from tvm_stitch.analysis.row_axes import ROW_AXES_ATTR, row_dims
 from tvm_stitch.analysis.tir_view import Access, BlockView, block_views, buffer_params, static_int, vars_in
 
 ALIGNED = "aligned"
@@ -107,27 +115,47 @@ class RowInfo:
     limit: str = ""  # why the aligned depth stops where it does ("" when every leading axis is a row)
 
 
-def _misaligned(views: list, param_buffers: list, rank: int) -> str:
+def _misaligned(views: list, param_buffers: list, rank: int, strided_params: bool = False) -> str:
     """The first write, or read of something other than a pure input (a parameter no block
     writes), that does not keep row i at index [i, ...] at `rank`; "" when none.
 
     A parameter that is also written is a kernel output read back inside the
     kernel: another row task may not have written the row it wants yet.
+    `strided_params`: parameters may hold the rows at any dimensions, the same in every access.
     """
     written = [w.buffer for v in views for w in v.writes]
     inputs = [b for b in param_buffers if not any(b.same_as(w) for w in written)]
+    param_dims = []  # (parameter, dimensions of its rows)
     for view in views:
         row_vars = view.iter_vars[:rank]
         for write in view.writes:
-            if access_kind(write, row_vars) != ALIGNED:
+            if strided_params and any(write.buffer.same_as(p) for p in param_buffers):
+                if not _strided_row(write, view, row_vars, param_dims):
+                    return f"block {view.name} writes {write.buffer.name} across rows"
+            elif access_kind(write, row_vars) != ALIGNED:
                 return f"block {view.name} writes {write.buffer.name} across rows"
         for read in view.reads:
             if any(read.buffer.same_as(b) for b in inputs):
                 continue
-            if access_kind(read, row_vars) != ALIGNED:
+            if strided_params and any(read.buffer.same_as(p) for p in param_buffers):
+                aligned = _strided_row(read, view, row_vars, param_dims)
+            else:
+                aligned = access_kind(read, row_vars) == ALIGNED
+            if not aligned:
                 return (f"block {view.name} reads {read.buffer.name} [{', '.join(str(i) for i in read.indices)}] "
                         f"({read.kind} access) across rows")
     return ""
+
+
+def _strided_row(access: Access, view: BlockView, row_vars: tuple, param_dims: list) -> bool:
+    """A parameter's access holds each row at one dimension, the same in every access
+    (`param_dims`: (parameter, dimensions) found so far, extended)."""
+    dims = row_dims(access, row_vars, view)
+    known = next((d for p, d in param_dims if p.same_as(access.buffer)), None)
+    if dims is None or known not in (None, dims):
+        return False
+    param_dims.append((access.buffer, dims))
+    return True
 
 
 def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
@@ -136,9 +164,10 @@ def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
         views = block_views(s_tir.Schedule(func))
     param_buffers = buffer_params(func)
     extents = common_row_extents(views)
+    strided = func.attrs is not None and ROW_AXES_ATTR in func.attrs
     depth, limit = 0, ""
     for rank in range(1, len(extents) + 1):
-        limit = _misaligned(views, param_buffers, rank)
+        limit = _misaligned(views, param_buffers, rank, strided)
         if limit:
             break
         depth = rank

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import relax, sym, tirx
+from tvm import relax, s_tir, sym, tirx
 
 from tvm_stitch.analysis.graph import Graph
-from tvm_stitch.analysis.tir_view import buffer_params, vars_in
+from tvm_stitch.analysis.tir_view import block_views, buffer_params, vars_in
 from tvm_stitch.fusion.symbolic_indices import simplify_symbolic_indices
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -41,8 +41,9 @@ def substitute(expr, vmap: dict):
 class Outlined:
     func: tirx.PrimFunc  # the fused PrimFunc, unscheduled
     args: list  # Relax expressions of the original function, one per PrimFunc input (PrimValue: a size)
-    outputs: list  # original relax vars, one per PrimFunc output, in order
-    out_types: list  # TensorType per output
+    outputs: list  # original relax vars, in order: each one PrimFunc output, or a tuple of several
+    out_types: list  # TensorType per PrimFunc output
+    fields: tuple = ()  # per var of `outputs`: its number of tensor fields if a tuple, else 0 (all 0 if empty)
 
 
 def _called_globals(mod: tvm.IRModule, expr, found: dict) -> dict:
@@ -139,8 +140,9 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str, rec
         externals.append(relax.ShapeExpr(undefined))
     outputs = group_outputs(graph, owned)
     for v in outputs:
-        if not isinstance(v.ty, relax.TensorType):
-            raise ValueError(f"group output {v.name} is not a tensor")
+        tensors = list(v.ty.fields) if isinstance(v.ty, relax.TupleType) else [v.ty]
+        if not tensors or not all(isinstance(t, relax.TensorType) for t in tensors):
+            raise ValueError(f"group output {v.name} is not a tensor or a tuple of tensors")
     if not outputs:
         raise ValueError("group has no outputs")
 
@@ -167,7 +169,37 @@ def outline_group(mod: tvm.IRModule, graph: Graph, members: list, name: str, rec
     by_param = dict(zip(main_params, externals))
     # Symbolic sizes the PrimFunc takes as scalars come as PrimValues of the caller's variables.
     args = [by_param.get(a, a) for a in arg_exprs]
-    return Outlined(simplify_symbolic_indices(fused_mod[fused_gv]), args, outputs, [v.ty for v in outputs])
+    fields = tuple(len(v.ty.fields) if isinstance(v.ty, relax.TupleType) else 0 for v in outputs)
+    out_types = [t for v in outputs for t in (v.ty.fields if isinstance(v.ty, relax.TupleType) else [v.ty])]
+    func = simplify_symbolic_indices(without_dead_blocks(fused_mod[fused_gv]))
+    return Outlined(func, args, outputs, out_types, fields)
+
+
+def without_dead_blocks(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` without the element-wise blocks whose results reach no output.
+
+    A member op with several results of which the group returns some (TVM's
+    batch_norm: the normalised tensor, and the moving mean and variance the
+    caller dropped) leaves blocks that write buffers nothing reads; kept, they
+    would be global allocations, which CUDA lowering rejects. Dead reductions
+    stay (s_tir inlines only element-wise blocks).
+    """
+    sch = s_tir.Schedule(func)
+    views = block_views(sch)
+    params = buffer_params(func)
+    live = set()
+    for view in reversed(views):
+        writes_output = any(w.buffer.same_as(p) for w in view.writes for p in params)
+        read_live = any(r.buffer.same_as(w.buffer) for other in views if other.name in live
+                        for r in other.reads for w in view.writes)
+        if writes_output or read_live:
+            live.add(view.name)
+    dead = [v for v in reversed(views) if v.name not in live and not v.has_reduction]
+    if not dead:
+        return func
+    for view in dead:
+        sch.compute_inline(sch.get_sblock(view.name))
+    return sch.mod["main"]
 
 
 def _outlined_module(mod, mini_mod, graph, members, name, externals, outputs, types) -> tuple:
@@ -185,7 +217,10 @@ def _outlined_module(mod, mini_mod, graph, members, name, externals, outputs, ty
                 vmap[node.var] = _emit_value(bb, mod, node.binding.value, vmap)
                 for alias in node.aliases:
                     vmap[alias.var] = bb.emit(substitute(alias.value, vmap))
-            results = [vmap[v] for v in outputs]
+            results = []
+            for v in outputs:  # a tuple result (TVM's batch_norm) returns its fields
+                results += ([bb.emit(relax.TupleGetItem(vmap[v], i)) for i in range(len(v.ty.fields))]
+                            if isinstance(v.ty, relax.TupleType) else [vmap[v]])
             ret = bb.emit_output(relax.Tuple(results) if len(results) > 1 else results[0])
         group_gv = bb.emit_func_output(ret)
 

@@ -4,8 +4,10 @@ Groups grow greedily along producer -> consumer edges, in program order. Two
 groups merge when
 - the union is convex: no path leaves it and comes back through a node
   outside it (otherwise the fused call would depend on its own result);
-- its ops share rows (see row_alignment) at some rank >= 1, or the union is
-  small enough for one row task (and of static size, as the planners require);
+- its ops share rows (see row_alignment) at some rank >= 1, or rows at
+  dimensions that do not lead (BatchNorm's channel: analysis/row_axes.py),
+  or the union is small enough for one row task (and of static size, as the
+  planners require);
 - the merge does not starve the kernel of parallelism: each part keeps at
   least half of the row tasks it had (capped at `parallel_rows`), unless the
   part is small;
@@ -32,6 +34,7 @@ from tvm import relax
 
 from tvm_stitch.analysis.classify import OpKind
 from tvm_stitch.analysis.graph import Graph, inlined_in_group
+from tvm_stitch.analysis.row_axes import group_row_count
 from tvm_stitch.analysis.tir_view import static_int
 from tvm_stitch.analysis.row_alignment import ALIGNED
 
@@ -50,11 +53,13 @@ def _estimated_elements(dims) -> int:
 
 def group_rows(graph: Graph, op_ids: set) -> tuple:
     """(rank, rows): the highest rank at which the ops share aligned rows (0: one row task),
-    and the number of row tasks at that rank.
+    and the number of row tasks at that rank. With no leading row axis in common, the rows
+    they share at other dimensions (`group_row_count`): rank is then their number of axes.
 
     Ops the kernel will inline (see `inlined_in_group`) are left out: once
     inlined, their loads happen in their consumers' loops.
     """
+    every = set(op_ids)
     inlined = inlined_in_group(graph, op_ids) if len(op_ids) > 1 else set()
     op_ids = set(op_ids) - inlined
     ops = [graph.ops[i] for i in op_ids]
@@ -71,8 +76,12 @@ def group_rows(graph: Graph, op_ids: set) -> tuple:
         ):
             rank = candidate
             break
+    extents = ops[0].rows.extents[:rank]
+    strided = group_row_count(graph.ops, every) if rank == 0 and len(every) > 1 else None
+    if strided is not None:
+        rank, extents = strided[0], [static_int(e) for e in strided[1]]
     rows = 1
-    for extent in ops[0].rows.extents[:rank]:
+    for extent in extents:
         rows *= extent if extent is not None else SYMBOLIC_ROWS
     return rank, rows
 

@@ -2,8 +2,10 @@
 
 The analysis of a fused PrimFunc both start from (its blocks, the blocks
 that write its outputs, the blocks left once some are inlined, the check
-that every block is a plain loop nest accessing elements one by one), and the CUDA
-launch heuristics both follow (threads per block, blocks wanted per SM).
+that every block is a plain loop nest accessing elements one by one), the CUDA
+launch heuristics both follow (threads per block, blocks wanted per SM),
+and the rewrites a plan's trial and its schedule both make (outputs
+recomputed by their readers, cache stages in their producer's order).
 """
 
 from __future__ import annotations
@@ -63,3 +65,43 @@ def inline_trial(func: tirx.PrimFunc, names: list, error: type = PlanError) -> t
         except Exception as err:  # noqa: BLE001 - s_tir refuses the inlining: say which block
             raise error(f"block {name} cannot be inlined: {str(err).strip().splitlines()[-1][:120]}") from err
     return trial, block_views(trial)
+
+
+def recompute_in_readers(sch: s_tir.Schedule, names: tuple) -> None:
+    """Let the blocks that read each element-wise output block of `names` recompute its value
+    instead of loading the output (row-split: a per-row mean that another block of the same
+    kernel would otherwise read before it is written). The output is then written by a copy
+    stage (s_tir names it after the block's buffer) that computes the value too."""
+    for name in names:
+        block = sch.get_sblock(name)
+        stage = sch.cache_write(block, 0, "global", consumer_blocks=sch.get_consumers(block))
+        rows_first_in_stage(sch, block, stage, len(sch.get(block).iter_vars))
+        sch.compute_inline(block)
+
+
+def rows_first_in_stage(sch: s_tir.Schedule, producer, stage, rank: int) -> None:
+    """Bring the row iterators of a cache stage first (`stage`: the copy `cache_write` made of
+    `producer`'s result, iterating over the parameter's layout).
+
+    Where the rows are not the parameter's leading dimensions (plan.row_axes), the copy's
+    leading iterators are not rows; the producer's first `rank` iterators name the
+    dimensions that are (all of an element-wise producer's: the copy then iterates in its order).
+    """
+    node = sch.get(producer)
+    row_vars = [iv.var for iv in node.iter_vars[:rank]]
+    indices = [r.min for r in node.writes[0].region]
+    dims = []
+    for var in row_vars:
+        found = [d for d, index in enumerate(indices) if isinstance(index, tirx.Var) and index.same_as(var)]
+        if len(found) != 1:
+            return
+        dims.append(found[0])
+    if dims == list(range(rank)):
+        return
+    iters = sch.get(stage).iter_vars
+
+    def moved(*ivs):
+        return tuple(ivs[d] for d in dims) + tuple(v for d, v in enumerate(ivs) if d not in dims)
+
+    sch.transform_block_layout(stage, tirx.IndexMap.from_func(moved, ndim=len(iters),
+                                                              index_dtype=str(iters[0].var.ty)))

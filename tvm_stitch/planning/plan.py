@@ -85,8 +85,14 @@ class StitchPlan:
     occupancy: float = -1.0  # CUDA: resident warps per SM over the maximum, from threads, registers, shared
     phases: tuple = ()  # row-split: a Phase per kept block and per reduction's combine
     online: tuple = ()  # row-split: (sum, max) pairs whose partials take one pass (online softmax)
+    variance: tuple = ()  # row-split: (squared deviations, sum) pairs whose partials take one pass
+    recomputed_outputs: tuple = ()  # row-split: element-wise outputs their readers recompute (not load)
     notes: tuple = field(default=())
     aligned_depth: int = -1  # leading axes aligned across the kernel's blocks: ranks 1..aligned_depth are valid
+    # Rows not leading: (block, positions of its row iterators, factors: 0 the iterator, k its
+    # quotient by k) per block, moved first before planning and scheduling (analysis/row_axes.py);
+    # () when the rows are the leading axes.
+    row_axes: tuple = ()
     spec: TargetSpec | None = None  # the hardware the plan was made for
 
     def to_json(self) -> str:
@@ -97,10 +103,14 @@ class StitchPlan:
         data = json.loads(text)
         data["mapping"] = ThreadMapping(**data["mapping"])
         data["intermediates"] = tuple(Intermediate(**i) for i in data["intermediates"])
-        for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes", "shared_rows"):
+        for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes", "shared_rows",
+                    "recomputed_outputs"):
             data[key] = tuple(data.get(key, ()))
         data["shared_reductions"] = tuple(tuple(r) for r in data.get("shared_reductions", ()))
         data["online"] = tuple(tuple(pair) for pair in data.get("online", ()))
+        data["variance"] = tuple(tuple(pair) for pair in data.get("variance", ()))
+        data["row_axes"] = tuple((block, tuple(positions), tuple(factors))
+                                 for block, positions, factors in data.get("row_axes", ()))
         data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
         if data.get("spec") is not None:
             data["spec"] = TargetSpec.from_dict(data["spec"])

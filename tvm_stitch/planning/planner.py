@@ -17,10 +17,12 @@ caller then leaves the group to TVM's default path.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
+from tvm_stitch.analysis.row_axes import find_row_axes, rows_first
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
 from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, block_views, buffer_params, divides_by_symbolic,
                                           static_int, static_product)
@@ -566,20 +568,61 @@ def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
     reduction results and outputs are left on chip, the group is stitched
     through global memory by row-split.
     """
+    moved, row_axes = _rows_moved_first(func, spec.family)
     if spec.family != "cuda":
-        return plan_row_resident(func, spec, name)
-    return with_resources(_cuda_plan(func, spec, name))
+        plan = plan_row_resident(moved, spec, name)
+    else:
+        plan = with_resources(_cuda_plan(moved, spec, name))
+    if not row_axes:
+        return plan
+    positions = sorted({p for _, p, _ in row_axes})
+    split = sorted({k for _, _, factors in row_axes for k in factors if k})
+    note = (f"rows are not the leading axes: block iterators {', '.join(map(str, positions))} "
+            f"(of {len(row_axes)} blocks) moved first"
+            + (f", split by {', '.join(map(str, split))} where a row is a quotient" if split else "")
+            + "; the kernel's tensors are read and written as strided slices per row")
+    return dataclasses.replace(plan, row_axes=row_axes, notes=plan.notes + (note,))
+
+
+def _rows_moved_first(func: tirx.PrimFunc, family: str) -> tuple:
+    """(func with its row axes first, the row axes) when its blocks share more rows at axes that
+    do not lead than at leading ones (BatchNorm on NCHW: the channel, where no leading axis is
+    shared; GroupNorm: (batch, group), where only the batch leads); else (func, ())."""
+    try:
+        leading = _row_count(analyse(func, family))
+    except PlanError:
+        return func, ()  # the plan below says why
+    row_axes = find_row_axes(func)
+    if row_axes is None or leading is None:
+        return func, ()
+    try:
+        moved = rows_first(func, row_axes)
+        if (_row_count(analyse(moved, family)) or 0) <= leading:
+            return func, ()
+    except (PlanError, s_tir.ScheduleError):
+        return func, ()
+    return moved, row_axes
+
+
+def _row_count(analysis: Analysis) -> int | None:
+    """Row tasks at the aligned depth (1 at depth 0; None when symbolic)."""
+    return static_product(analysis.kept[0].extents[:analysis.depth]) if analysis.kept else None
 
 
 def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
     try:
         return plan_row_split(func, spec, name, few_long_rows_only=True)
-    except SplitError:
-        pass
+    except SplitError as err:
+        not_split = err
     recompute = ()
     while True:
         try:
-            return plan_row_resident(func, spec, name, recompute)
+            plan = plan_row_resident(func, spec, name, recompute)
+            if 0 < plan.mapping.grid < spec.sms:
+                # The plan says why the idle SMs are left idle.
+                plan = dataclasses.replace(plan, notes=plan.notes + (
+                    f"{plan.mapping.grid} blocks for {spec.sms} SMs, not split over more: {not_split}",))
+            return plan
         except SharedMemoryError as err:
             if err.demotable:  # AStitch's demotion, one intermediate at a time, largest first
                 recompute += (err.demotable[0],)

@@ -24,6 +24,14 @@ of exp(a - m_c) with m_c the chunk's own partial max, and the combine
 rescales it, S = sum_c s_c * exp(m_c - M). Its partials then run in the max's
 kernel, saving the kernel between them.
 
+A sum of squared deviations (a - m)^2 whose shift m is a per-row function of
+a sum S of the same `a` (BatchNorm's and LayerNorm's variance around the
+mean) is one pass too: each chunk's partial is q_c = sum of (a - m_c)^2 with
+m_c the shift its own partial s_c gives (m with S = s_c * split), and the
+combine adds, exactly, q_c + (m_c - M) * (2 * (s_c - n_c * m_c) + n_c * (m_c - M))
+with M the shift of the combined S and n_c the chunk length. Its partials run
+in the sum's kernel.
+
 Element-wise intermediates are inlined into each kernel that reads them:
 recomputing them (even exp) costs less than a round trip through global
 memory. The number of kernels is one more than the longest chain of
@@ -41,9 +49,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
-from tvm_stitch.analysis.tir_view import block_consumers, block_views, buffer_params, static_int, static_product
+from tvm_stitch.analysis.tir_view import (block_consumers, block_views, buffer_params, static_int, static_product,
+                                          vars_in)
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
-                                        wanted_blocks)
+                                        recompute_in_readers, wanted_blocks)
 from tvm_stitch.planning.plan import (GLOBAL, REGISTER, Intermediate, Phase, PhaseRole, StitchPlan,
                                       ThreadMapping)
 from tvm_stitch.planning.resources import cuda_shared_bytes
@@ -96,9 +105,11 @@ def _levels(kept: list, consumers: dict) -> dict:
 
 
 def _kept_blocks(func: tirx.PrimFunc) -> tuple:
-    """(views, outputs, inlined views, kept views, rank, online pairs): the blocks once every
-    element-wise block that is not an output is inlined, the rows they share, and the (sum, max)
-    reductions that take one pass (`online_pairs`)."""
+    """(views, outputs, inlined views, kept views, rank, online pairs, variance pairs, recomputed): the blocks
+    once every element-wise block that is not an output is inlined, the rows they share, and the
+    (sum, max) and (squared deviations, sum) reductions that take one pass (`online_pairs`,
+    `variance_pairs`), and the outputs recomputed by their readers (`_recomputed_outputs`)."""
+    func, recomputed = _recomputed_outputs(func)
     views = block_views(s_tir.Schedule(func))
     outputs = output_blocks(views, func)
     inlined = [v for v in views if v.name not in outputs and not v.has_reduction]
@@ -110,7 +121,27 @@ def _kept_blocks(func: tirx.PrimFunc) -> tuple:
     rank = analyze_rows(trial.mod["main"], kept).depth
     if rank == 0:
         raise SplitError("no row axis shared by all blocks")
-    return views, outputs, inlined, kept, rank, online_pairs(trial, kept, rank)
+    return (views, outputs, inlined, kept, rank, online_pairs(trial, kept, rank), variance_pairs(trial, kept),
+            recomputed)
+
+
+def _recomputed_outputs(func: tirx.PrimFunc) -> tuple:
+    """(func with its element-wise outputs that other blocks read recomputed by those readers,
+    their names): a reader then waits for what the output reads, not for the output itself
+    (`recompute_in_readers`; a per-row mean read by the variance in the same kernel)."""
+    sch = s_tir.Schedule(func)
+    views = block_views(sch)
+    outputs = output_blocks(views, func)
+    names = tuple(v.name for v in views if v.name in outputs and not v.has_reduction and len(v.writes) == 1
+                  and any(r.buffer.same_as(v.writes[0].buffer) for other in views if other is not v
+                          for r in other.reads))
+    if not names:
+        return func, ()
+    try:
+        recompute_in_readers(sch, names)
+    except s_tir.ScheduleError:
+        return func, ()
+    return sch.mod["main"], names
 
 
 def _row_length(kept: list, rank: int) -> int:
@@ -140,8 +171,9 @@ class _Kernels:
 
 
 def _kernels(kept: list, online: tuple = ()) -> _Kernels:
-    """The kernels; an online (sum, max) pair: the sum's partials do not wait for the max's
-    combine, and the sum's combine reads the combined max."""
+    """The kernels; a one-pass pair (online softmax's (sum, max), a variance's (squared
+    deviations, sum)): the first's partials do not wait for the second's combine, and the
+    first's combine reads the combined second."""
     consumers = block_consumers(kept)
     for total, peak in online:
         consumers[peak].discard(total)
@@ -213,6 +245,53 @@ def online_pairs(trial: s_tir.Schedule, kept: list, rank: int) -> tuple:
                     and tvm_ffi.structural_equal(max_parts[1].shape, sum_parts[1].shape)
                     and tvm_ffi.structural_equal(same_a, shifted)):
                 pairs.append((total, peak))
+    return tuple(pairs)
+
+
+def _loads(expr, buffer=None) -> list:
+    """The loads in `expr` (of `buffer` only, if given)."""
+    found = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, lambda load: found.append(load)
+                                   if buffer is None or load.source.same_as(buffer) else None), order="post")
+    return found
+
+
+def variance_pairs(trial: s_tir.Schedule, kept: list) -> tuple:
+    """(squared deviations, sum) pairs of kept reductions that take one pass per chunk: the first
+    adds (a - m) * (a - m) from 0, the second adds the same `a` from 0 over the same iterators,
+    and the shift m reads nothing but the second's result (at the row's point: none of the
+    first's reduction iterators in its indices) and constants."""
+    blocks = {v.name: trial.get(trial.get_sblock(v.name)) for v in kept if v.has_reduction}
+    parts = {name: _reduction_parts(block) for name, block in blocks.items()}
+    pairs = []
+    for squares, sq_parts in parts.items():
+        if sq_parts is None or sq_parts[4] is not tirx.Add or not _is_const(sq_parts[0], 0.0):
+            continue
+        term = sq_parts[3]
+        if not (isinstance(term, tirx.Mul) and tvm_ffi.structural_equal(term.a, term.b)
+                and isinstance(term.a, tirx.Sub)):
+            continue
+        a, shift = term.a.a, term.a.b
+        reduce_vars = {iv.var for iv in blocks[squares].iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+        for total, sum_parts in parts.items():
+            if (total == squares or sum_parts is None or sum_parts[4] is not tirx.Add
+                    or not _is_const(sum_parts[0], 0.0) or any(p == total for _, p in pairs)):
+                continue
+            loads = _loads(shift, sum_parts[1])
+            if not loads or _reads_buffer(a, sum_parts[1]) or any(vars_in(i) & reduce_vars for l in loads
+                                                                   for i in l.indices):
+                continue
+            rest = tvm_ffi.structural_map(shift, (tvm.ir.TensorLoad, lambda load, s=sum_parts[1]: tirx.const(
+                0, load.ty) if load.source.same_as(s) else load))
+            if vars_in(rest) or _loads(rest):
+                continue
+            iters = _same_iterators(blocks[total], blocks[squares])
+            if iters is None:
+                continue
+            same_a = tvm_ffi.structural_map(sum_parts[3], (tirx.Var, lambda v, iters=iters: iters.get(v, v)))
+            if (tvm_ffi.structural_equal(same_a, a) and str(a.ty) == str(sq_parts[1].dtype)
+                    and tvm_ffi.structural_equal(sq_parts[1].shape, sum_parts[1].shape)):
+                pairs.append((squares, total))
     return tuple(pairs)
 
 
@@ -291,7 +370,7 @@ def _intermediates(views: list, inlined: list, kept: list, outputs: set, kernels
 
 
 def _notes(mapping: ThreadMapping, length: int, columns: bool, kernels: _Kernels, inlined: list,
-           online: tuple) -> list:
+           online: tuple, variance: tuple) -> list:
     m = mapping
     if columns:
         first = (f"column access: {m.rows} threads walk columns of {length} in {m.split} chunks, {m.grid} blocks "
@@ -308,6 +387,9 @@ def _notes(mapping: ThreadMapping, length: int, columns: bool, kernels: _Kernels
     for total, peak in online:
         notes.append(f"online softmax: {total}'s partials sum exp(x - {peak}'s chunk max) in {peak}'s pass, "
                      "rescaled when combined")
+    for squares, total in variance:
+        notes.append(f"one-pass variance: {squares}'s partials square deviations from the chunk's own shift "
+                     f"(from {total}'s partial) in {total}'s pass, corrected exactly when combined")
     if any(v.expensive for v in inlined):
         notes.append("expensive element-wise ops are recomputed in each kernel that reads them")
     return notes
@@ -318,7 +400,7 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
     """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`."""
     if spec.family != "cuda":
         raise SplitError("row-split is a CUDA scheme")
-    views, outputs, inlined, kept, rank, online = _kept_blocks(func)
+    views, outputs, inlined, kept, rank, online, variance, recomputed = _kept_blocks(func)
     rows = static_product(kept[0].extents[:rank])
     if rows is None:
         raise SplitError("symbolic row count")
@@ -327,7 +409,7 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
     # Column access (e.g. dgamma, BatchNorm over N): a thread per row walks its column;
     # splitting the walk gives blocks when there are few rows.
     unsplit_blocks = -(-rows // spec.warp_size) if columns else rows
-    kernels = _kernels(kept, online)
+    kernels = _kernels(kept, online + variance)
     if few_long_rows_only:
         if columns and (unsplit_blocks >= spec.sms or length < MIN_COLUMN_WALK):
             raise SplitError(f"{rows} column walks of {length}: enough blocks without a split")
@@ -354,9 +436,11 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
             Phase(n, lvl, PhaseRole.COMBINE) for n, lvl in kernels.combine.items()),
         kernels=kernels.count,
         online=online,
+        variance=variance,
+        recomputed_outputs=recomputed,
         shared_bytes=cuda_shared_bytes((), reductions, mapping.threads, mapping.rows_per_task, spec.warp_size),
         shared_reductions=reductions,
         reductions=sum(1 for v in kept if v.has_reduction),
-        notes=tuple(_notes(mapping, length, columns, kernels, inlined, online)),
+        notes=tuple(_notes(mapping, length, columns, kernels, inlined, online, variance)),
         spec=spec,
     )
