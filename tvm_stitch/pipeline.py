@@ -217,7 +217,7 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
         stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math,
                       cost_model=cost_model, spec=spec)
         + [relax.transform.FuseTIR()]
-        + ([GuardedDefaultSchedule(), VectorSelectsAsBranches()] if target.kind.name == "cuda"
+        + ([GuardedDefaultSchedule(), guarded(VectorSelectsAsBranches(), report)] if target.kind.name == "cuda"
            else [GuardedCpuSchedule()])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)
