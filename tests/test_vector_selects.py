@@ -64,12 +64,13 @@ def test_select_folded_into_matmul_compiles_with_nvcc(graph, tmp_path):
     assert launches_by_kind(built.lowered, built.executable) == (0, 1)  # the scatter stays folded
     source = tmp_path / "kernels.cu"
     source.write_text(cuda_source(built.executable))
-    result = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-o", str(tmp_path / "k.ptx"), str(source)],
+    result = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-w", "-o", str(tmp_path / "k.ptx"), str(source)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def test_rewritten_matmul_kernel_matches_on_pocl():
+@pytest.mark.parametrize("graph", [_row_scatter_matmul, _relu_of_scatter_matmul])
+def test_rewritten_matmul_kernel_matches_on_pocl(graph):
     pytest.importorskip("pyopencl")
     from tvm_stitch.check import opencl_run
     from tvm_stitch.check.simt_kernel import Reference, check_kernel
@@ -81,7 +82,7 @@ def test_rewritten_matmul_kernel_matches_on_pocl():
     target = as_target(CUDA)
     with target:
         fused = tvm.transform.Sequential(stitch_passes(target, report=StitchReport()) + [relax.transform.FuseTIR()])(
-            _row_scatter_matmul())
+            graph())
         (name,) = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
         unscheduled = fused[name]  # the passes below update the module in place
         dlight = GuardedDefaultSchedule()(fused)[name]
