@@ -30,3 +30,17 @@ def test_stitched_cuda_compiles_without_spills(name, arch, tmp_path):
     assert spills and max(spills) == 0, report
     shared = [int(n) for n in re.findall(r"(\d+) bytes smem", report)]
     assert all(s <= 48 * 1024 for s in shared), report
+
+
+def test_llama_backward_cuda_compiles(tmp_path):
+    """The whole CUDA source of LLaMA's training step (the rotary embedding's slice_scatter folds into
+    dlight's matmul loads: a select under a vectorised loop, see schedules/cuda/vector_selects)."""
+    from tvm_stitch.tools.model_bench import import_step
+
+    mod, _, _ = import_step("llama", "backward", "test")
+    built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    source = tmp_path / "kernels.cu"
+    source.write_text(cuda_source(built.executable))
+    result = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-w", "-o", str(tmp_path / "k.ptx"), str(source)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]

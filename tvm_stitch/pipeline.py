@@ -15,7 +15,9 @@
         their epilogues, fallbacks) become PrimFuncs as usual
     CUDA only: TVM's dlight rules for those, each guarded, then a per-block
         schedule that is always valid (dlight 0.27 crashes on some graphs);
-        each function records the rule in `tvm_stitch.schedule_rule`
+        each function records the rule in `tvm_stitch.schedule_rule`;
+        then VectorSelectsAsBranches (a select under a vectorised loop as
+        if_then_else: TVM's CUDA codegen emits code nvcc rejects for it)
     llvm only: our CPU rules (schedules/cpu/contraction: matmuls and
         convolutions with their epilogues), each guarded; the rest stays as
         TVM leaves it
@@ -30,6 +32,7 @@ from tvm.target import Target
 
 from schedules.cpu import contraction
 from schedules.cuda import per_block
+from schedules.cuda.vector_selects import selects_as_branches
 
 from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
@@ -83,6 +86,20 @@ class GuardedDefaultSchedule:
             updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_stitch.schedule_rule": name})
         for gv, func in updates.items():
             mod[gv] = func
+        return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="VectorSelectsAsBranches")
+class VectorSelectsAsBranches:
+    """Every PrimFunc's selects under a vectorised loop as `if_then_else` (schedules/cuda/vector_selects:
+    TVM's CUDA code generator emits code nvcc rejects for a vectorised select)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {gv: selects_as_branches(func) for gv, func in mod.functions_items()
+                   if isinstance(func, tirx.PrimFunc)}
+        for gv, func in updates.items():
+            if not func.same_as(mod[gv]):
+                mod[gv] = func
         return mod
 
 
@@ -200,7 +217,8 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
         stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math,
                       cost_model=cost_model, spec=spec)
         + [relax.transform.FuseTIR()]
-        + ([GuardedDefaultSchedule()] if target.kind.name == "cuda" else [GuardedCpuSchedule()])
+        + ([GuardedDefaultSchedule(), guarded(VectorSelectsAsBranches(), report)] if target.kind.name == "cuda"
+           else [GuardedCpuSchedule()])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)
     )
