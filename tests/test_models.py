@@ -12,6 +12,7 @@ from tvm_stitch.tools.launches import count_launches  # noqa: E402
 from tvm_stitch.tools.models import eager_outputs, import_model, make_model  # noqa: E402
 
 import torch  # noqa: E402
+import tvm  # noqa: E402
 
 SEQUENCE = {1: torch.export.Dim("s", min=2, max=128)}
 BATCH_AND_SEQUENCE = {0: torch.export.Dim("b", min=1, max=16), 1: torch.export.Dim("s", min=2, max=128)}
@@ -117,3 +118,23 @@ def test_gpt2_final_layer_norm_stitches_under_a_symbolic_sequence():
     final = [g for g in built.report.groups if g.ops and g.ops[-1].startswith("reshape") and "layer_norm" in g.ops]
     assert final and all(g.stitched for g in final), [g.fallback for g in final]
     assert not [g for g in built.report.fallbacks if "stack allocation" in g.fallback]
+
+
+def test_transformers_decoder_masks_fold_on_the_host_and_cuda_launches_fall_70_percent():
+    """llama-hf with input_ids alone: the packed-sequence check and causal mask (a cumsum scan on TVM's
+    CUDA path) are constants evaluated at compile time; the folded module still matches eager."""
+    from tvm_stitch.fusion.host_constants import FoldHostConstants
+    from tvm_stitch.target import default_pipeline
+
+    mod, inputs, expected = import_model("llama-hf", "test")
+    target = tvm.target.Target("llvm")
+    folded = FoldHostConstants()(mod)
+    assert "cumsum" not in folded["main"].script()
+    (out,) = run_cpu(tvm.compile(folded, target=target, relax_pipeline=default_pipeline(target)), inputs)
+    np.testing.assert_allclose(out, expected[0], rtol=1e-4, atol=1e-5)
+    counts = {}
+    for stitched in (False, True):
+        built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
+        counts[stitched] = launches_by_kind(built.lowered, built.executable)
+    assert counts[True][0] <= 0.3 * counts[False][0]
+    assert counts[True][1] == counts[False][1]

@@ -35,6 +35,7 @@ from schedules.cuda import per_block
 from schedules.cuda.vector_selects import selects_as_branches
 
 from tvm_stitch.fusion.fast_math import FastMath
+from tvm_stitch.fusion.host_constants import FoldHostConstants
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
 from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.fusion.precision import AccumulateInFloat32
@@ -166,7 +167,10 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
     if not isinstance(fast_math, bool):
         raise TypeError(f"fast_math must be True, False or None, not {fast_math!r}")
     return (
-        backend_passes(target).library_dispatch_passes(target)
+        # Before the GPU's library dispatch, which makes a cumsum a scan kernel FoldConstant cannot run;
+        # on llvm, FoldConstant after LegalizeOps already evaluates what this folds.
+        ([guarded(FoldHostConstants(report=report), report)] if target.kind.name == "cuda" else [])
+        + backend_passes(target).library_dispatch_passes(target)
         + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]
         + ([guarded(FastMath(), report)] if fast_math else [])
         + [
