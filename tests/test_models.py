@@ -18,6 +18,15 @@ SEQUENCE = {1: torch.export.Dim("s", min=2, max=128)}
 BATCH_AND_SEQUENCE = {0: torch.export.Dim("b", min=1, max=16), 1: torch.export.Dim("s", min=2, max=128)}
 
 
+def _cuda_counts(mod) -> tuple:
+    """({stitched: (memory-intensive, compute-intensive) CUDA launches}, the stitched build), sm_90."""
+    counts = {}
+    for stitched in (False, True):
+        built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
+        counts[stitched] = launches_by_kind(built.lowered, built.executable)
+    return counts, built
+
+
 @pytest.mark.parametrize("name, dims", [("bert", SEQUENCE), ("gpt2-hf", SEQUENCE), ("llama-hf", SEQUENCE),
                                         ("llama-hf", BATCH_AND_SEQUENCE)],
                          ids=["bert-s", "gpt2-hf-s", "llama-hf-s", "llama-hf-b-s"])
@@ -43,10 +52,7 @@ def test_model_forward_is_correct_with_fewer_memory_intensive_launches(name, siz
     cpu = build(mod, {"kind": "llvm"}, stitched=True)
     (out,) = run_cpu(cpu.executable, inputs)
     np.testing.assert_allclose(out, expected[0], rtol=1e-3, atol=1e-3)
-    counts = {}
-    for stitched in (False, True):
-        built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
-        counts[stitched] = launches_by_kind(built.lowered, built.executable)
+    counts, _ = _cuda_counts(mod)
     assert counts[True][0] < counts[False][0]
     assert counts[True][1] == counts[False][1]  # matmuls keep TVM's default handling
 
@@ -67,10 +73,7 @@ def test_transformer_forward_sheds_70_percent_of_memory_launches_and_keeps_dligh
     from tvm_stitch.tools.launches import primfunc_calls
 
     mod, _, _ = import_model(name, "bench")
-    counts = {}
-    for stitched in (False, True):
-        built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
-        counts[stitched] = launches_by_kind(built.lowered, built.executable)
+    counts, built = _cuda_counts(mod)
     assert counts[True][0] <= 0.3 * counts[False][0]
     assert counts[True][1] == counts[False][1]
     for func_name in primfunc_calls(built.lowered):
@@ -132,9 +135,6 @@ def test_transformers_decoder_masks_fold_on_the_host_and_cuda_launches_fall_70_p
     assert "cumsum" not in folded["main"].script()
     (out,) = run_cpu(tvm.compile(folded, target=target, relax_pipeline=default_pipeline(target)), inputs)
     np.testing.assert_allclose(out, expected[0], rtol=1e-4, atol=1e-5)
-    counts = {}
-    for stitched in (False, True):
-        built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=stitched)
-        counts[stitched] = launches_by_kind(built.lowered, built.executable)
+    counts, _ = _cuda_counts(mod)
     assert counts[True][0] <= 0.3 * counts[False][0]
     assert counts[True][1] == counts[False][1]
