@@ -254,6 +254,13 @@ class _Merger:
                 if ref.op not in group.ops and (ref.op < 0 or self.graph.ops[ref.op].node not in self.recomputed)}
 
 
+    def sources(self, group: Group) -> set:
+        """What the group reads: the values it reads from memory and the recomputed producers it
+        recomputes (two groups recomputing the same producer compute it once when they join)."""
+        return self.inputs(group) | {("recomputed", p) for m in group.node_list()
+                                     for p in self.graph.producers[m] if p in self.recomputed}
+
+
 def _bits(mask: int):
     index = 0
     while mask:
@@ -273,7 +280,8 @@ def partition(graph: Graph, limits, among: frozenset | None = None) -> list:
 
     First along producer -> consumer edges; then siblings that read a common
     input over the same rows (dgamma and dbeta of a LayerNorm backward) join,
-    so the input is read by one kernel.
+    so the input is read by one kernel; and so do siblings recomputing a common producer
+    (the cos and sin of the same rotary angles).
     """
     m = _Merger(graph, limits, among)
     for node in graph.nodes:
@@ -295,7 +303,7 @@ def partition(graph: Graph, limits, among: frozenset | None = None) -> list:
         for x, ka in enumerate(keys):
             for kb in keys[x + 1:]:
                 a, b = m.groups[ka], m.groups[kb]
-                if not m.inputs(a) & m.inputs(b):
+                if not m.sources(a) & m.sources(b):
                     continue
                 merged = m.merged(a, b, same_rows=True)
                 if merged is not None:
