@@ -173,3 +173,30 @@ def test_cos_and_sin_of_recomputed_angles_are_one_kernel(rng):
         cos, sin = run_cpu(cpu.executable, [x])
         np.testing.assert_allclose(cos, np.cos(angles), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(sin, np.sin(angles), rtol=1e-5, atol=1e-6)
+
+
+def test_positions_sliced_from_a_model_buffer_are_recomputed_by_the_embedding_sum(rng):
+    # BERT's embeddings: position ids are a slice (to the symbolic length) of a registered buffer
+    # larger than a "tiny" tensor, read over (1, s) and broadcast over the batch (rows that do not
+    # align: two kernels unless the slice is recomputed), gathered from a table. A static
+    # build folds the slice; a symbolic one recomputes it in the embedding sum's kernel.
+    positions = relax.const(np.arange(512, dtype="int64")[None, ::-1].copy())
+
+    def body(bb, x, table):
+        ids = bb.emit(relax.op.strided_slice(positions, axes=[1], begin=[0], end=[S], assume_inbound=True))
+        batch_ids = bb.emit(relax.op.broadcast_to(ids, relax.ShapeExpr([2, S])))
+        return bb.emit(relax.op.add(relax.op.add(x, relax.op.take(table, batch_ids, axis=0)),
+                                    relax.op.take(table, relax.op.squeeze(ids, [0]), axis=0)))
+
+    mod = make_module([tensor("x", [2, S, 16]), tensor("table", [512, 16])], body)
+    cuda = build(mod, CUDA, stitched=True)
+    assert not cuda.report.fallbacks, cuda.report.details()
+    assert count_launches(cuda.lowered, cuda.executable) == 1
+    assert any("strided_slice" in g.recomputed for g in cuda.report.groups)
+    table = rng.standard_normal((512, 16)).astype("float32")
+    for emulate in (None, "cuda"):
+        cpu = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
+        for length in (2, 9):
+            x = rng.standard_normal((2, length, 16)).astype("float32")
+            (out,) = run_cpu(cpu.executable, [x, table])
+            np.testing.assert_allclose(out, x + 2 * table[np.arange(512)[::-1][:length]][None], rtol=1e-6)

@@ -147,12 +147,21 @@ def _tiny_external(graph: Graph, index: int, limits) -> bool:
     return total <= limits.recompute_input_elements
 
 
+def _sliced_constant(graph: Graph, index: int, op) -> bool:
+    """Whether external value `index` is a constant (a model's buffer: position ids, token types)
+    that `op`, of a symbolic extent, reads: a slice or gather of it sized by the symbolic length,
+    which a static build folds. Its readers recomputing `op` read no more of it than they would
+    read of `op`'s result."""
+    return isinstance(graph.externals[index], tvm.ir.Constant) and any(
+        static_int(d) is None for ty in op.out_types for d in ty.shape)
+
+
 def recomputed_producers(graph: Graph, limits) -> frozenset:
     """Nodes each consuming group recomputes instead of reading (see the module docstring).
 
     A node qualifies when its ops are cheap spatial ones (no reduction, no
-    expensive intrinsic), each reading only tiny external values or other
-    qualifying nodes, and its result is read by stitchable nodes only (not by
+    expensive intrinsic), each reading only tiny external values, constants
+    it slices to a symbolic length (`_sliced_constant`) or other qualifying nodes, and its result is read by stitchable nodes only (not by
     opaque bindings, later blocks or the function's result, which need it in
     memory anyway).
     """
@@ -163,7 +172,8 @@ def recomputed_producers(graph: Graph, limits) -> frozenset:
         changed = False
         for index in sorted(candidates):
             ok = all(
-                (ref.op < 0 and _tiny_external(graph, ref.output, limits))
+                (ref.op < 0 and (_tiny_external(graph, ref.output, limits)
+                                 or _sliced_constant(graph, ref.output, graph.ops[i])))
                 or (ref.op >= 0 and graph.ops[ref.op].node in candidates)
                 for i in graph.nodes[index].ops for ref in graph.ops[i].inputs)
             if not ok:
