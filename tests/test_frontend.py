@@ -56,6 +56,25 @@ def test_symbolic_slices_keep_plain_shapes_and_match_at_several_lengths():
             np.testing.assert_allclose(g, want.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_constant_slice_of_a_symbolic_axis_is_in_bounds_and_joins_its_reader():
+    # transformers' packed-sequence check takes positions[:, 0:1]: in bounds (s >= 2), it keeps
+    # PyTorch's extent 1 without a match_cast, which would cut the slice from the subtraction.
+    from tvm_stitch.tools.launches import count_launches
+
+    class FromFirst(torch.nn.Module):
+        def forward(self, x):
+            return x - x[:, 0:1] + x[:, 1:2]
+
+    mod = from_torch(FromFirst(), (torch.randn(2, 16),), dynamic_shapes=({1: torch.export.Dim("s", min=2, max=64)},))
+    assert "match_cast" not in mod["main"].script()
+    cuda = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    assert count_launches(cuda.lowered, cuda.executable) == 1
+    for length in (2, 9):
+        x = torch.randn(2, length)
+        (got,) = _run(mod, [x])
+        np.testing.assert_allclose(got, FromFirst()(x).numpy(), rtol=1e-6)
+
+
 def test_transformers_decoder_exports_without_cache_and_with_eager_attention_then_restores():
     from transformers import GPT2Config, GPT2Model
 

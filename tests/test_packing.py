@@ -31,3 +31,43 @@ def test_packs_with_repeated_members_match_numpy_on_the_cpu(emulate, rng):
     rtol, atol = tolerance("float32")
     for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, inputs)):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=rtol, atol=atol)
+
+
+def _two_symbolic_maps():
+    from tvm import relax, tirx
+
+    from conftest import make_module, tensor
+
+    s = tirx.Var("s", "int64")
+
+    def body(bb, x, y):
+        return relax.Tuple([bb.emit(relax.op.exp(x)), bb.emit(relax.op.add(relax.op.multiply(y, relax.const(2.0)),
+                                                                            relax.const(1.0)))])
+
+    return make_module([tensor("x", [2, s]), tensor("y", [3, s, 4])], body)
+
+
+def test_independent_kernels_of_a_symbolic_size_share_a_launch(rng, tmp_path):
+    # Task ranges of symbolic length: the second member's tasks start at the first's runtime count.
+    import shutil
+    import subprocess
+
+    from tvm_stitch.tools.launches import count_launches, cuda_source
+
+    mod = _two_symbolic_maps()
+    cuda = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    assert cuda.report.packs and count_launches(cuda.lowered, cuda.executable) == 1
+    nvcc = shutil.which("nvcc")
+    if nvcc is not None:
+        (tmp_path / "k.cu").write_text(cuda_source(cuda.executable))
+        result = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+    for emulate in (None, "cuda"):
+        cpu = build(mod, LLVM, stitched=True, emulate=emulate)
+        for length in (1, 7, 300):
+            x = rng.standard_normal((2, length)).astype("float32")
+            y = rng.standard_normal((3, length, 4)).astype("float32")
+            a, b = run_cpu(cpu.executable, [x, y])
+            np.testing.assert_allclose(a, np.exp(x), rtol=1e-5)
+            np.testing.assert_allclose(b, y * 2 + 1, rtol=1e-6)

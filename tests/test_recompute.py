@@ -118,12 +118,85 @@ def test_scores_matmuls_leave_the_masked_scale_to_the_softmaxes_that_recompute_t
     params = [tensor("q", [4, S, 16]), tensor("k", [4, 16, S]), tensor("q2", [4, S, 16]), tensor("k2", [4, 16, S])]
     mod = make_module(params, _two_masked_attention_scores)
     cuda = build(mod, CUDA, stitched=True)
-    assert count_launches(cuda.lowered, cuda.executable) == 4  # two matmuls, two masked softmaxes
+    # two matmuls, one kernel for both masked softmaxes (siblings over the same rows recomputing one mask)
+    assert count_launches(cuda.lowered, cuda.executable) == 3
     stitched = [g for g in cuda.report.groups if g.stitched]
-    assert len(stitched) == 2 and all("softmax" in g.ops and "where" in g.recomputed for g in stitched)
+    assert len(stitched) == 1 and stitched[0].ops.count("softmax") == 2 and "where" in stitched[0].recomputed
     cpu = build(mod, {"kind": "llvm"}, stitched=True)
     inputs = [rng.standard_normal(shape).astype("float32") for shape in ((4, 5, 16), (4, 16, 5)) * 2]
     mask = np.where(np.arange(5)[:, None] >= np.arange(5)[None, :], 0.0, -1e9)
     outs = run_cpu(cpu.executable, inputs)
     for out, (a, b) in zip(outs, (inputs[:2], inputs[2:])):
         np.testing.assert_allclose(out, _softmax((a @ b).reshape(2, 2, 5, 5) * 0.25 + mask), rtol=1e-5, atol=1e-6)
+
+
+def test_a_mask_read_through_a_tuple_of_a_constant_is_still_recomputed(rng):
+    # The importers' `(const, mask)[1]` (index tensors of advanced indexing): once the pipeline
+    # canonicalises the projection, the mask's readers are the softmaxes alone.
+    def body(bb, x, y):
+        mask = _causal_mask(bb)
+        pair = bb.emit(relax.Tuple([relax.const(np.zeros(2, "float32")), mask]))
+        aliased = bb.emit(relax.TupleGetItem(pair, 1))
+        return relax.Tuple([bb.emit(relax.op.nn.softmax(relax.op.add(x, aliased))),
+                            bb.emit(relax.op.nn.softmax(relax.op.add(y, aliased)))])
+
+    mod = make_module([tensor("x", [4, S, S]), tensor("y", [2, S, S])], body)
+    cuda = build(mod, CUDA, stitched=True)
+    assert count_launches(cuda.lowered, cuda.executable) == 2  # the softmaxes; the mask is in both
+    cpu = build(mod, {"kind": "llvm"}, stitched=True)
+    x = rng.standard_normal((4, 7, 7)).astype("float32")
+    y = rng.standard_normal((2, 7, 7)).astype("float32")
+    mask = np.where(np.arange(7)[:, None] >= np.arange(7)[None, :], 0.0, -1e9)
+    a, b = run_cpu(cpu.executable, [x, y])
+    np.testing.assert_allclose(a, _softmax(x + mask), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b, _softmax(y + mask), rtol=1e-5, atol=1e-6)
+
+
+def test_cos_and_sin_of_recomputed_angles_are_one_kernel(rng):
+    # Rotary embeddings: the angles come from the positions alone; cos and sin of them, two
+    # siblings over the same rows, recompute the angles once in one kernel with two outputs.
+    def body(bb, _x):
+        pos = relax.op.astype(relax.op.arange(S, dtype="int64"), "float32")
+        angles = bb.emit(relax.op.multiply(relax.op.expand_dims(pos, 1), relax.const(np.linspace(0.1, 1.0, 16, dtype="float32"))))
+        cos = bb.emit(relax.op.cos(angles))
+        sin = bb.emit(relax.op.sin(angles))
+        return relax.Tuple([cos, sin])
+
+    mod = make_module([tensor("x", [2, S, 16])], body)
+    cuda = build(mod, CUDA, stitched=True)
+    assert not cuda.report.fallbacks, cuda.report.details()
+    assert count_launches(cuda.lowered, cuda.executable) == 1
+    x = rng.standard_normal((2, 5, 16)).astype("float32")
+    angles = np.arange(5, dtype="float32")[:, None] * np.linspace(0.1, 1.0, 16, dtype="float32")
+    for emulate in (None, "cuda"):
+        cpu = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
+        cos, sin = run_cpu(cpu.executable, [x])
+        np.testing.assert_allclose(cos, np.cos(angles), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(sin, np.sin(angles), rtol=1e-5, atol=1e-6)
+
+
+def test_positions_sliced_from_a_model_buffer_are_recomputed_by_the_embedding_sum(rng):
+    # BERT's embeddings: position ids are a slice (to the symbolic length) of a registered buffer
+    # larger than a "tiny" tensor, read over (1, s) and broadcast over the batch (rows that do not
+    # align: two kernels unless the slice is recomputed), gathered from a table. A static
+    # build folds the slice; a symbolic one recomputes it in the embedding sum's kernel.
+    positions = relax.const(np.arange(512, dtype="int64")[None, ::-1].copy())
+
+    def body(bb, x, table):
+        ids = bb.emit(relax.op.strided_slice(positions, axes=[1], begin=[0], end=[S], assume_inbound=True))
+        batch_ids = bb.emit(relax.op.broadcast_to(ids, relax.ShapeExpr([2, S])))
+        return bb.emit(relax.op.add(relax.op.add(x, relax.op.take(table, batch_ids, axis=0)),
+                                    relax.op.take(table, relax.op.squeeze(ids, [0]), axis=0)))
+
+    mod = make_module([tensor("x", [2, S, 16]), tensor("table", [512, 16])], body)
+    cuda = build(mod, CUDA, stitched=True)
+    assert not cuda.report.fallbacks, cuda.report.details()
+    assert count_launches(cuda.lowered, cuda.executable) == 1
+    assert any("strided_slice" in g.recomputed for g in cuda.report.groups)
+    table = rng.standard_normal((512, 16)).astype("float32")
+    for emulate in (None, "cuda"):
+        cpu = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
+        for length in (2, 9):
+            x = rng.standard_normal((2, length, 16)).astype("float32")
+            (out,) = run_cpu(cpu.executable, [x, table])
+            np.testing.assert_allclose(out, x + 2 * table[np.arange(512)[::-1][:length]][None], rtol=1e-6)

@@ -175,8 +175,12 @@ def _slice(node, importer) -> relax.Var:
         proved = [_proved_extent(t, d) for t, d in zip(val.shape, x.ty.shape.values)]
         proved[dim] = _proved_extent(val.shape[dim], end)
     # In bounds where PyTorch's extent is end - start: TOPI's clamped extent (min/max/if_then_else
-    # forms under symbolic shapes, which FuseOps cannot type) is then not needed.
-    inbound = bool(step == 1 and proved is not None and proved[dim] is not None and not isinstance(end, int)
+    # forms under symbolic shapes, which FuseOps cannot type) is then not needed. Integer bounds
+    # must be non-negative (assume_inbound does not wrap negative ones): `x[:, 0:1]` of a
+    # symbolic axis is then in bounds, not a min/max extent cast back to 1, which would cut the
+    # slice from its readers.
+    bounds = not isinstance(end, int) or (isinstance(start, int) and 0 <= start <= end)
+    inbound = bool(step == 1 and proved is not None and proved[dim] is not None and bounds
                    and sym.Analyzer().can_prove_equal(proved[dim], end - start))
     out = importer.block_builder.emit(relax.op.strided_slice(x, [dim], [start], [end], [step],
                                                              assume_inbound=inbound))

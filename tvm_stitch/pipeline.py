@@ -6,6 +6,9 @@
         matmuls becomes part of them), RelabelMatmulEpilogues (the copies
         after a matmul join its epilogue); dlight's Matmul rule inlines both
     FoldConstant, FuseOps (TVM)
+    CanonicalizeBindings, DeadCodeElimination (TVM, guarded): tuple
+        projections of known tuples become their element, so a producer read
+        through `(const, v)[1]` has stitchable readers only
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
     FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
@@ -182,6 +185,10 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
         + [
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
+            # `(const, v)[1]` -> `v`, unused bindings dropped: a producer read through such a
+            # tuple would count as read by an opaque binding (no recompute, one more launch)
+            guarded(relax.transform.CanonicalizeBindings(), report),
+            guarded(relax.transform.DeadCodeElimination(), report),
         ]
     )
 

@@ -18,7 +18,6 @@ from tvm import relax
 
 from schedules.independent import loop_signature, pack
 
-from tvm_stitch.analysis.tir_view import buffer_params
 from tvm_stitch.planning.plan import StitchPlan
 
 MAX_PACK = 32
@@ -78,8 +77,7 @@ def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
         value = binding.value
         if isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR):
             name = value.args[0].name_hint
-            if (name in kernels and packable(kernels[name][1]) and _one_task_loop(kernels[name][0])
-                    and len(buffer_params(kernels[name][0])) == len(kernels[name][0].params)):
+            if name in kernels and packable(kernels[name][1]) and _one_task_loop(kernels[name][0]):
                 candidates.append(i)
     if len(candidates) < 2:
         return bindings

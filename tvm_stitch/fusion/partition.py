@@ -147,12 +147,21 @@ def _tiny_external(graph: Graph, index: int, limits) -> bool:
     return total <= limits.recompute_input_elements
 
 
+def _sliced_constant(graph: Graph, index: int, op) -> bool:
+    """Whether external value `index` is a constant (a model's buffer: position ids, token types)
+    that `op`, of a symbolic extent, reads: a slice or gather of it sized by the symbolic length,
+    which a static build folds. Its readers recomputing `op` read no more of it than they would
+    read of `op`'s result."""
+    return isinstance(graph.externals[index], tvm.ir.Constant) and any(
+        static_int(d) is None for ty in op.out_types for d in ty.shape)
+
+
 def recomputed_producers(graph: Graph, limits) -> frozenset:
     """Nodes each consuming group recomputes instead of reading (see the module docstring).
 
     A node qualifies when its ops are cheap spatial ones (no reduction, no
-    expensive intrinsic), each reading only tiny external values or other
-    qualifying nodes, and its result is read by stitchable nodes only (not by
+    expensive intrinsic), each reading only tiny external values, constants
+    it slices to a symbolic length (`_sliced_constant`) or other qualifying nodes, and its result is read by stitchable nodes only (not by
     opaque bindings, later blocks or the function's result, which need it in
     memory anyway).
     """
@@ -163,7 +172,8 @@ def recomputed_producers(graph: Graph, limits) -> frozenset:
         changed = False
         for index in sorted(candidates):
             ok = all(
-                (ref.op < 0 and _tiny_external(graph, ref.output, limits))
+                (ref.op < 0 and (_tiny_external(graph, ref.output, limits)
+                                 or _sliced_constant(graph, ref.output, graph.ops[i])))
                 or (ref.op >= 0 and graph.ops[ref.op].node in candidates)
                 for i in graph.nodes[index].ops for ref in graph.ops[i].inputs)
             if not ok:
@@ -254,6 +264,13 @@ class _Merger:
                 if ref.op not in group.ops and (ref.op < 0 or self.graph.ops[ref.op].node not in self.recomputed)}
 
 
+    def sources(self, group: Group) -> set:
+        """What the group reads: the values it reads from memory and the recomputed producers it
+        recomputes (two groups recomputing the same producer compute it once when they join)."""
+        return self.inputs(group) | {("recomputed", p) for m in group.node_list()
+                                     for p in self.graph.producers[m] if p in self.recomputed}
+
+
 def _bits(mask: int):
     index = 0
     while mask:
@@ -273,7 +290,8 @@ def partition(graph: Graph, limits, among: frozenset | None = None) -> list:
 
     First along producer -> consumer edges; then siblings that read a common
     input over the same rows (dgamma and dbeta of a LayerNorm backward) join,
-    so the input is read by one kernel.
+    so the input is read by one kernel; and so do siblings recomputing a common producer
+    (the cos and sin of the same rotary angles).
     """
     m = _Merger(graph, limits, among)
     for node in graph.nodes:
@@ -295,7 +313,7 @@ def partition(graph: Graph, limits, among: frozenset | None = None) -> list:
         for x, ka in enumerate(keys):
             for kb in keys[x + 1:]:
                 a, b = m.groups[ka], m.groups[kb]
-                if not m.inputs(a) & m.inputs(b):
+                if not m.sources(a) & m.sources(b):
                     continue
                 merged = m.merged(a, b, same_rows=True)
                 if merged is not None:
