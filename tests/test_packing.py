@@ -71,3 +71,11 @@ def test_independent_kernels_of_a_symbolic_size_share_a_launch(rng, tmp_path):
             a, b = run_cpu(cpu.executable, [x, y])
             np.testing.assert_allclose(a, np.exp(x), rtol=1e-5)
             np.testing.assert_allclose(b, y * 2 + 1, rtol=1e-6)
+
+
+def test_the_simt_checker_reports_a_packed_kernel_of_a_symbolic_size_as_unsupported():
+    # Its task counts are scalar parameters: the checker runs static shapes only, and says so.
+    import tvm_stitch.simt
+
+    report = tvm_stitch.simt.check(_two_symbolic_maps())
+    assert report.kernels and all(k.status == "unsupported" and "symbolic" in k.detail for k in report.kernels)
