@@ -70,7 +70,7 @@ def _accesses(region, body, analyzer) -> list:
     """The accesses of one read or write region of a block whose body is `body`."""
     buffer = region.source
     if all(_is_one(r.extent) for r in region.region):
-        indices = tuple(_index(r.min, analyzer) for r in region.region)
+        indices = tuple(proven_index(r.min, analyzer) for r in region.region)
         return [Access(buffer, indices, GATHER if any(_loads_in(i) for i in indices) else POINT)]
     out = []
     local = _body_vars(body)
@@ -78,7 +78,7 @@ def _accesses(region, body, analyzer) -> list:
         if any(vars_in(i) & local for i in indices):
             out = []  # a load inside a loop or binding of the body: per iteration, not per element
             break
-        simple = tuple(_index(i, analyzer) for i in indices)
+        simple = tuple(proven_index(i, analyzer) for i in indices)
         if not any(tvm_ffi.structural_equal(simple, a.indices) for a in out):
             out.append(Access(buffer, simple, GATHER))
     return out or [Access(buffer, tuple(r.min for r in region.region), REGION)]
@@ -111,7 +111,7 @@ def _load_indices(stmt, buffer) -> list:
     return found
 
 
-def _index(expr, analyzer):
+def proven_index(expr, analyzer):
     """An access index, simplified, with `(q * n + r) // n` -> q and `(q * n + r) % n` -> r where
     0 <= r < n is proven: the simplifier keeps those for a symbolic n (a reshape's index over a
     symbolic sequence length)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, sym, tirx
 
-from tvm_stitch.analysis.tir_view import _index, divides_by_symbolic
+from tvm_stitch.analysis.tir_view import divides_by_symbolic, proven_index
 
 
 def _simplified_block(block: s_tir.SBlock) -> s_tir.SBlock:
@@ -29,7 +29,7 @@ def _simplified_block(block: s_tir.SBlock) -> s_tir.SBlock:
         analyzer.bind(iv.var, iv.dom)
 
     def on_index(node):
-        return _index(node, analyzer)
+        return proven_index(node, analyzer)
 
     return tvm_ffi.structural_map(block, ((tirx.FloorDiv, tirx.FloorMod), on_index), order="pre")
 
