@@ -1,6 +1,13 @@
 """The Relax pipeline per target: TVM's default passes with the stitch pass inside.
 
+    CUDA only: FoldHostConstants (fusion/host_constants: bindings that read
+        no parameter evaluated once on the host, before library dispatch
+        makes a cumsum a scan kernel FoldConstant cannot run)
     library dispatch (TVM)
+    AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
+        all arithmetic),
+    FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
+        gelu, gelu_tanh, sigmoid, silu, softplus)
     LegalizeOps, AnnotateTIROpPattern (TVM)
     CUDA only: FoldProloguesIntoMatmuls (a cheap spatial op feeding only
         matmuls becomes part of them), RelabelMatmulEpilogues (the copies
@@ -9,10 +16,6 @@
     CanonicalizeBindings, DeadCodeElimination (TVM, guarded): tuple
         projections of known tuples become their element, so a producer read
         through `(const, v)[1]` has stitchable readers only
-    AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
-        all arithmetic),
-    FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
-        gelu, gelu_tanh, sigmoid, silu, softplus)
     StitchFusion: memory-bound groups -> stitched, scheduled kernels
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
         their epilogues, fallbacks) become PrimFuncs as usual
