@@ -31,6 +31,19 @@ def _softmax(z):
     return e / e.sum(-1, keepdims=True)
 
 
+def _causal(length: int) -> np.ndarray:
+    return np.where(np.arange(length)[:, None] >= np.arange(length)[None, :], 0.0, -1e9)
+
+
+def _check_two_masked_softmaxes(executable, rng, length: int) -> None:
+    """`_two_masked_softmaxes`' outputs match numpy at one length."""
+    x = rng.standard_normal((4, length, length)).astype("float32")
+    y = rng.standard_normal((2, length, length)).astype("float32")
+    a, b = run_cpu(executable, [x, y])
+    np.testing.assert_allclose(a, _softmax(x + _causal(length)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b, _softmax(y + _causal(length)), rtol=1e-5, atol=1e-6)
+
+
 def test_arange_mask_read_by_two_softmaxes_has_no_launch_of_its_own(rng):
     mod = make_module([tensor("x", [4, S, S]), tensor("y", [2, S, S])], _two_masked_softmaxes)
     cuda = build(mod, CUDA, stitched=True)
@@ -42,12 +55,7 @@ def test_arange_mask_read_by_two_softmaxes_has_no_launch_of_its_own(rng):
     for emulate in (None, "cuda"):
         cpu = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
         for length in (1, 5, 70):
-            x = rng.standard_normal((4, length, length)).astype("float32")
-            y = rng.standard_normal((2, length, length)).astype("float32")
-            mask = np.where(np.arange(length)[:, None] >= np.arange(length)[None, :], 0.0, -1e9)
-            a, b = run_cpu(cpu.executable, [x, y])
-            np.testing.assert_allclose(a, _softmax(x + mask), rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(b, _softmax(y + mask), rtol=1e-5, atol=1e-6)
+            _check_two_masked_softmaxes(cpu.executable, rng, length)
 
 
 def test_a_mask_the_function_returns_keeps_its_launch(rng):
@@ -61,7 +69,7 @@ def test_a_mask_the_function_returns_keeps_its_launch(rng):
     assert not [g for g in cuda.report.groups if g.recomputed]
     cpu = build(mod, {"kind": "llvm"}, stitched=True)
     x = rng.standard_normal((4, 6, 6)).astype("float32")
-    mask = np.where(np.arange(6)[:, None] >= np.arange(6)[None, :], 0.0, -1e9)
+    mask = _causal(6)
     soft, returned = run_cpu(cpu.executable, [x])
     np.testing.assert_allclose(returned, mask)
     np.testing.assert_allclose(soft, _softmax(x + mask), rtol=1e-5, atol=1e-6)
@@ -95,12 +103,7 @@ def test_a_mask_whose_readers_fall_back_is_stitched_on_its_own(monkeypatch, rng)
     stitched = [g for g in cpu.report.groups if g.stitched]
     assert len(stitched) == 1 and "where" in stitched[0].ops and not stitched[0].recomputed
     assert any("instead of recomputing" in note for note in cpu.report.notes)
-    x = rng.standard_normal((4, 9, 9)).astype("float32")
-    y = rng.standard_normal((2, 9, 9)).astype("float32")
-    mask = np.where(np.arange(9)[:, None] >= np.arange(9)[None, :], 0.0, -1e9)
-    a, b = run_cpu(cpu.executable, [x, y])
-    np.testing.assert_allclose(a, _softmax(x + mask), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(b, _softmax(y + mask), rtol=1e-5, atol=1e-6)
+    _check_two_masked_softmaxes(cpu.executable, rng, 9)
 
 
 def _two_masked_attention_scores(bb, q, k, q2, k2):
@@ -124,7 +127,7 @@ def test_scores_matmuls_leave_the_masked_scale_to_the_softmaxes_that_recompute_t
     assert len(stitched) == 1 and stitched[0].ops.count("softmax") == 2 and "where" in stitched[0].recomputed
     cpu = build(mod, {"kind": "llvm"}, stitched=True)
     inputs = [rng.standard_normal(shape).astype("float32") for shape in ((4, 5, 16), (4, 16, 5)) * 2]
-    mask = np.where(np.arange(5)[:, None] >= np.arange(5)[None, :], 0.0, -1e9)
+    mask = _causal(5)
     outs = run_cpu(cpu.executable, inputs)
     for out, (a, b) in zip(outs, (inputs[:2], inputs[2:])):
         np.testing.assert_allclose(out, _softmax((a @ b).reshape(2, 2, 5, 5) * 0.25 + mask), rtol=1e-5, atol=1e-6)
@@ -144,12 +147,7 @@ def test_a_mask_read_through_a_tuple_of_a_constant_is_still_recomputed(rng):
     cuda = build(mod, CUDA, stitched=True)
     assert count_launches(cuda.lowered, cuda.executable) == 2  # the softmaxes; the mask is in both
     cpu = build(mod, {"kind": "llvm"}, stitched=True)
-    x = rng.standard_normal((4, 7, 7)).astype("float32")
-    y = rng.standard_normal((2, 7, 7)).astype("float32")
-    mask = np.where(np.arange(7)[:, None] >= np.arange(7)[None, :], 0.0, -1e9)
-    a, b = run_cpu(cpu.executable, [x, y])
-    np.testing.assert_allclose(a, _softmax(x + mask), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(b, _softmax(y + mask), rtol=1e-5, atol=1e-6)
+    _check_two_masked_softmaxes(cpu.executable, rng, 7)
 
 
 def test_cos_and_sin_of_recomputed_angles_are_one_kernel(rng):
