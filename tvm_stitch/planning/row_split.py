@@ -206,6 +206,17 @@ def _reduction_parts(block):
     return init.value, body.buffer, old, value.b, type(value)
 
 
+def _kept_reductions(trial: s_tir.Schedule, kept: list) -> tuple:
+    """({name: block}, {name: its `_reduction_parts`}) of the kept blocks that reduce."""
+    blocks = {v.name: trial.get(trial.get_sblock(v.name)) for v in kept if v.has_reduction}
+    return blocks, {name: _reduction_parts(block) for name, block in blocks.items()}
+
+
+def _sums_from_zero(parts: dict) -> dict:
+    """The reductions of `parts` that add from 0."""
+    return {name: p for name, p in parts.items() if p is not None and p[4] is tirx.Add and _is_const(p[0], 0.0)}
+
+
 def _reads_buffer(expr, buffer) -> bool:
     found = []
     tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, lambda load: found.append(load.source.same_as(buffer))),
@@ -219,12 +230,10 @@ def online_pairs(trial: s_tir.Schedule, kept: list, rank: int) -> tuple:
     argument allowed: they round each term as the unsplit sum does), with the same `a` over the
     same iterators (so every exp(a - m_c) <= 1), reading the max only through its row value (one
     per row: `_row_length` checks it)."""
-    blocks = {v.name: trial.get(trial.get_sblock(v.name)) for v in kept if v.has_reduction}
-    parts = {name: _reduction_parts(block) for name, block in blocks.items()}
+    blocks, parts = _kept_reductions(trial, kept)
+    sums = _sums_from_zero(parts)
     pairs = []
-    for total, sum_parts in parts.items():
-        if sum_parts is None or sum_parts[4] is not tirx.Add or not _is_const(sum_parts[0], 0.0):
-            continue
+    for total, sum_parts in sums.items():
         term = _uncast(sum_parts[3])
         if not (isinstance(term, tvm.ir.Call) and term.op.name == "tirx.exp"
                 and isinstance(_uncast(term.args[0]), tirx.Sub)):
@@ -261,21 +270,18 @@ def variance_pairs(trial: s_tir.Schedule, kept: list) -> tuple:
     adds (a - m) * (a - m) from 0, the second adds the same `a` from 0 over the same iterators,
     and the shift m reads nothing but the second's result (at the row's point: none of the
     first's reduction iterators in its indices) and constants."""
-    blocks = {v.name: trial.get(trial.get_sblock(v.name)) for v in kept if v.has_reduction}
-    parts = {name: _reduction_parts(block) for name, block in blocks.items()}
+    blocks, parts = _kept_reductions(trial, kept)
+    sums = _sums_from_zero(parts)
     pairs = []
-    for squares, sq_parts in parts.items():
-        if sq_parts is None or sq_parts[4] is not tirx.Add or not _is_const(sq_parts[0], 0.0):
-            continue
+    for squares, sq_parts in sums.items():
         term = sq_parts[3]
         if not (isinstance(term, tirx.Mul) and tvm_ffi.structural_equal(term.a, term.b)
                 and isinstance(term.a, tirx.Sub)):
             continue
         a, shift = term.a.a, term.a.b
         reduce_vars = {iv.var for iv in blocks[squares].iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
-        for total, sum_parts in parts.items():
-            if (total == squares or sum_parts is None or sum_parts[4] is not tirx.Add
-                    or not _is_const(sum_parts[0], 0.0) or any(p == total for _, p in pairs)):
+        for total, sum_parts in sums.items():
+            if total == squares or any(p == total for _, p in pairs):
                 continue
             loads = _loads(shift, sum_parts[1])
             if not loads or _reads_buffer(a, sum_parts[1]) or any(vars_in(i) & reduce_vars for l in loads
