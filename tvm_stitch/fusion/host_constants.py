@@ -24,9 +24,11 @@ symbolic shape folds.
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax, tirx
+
+from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.target import default_pipeline
 
 MAX_BYTES = 1 << 22  # the largest constant a fold may create (4 MiB)
 _NOT_FOLDED = ("relax.call", "relax.print", "relax.assert", "relax.random", "relax.null_value")
@@ -34,12 +36,10 @@ _NOT_FOLDED = ("relax.call", "relax.print", "relax.assert", "relax.random", "rel
 
 def _static_tensor_bytes(ty) -> int | None:
     """Bytes of a tensor type of static shape, else None."""
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
-    dims = list(ty.shape.values) if isinstance(ty.shape, relax.ShapeExpr) else None
-    if dims is None or not all(isinstance(d, tirx.IntImm) for d in dims):
-        return None
-    return int(np.prod([int(d) for d in dims], dtype=np.int64)) * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
+    elements = static_product(ty.shape.values)
+    return None if elements is None else elements * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
 
 
 def _fits(ty, max_bytes: int) -> bool:
@@ -92,7 +92,7 @@ def _evaluate(bindings: list, outputs: list) -> list:
                          result)
     mod = tvm.IRModule({"main": relax.Function([], body, result.ty).with_attr("global_symbol", "main")})
     host = tvm.target.Target("llvm")
-    executable = tvm.compile(mod, target=host, relax_pipeline=relax.get_default_pipeline(host))
+    executable = tvm.compile(mod, target=host, relax_pipeline=default_pipeline(host))
     values = relax.VirtualMachine(executable, tvm.cpu())["main"]()
     return [values[i].numpy() for i in range(len(outputs))]
 
