@@ -140,6 +140,7 @@ class _Stitcher:
         self.choose = choose  # (fused, rule plan, spec) -> the plan to use; None: the rule plan
         self.target = target
         self.spec = spec
+        self.limits = partition_limits(spec)  # what the partition may group, for every block
         self.strict = strict
         self.report = report
         self.analyses = analyses_for(mod)
@@ -215,7 +216,7 @@ class _Stitcher:
         for node in graph.nodes:
             if not node.stitchable:
                 self.report.opaque.append((node.var.name, node.reason))
-        recomputed = recomputed_producers(graph, partition_limits(self.spec))
+        recomputed = recomputed_producers(graph, self.limits)
         stitched = []
         for members, parts in self._groups(graph):
             if _only_reshapes(graph, members):
@@ -232,7 +233,7 @@ class _Stitcher:
                     part_result = self._stitch_recomputing(func_name, graph, part, where, recomputed)
                     if part_result is not None:
                         stitched.append((part, part_result))
-        for members in partition(graph, partition_limits(self.spec), among=_still_read(graph, recomputed, stitched)):
+        for members in partition(graph, self.limits, among=_still_read(graph, recomputed, stitched)):
             if not _only_reshapes(graph, members):
                 result = self.stitch_group(func_name, graph, members, where)
                 if result is not None:
@@ -275,7 +276,7 @@ class _Stitcher:
     def _groups(self, graph: Graph) -> list:
         """(group, parts) pairs: a group whose rows may be split (see partition_limits) has as parts the
         groups that keep rows on chip, tried when the group itself cannot be stitched."""
-        groups = partition(graph, partition_limits(self.spec))
+        groups = partition(graph, self.limits)
         if self.spec.family != "cuda":
             return [(g, []) for g in groups]
         on_chip = partition(graph, partition_limits(self.spec, split_long_rows=False))
