@@ -3,6 +3,9 @@
     CUDA only: FoldHostConstants (fusion/host_constants: bindings that read
         no parameter evaluated once on the host, before library dispatch
         makes a cumsum a scan kernel FoldConstant cannot run)
+    ComputeClosedForms (fusion/closed_forms: what depends on symbolic sizes
+        alone, e.g. a decoder's causal mask, as kernels with no input that
+        the stitched kernels reading them recompute)
     library dispatch (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
@@ -40,6 +43,7 @@ from schedules.cpu import contraction
 from schedules.cuda import per_block
 from schedules.cuda.vector_selects import selects_as_branches
 
+from tvm_stitch.fusion.closed_forms import ComputeClosedForms
 from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.host_constants import FoldHostConstants
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
@@ -176,6 +180,9 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
         # Before the GPU's library dispatch, which makes a cumsum a scan kernel FoldConstant cannot run;
         # on llvm, FoldConstant after LegalizeOps already evaluates what this folds.
         ([guarded(FoldHostConstants(report=report), report)] if target.kind.name == "cuda" else [])
+        # What a symbolic size leaves of those: each read binding one kernel of no input (recomputed
+        # by its readers' stitched kernels), before the dispatch makes a cumsum a scan.
+        + [guarded(ComputeClosedForms(report=report), report)]
         + backend_passes(target).library_dispatch_passes(target)
         + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]
         + ([guarded(FastMath(), report)] if fast_math else [])

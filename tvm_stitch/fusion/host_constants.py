@@ -90,11 +90,16 @@ def _evaluate(bindings: list, outputs: list) -> list:
     result = relax.Var("constants", relax.TupleType([v.ty for v in outputs]))
     body = relax.SeqExpr([relax.DataflowBlock(list(bindings) + [relax.VarBinding(result, relax.Tuple(outputs))])],
                          result)
-    mod = tvm.IRModule({"main": relax.Function([], body, result.ty).with_attr("global_symbol", "main")})
+    values = evaluate_on_host(tvm.IRModule({"main": relax.Function([], body, result.ty).with_attr("global_symbol",
+                                                                                                  "main")}))
+    return [values[i].numpy() for i in range(len(outputs))]
+
+
+def evaluate_on_host(mod: tvm.IRModule, *args):
+    """`mod["main"](*args)`, built with TVM's default pipeline for the host CPU and run there."""
     host = tvm.target.Target("llvm")
     executable = tvm.compile(mod, target=host, relax_pipeline=default_pipeline(host))
-    values = relax.VirtualMachine(executable, tvm.cpu())["main"]()
-    return [values[i].numpy() for i in range(len(outputs))]
+    return relax.VirtualMachine(executable, tvm.cpu())["main"](*args)
 
 
 def _with_constants(func: relax.Function, values: dict) -> relax.Function:

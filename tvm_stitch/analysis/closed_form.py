@@ -1,0 +1,543 @@
+"""A tensor that depends on sizes alone, as one expression of its indices.
+
+`ClosedForm` is plain data: a shape, a dtype, one index variable per axis,
+and the element at those indices as a TIR expression of them and of the
+function's symbolic sizes. `derive(value, forms, facts)` gives the closed
+form of a binding's value — a Relax operator call whose tensor arguments
+have closed forms (`forms`: Relax var -> ClosedForm) or are constants, or a
+constant — or None where the operator is not one of `RULES` or a fact it
+needs cannot be proven:
+
+- sources: `arange`, `full`, `zeros`, `ones`, constants (one value, or
+  integers affine in the indices: an `arange` FoldHostConstants folded;
+  any other constant is a placeholder call reading its elements, so the
+  form says how it depends on the sizes but no kernel computes it);
+- element-wise arithmetic, comparisons, logic, `where`, `astype` and the
+  intrinsics cos, sin, exp, log, sqrt, rsqrt, tanh, sigmoid, with
+  broadcasting (a size-1 axis, or one provably equal to the result's);
+- index maps: `broadcast_to`, `expand_dims`, `squeeze`, `reshape`,
+  `permute_dims`, `strided_slice` (positive strides, begins proven in
+  bounds), `concat`;
+- gathers of a closed form at closed-form indices (`take`,
+  `index_tensor`) whose indices are proven in bounds;
+- `cumsum` of an integer or bool summand that does not vary along the
+  scanned axis (proven): the summand times the position, exact.
+
+Every derived element is simplified by TVM's arithmetic analyzer under the
+bounds of its indices (0 <= i < extent) and of the sizes (`Facts`), and
+selects are decided by splitting on their conditions (a packed-sequence
+check's `diff` of an `arange` is 1 on both sides of its `i == 0` select).
+An element larger than `MAX_NODES` expression nodes is not a closed form.
+The rules build each element from the same TIR operations as TVM's
+legalization of the operator, so a kernel computing it gives the same
+values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, sym, tirx
+
+from tvm_stitch.analysis.tir_view import static_product
+
+MAX_NODES = 200  # the largest element expression kept as a closed form
+MAX_INSPECTED = 1 << 16  # constants of more elements are not read for a uniform or affine value
+_TABLE = "tvm_stitch.constant_"  # a constant tensor's elements, in an element (a placeholder call)
+_SPLIT_DEPTH = 4  # selects decided per simplification, by case splitting
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    shape: tuple  # PrimExpr per axis
+    dtype: str
+    axes: tuple  # one tirx.Var per axis
+    element: object  # PrimExpr of `axes` and the sizes
+
+    @property
+    def computable(self) -> bool:
+        """Whether a kernel can compute the element (it reads no constant tensor, see `_const_form`)."""
+        return not any(name.startswith(_TABLE) for name in _called(self.element))
+
+    @property
+    def cheap(self) -> bool:
+        """Computable with arithmetic, comparisons and selects alone (no intrinsic call)."""
+        return not _called(self.element)
+
+    def sizes_free(self) -> bool:
+        """Whether the element reads no symbolic size (only its indices): the tensor at any size is a
+        slice of the tensor at a larger one."""
+        return all(any(v.same_as(a) for a in self.axes) for v in tirx.analysis.undefined_vars(self.element))
+
+    def at(self, indices) -> tirx.PrimExpr:
+        """The element at `indices` (one PrimExpr per axis)."""
+        mapping = dict(zip(self.axes, indices))
+        return tvm_ffi.structural_mutate(self.element, [(tirx.Var, lambda v, _m: mapping.get(v, v))])
+
+
+class Facts:
+    """What the analyzer may assume: the bounds of a function's sizes."""
+
+    def __init__(self, bounds: dict):
+        self.analyzer = sym.Analyzer()
+        self.bounds = dict(bounds)  # tirx.Var -> (lower or None, upper or None), inclusive
+
+    @classmethod
+    def of_function(cls, func: relax.Function) -> "Facts":
+        """Sizes in the parameters' shapes are >= 0, within the function's `tir_var_*_bound` attributes."""
+        attrs = func.attrs or {}
+        lower = {str(k): int(v) for k, v in (attrs.get("tir_var_lower_bound") or {}).items()}
+        upper = {str(k): int(v) for k, v in (attrs.get("tir_var_upper_bound") or {}).items()}
+        bounds = {}
+        for param in func.params:
+            shape = getattr(param.ty, "shape", None)
+            if isinstance(shape, relax.ShapeExpr):
+                for var in (v for d in shape.values for v in tirx.analysis.undefined_vars(d)):
+                    bounds[var] = (max(0, lower.get(var.name, 0)), upper.get(var.name))
+        return cls(bounds)
+
+    @contextlib.contextmanager
+    def over(self, axes, shape):
+        """A scope where the sizes are within their bounds and each axis within its extent."""
+        with contextlib.ExitStack() as stack:
+            for var, (low, high) in self.bounds.items():
+                stack.enter_context(self.analyzer.constraint_scope(var >= low))
+                if high is not None:
+                    stack.enter_context(self.analyzer.constraint_scope(var <= high))
+            for axis, extent in zip(axes, shape):
+                stack.enter_context(self.analyzer.constraint_scope(tirx.all(axis >= 0, axis < extent)))
+            yield
+
+    def simplify(self, expr, depth: int = _SPLIT_DEPTH):
+        """`expr` simplified in the current scope, each select decided where both of its cases agree."""
+        expr = self.analyzer.simplify(expr)
+        conditions = _select_conditions(expr)
+        if depth == 0 or not conditions:
+            return expr
+        with self.analyzer.constraint_scope(conditions[0]):
+            yes = self.simplify(expr, depth - 1)
+        with self.analyzer.constraint_scope(tirx.Not(conditions[0])):
+            no = self.simplify(expr, depth - 1)
+        return yes if tvm_ffi.structural_equal(yes, no) else expr
+
+    def proves(self, condition) -> bool:
+        result = self.simplify(condition)
+        return isinstance(result, tirx.IntImm) and bool(result.value)
+
+    def equal(self, a, b) -> bool:
+        return self.analyzer.can_prove_equal(a, b) or self.proves(tirx.EQ(a, b))
+
+
+def _select_conditions(expr) -> list:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Select, lambda s: found.append(s.condition)), order="pre")
+    return found
+
+
+def _called(expr) -> list:
+    """Names of the functions and intrinsics `expr` calls."""
+    names = []
+
+    def visit(call):
+        op = call.op
+        if isinstance(op, tvm.ir.Op) and op.name == "tirx.call_pure_extern" and isinstance(call.args[0], tvm.ir.StringImm):
+            names.append(str(call.args[0].value))
+        else:
+            names.append(op.name if isinstance(op, tvm.ir.Op) else str(op))
+
+    tvm_ffi.structural_walk(expr, (tvm.ir.Call, visit), order="pre")
+    return names
+
+
+def _is_one(extent) -> bool:
+    return isinstance(extent, tirx.IntImm) and extent.value == 1
+
+
+def _size(expr) -> int:
+    count = [0]
+    tvm_ffi.structural_walk(expr, lambda _node: count.__setitem__(0, count[0] + 1), order="pre")
+    return count[0]
+
+
+def make(shape, dtype: str, facts: Facts, element_at) -> ClosedForm | None:
+    """The closed form whose element at indices `i` is `element_at(i)`, simplified; None if too large."""
+    axes = tuple(tirx.Var(f"i{k}", "int64") for k in range(len(shape)))
+    zero = tirx.IntImm("int64", 0)
+    with facts.over(axes, shape):
+        element = facts.simplify(element_at(tuple(zero if _is_one(d) else a for a, d in zip(axes, shape))))
+    if _size(element) > MAX_NODES:
+        return None
+    return ClosedForm(tuple(shape), str(dtype), axes, element)
+
+
+def _const_form(expr) -> ClosedForm | None:
+    """A constant: one value, an affine function of the indices (integers), or else a placeholder
+    call reading its elements (named by the constant's address: distinct constants never compare
+    equal), a closed form no kernel computes but whose dependence on the sizes is known. Constants
+    of over `MAX_INSPECTED` elements are placeholders unread (a model's weights)."""
+    ty = expr.ty
+    dtype = str(ty.dtype)
+    shape = tuple(ty.shape.values)
+    axes = tuple(tirx.Var(f"i{k}", "int64") for k in range(len(shape)))
+    table = ClosedForm(shape, dtype, axes, tirx.call_pure_extern(dtype, f"{_TABLE}{expr.__chandle__():x}", *axes))
+    elements = static_product(shape)
+    if elements is None or elements > MAX_INSPECTED:
+        return table
+    array = expr.value.numpy()
+    if array.size == 0:
+        return None
+    first = array.reshape(-1)[0]
+    if np.all(array == first):
+        return ClosedForm(shape, dtype, axes, tirx.const(first.item(), dtype))
+    if not _is_integer(dtype) or dtype == "bool":
+        return table
+    wide = array.astype(np.int64)
+    steps = [int(wide[tuple(1 if j == k else 0 for j in range(wide.ndim))] - wide.reshape(-1)[0])
+             if wide.shape[k] > 1 else 0 for k in range(wide.ndim)]
+    grid = np.indices(wide.shape, dtype=np.int64)
+    if not np.array_equal(wide, int(first) + sum(step * grid[k] for k, step in enumerate(steps))):
+        return table
+    element = tirx.const(int(first), "int64")
+    for axis, step in zip(axes, steps):
+        if step:
+            element = element + axis * tirx.const(step, "int64")
+    return ClosedForm(shape, dtype, axes, tirx.Cast(dtype, element) if dtype != "int64" else element)
+
+
+def operand(arg, forms: dict) -> ClosedForm | None:
+    if isinstance(arg, relax.Var):
+        return forms.get(arg)
+    if isinstance(arg, tvm.ir.Constant):
+        return _const_form(arg)
+    return None
+
+
+def _result(call):
+    ty = call.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return tuple(ty.shape.values), str(ty.dtype)
+
+
+def _broadcast(form: ClosedForm, shape, facts: Facts):
+    """A function from the result's indices to `form`'s, numpy broadcasting; None if not provable."""
+    offset = len(shape) - len(form.shape)
+    if offset < 0:
+        return None
+    picks = []
+    for k, dim in enumerate(form.shape):
+        if _is_one(dim):
+            picks.append(None)
+        elif facts.equal(dim, shape[offset + k]):
+            picks.append(offset + k)
+        else:
+            return None
+    zero = tirx.IntImm("int64", 0)
+    return lambda idx: [zero if p is None else idx[p] for p in picks]
+
+
+class _NotClosed(Exception):
+    """A rule's operand or fact is missing: the call has no closed form."""
+
+
+def _need(arg, forms: dict) -> ClosedForm:
+    form = operand(arg, forms)
+    if form is None:
+        raise _NotClosed
+    return form
+
+
+def _mapped(form: ClosedForm, shape, facts: Facts):
+    mapping = _broadcast(form, shape, facts)
+    if mapping is None:
+        raise _NotClosed
+    return lambda idx: form.at(mapping(idx))
+
+
+def _axis(axis, rank: int) -> int:
+    axis = int(axis)
+    if not -rank <= axis < rank:
+        raise _NotClosed
+    return axis % rank
+
+
+def _int64(value):
+    return value if str(value.ty) == "int64" else tirx.Cast("int64", value)
+
+
+def _in_bounds(facts: Facts, index, extent) -> None:
+    if not facts.proves(tirx.all(index >= 0, index < extent)):
+        raise _NotClosed
+
+
+def _is_integer(dtype: str) -> bool:
+    return dtype == "bool" or dtype.startswith(("int", "uint"))
+
+
+def _bitwise(logical, integral):
+    return lambda a, b, dtype: logical(a, b) if dtype == "bool" else integral(a, b)
+
+
+def _floor_divide(a, b, dtype):
+    return tirx.floordiv(a, b) if _is_integer(dtype) else tirx.floor(a / b)
+
+
+def _divide(a, b, dtype):
+    if _is_integer(dtype):
+        raise _NotClosed  # TVM's integer division rounds as its own legalization says
+    return a / b
+
+
+_BINARY = {
+    "relax.add": lambda a, b, _d: a + b,
+    "relax.subtract": lambda a, b, _d: a - b,
+    "relax.multiply": lambda a, b, _d: a * b,
+    "relax.divide": _divide,
+    "relax.floor_divide": _floor_divide,
+    "relax.maximum": lambda a, b, _d: tirx.Max(a, b),
+    "relax.minimum": lambda a, b, _d: tirx.Min(a, b),
+    "relax.equal": lambda a, b, _d: tirx.EQ(a, b),
+    "relax.not_equal": lambda a, b, _d: tirx.NE(a, b),
+    "relax.less": lambda a, b, _d: tirx.LT(a, b),
+    "relax.less_equal": lambda a, b, _d: tirx.LE(a, b),
+    "relax.greater": lambda a, b, _d: tirx.GT(a, b),
+    "relax.greater_equal": lambda a, b, _d: tirx.GE(a, b),
+    "relax.logical_and": lambda a, b, _d: tirx.And(a, b),
+    "relax.logical_or": lambda a, b, _d: tirx.Or(a, b),
+    "relax.bitwise_and": _bitwise(tirx.And, tirx.bitwise_and),
+    "relax.bitwise_or": _bitwise(tirx.Or, tirx.bitwise_or),
+}
+
+
+def _binary(call, forms, facts, shape, dtype):
+    a, b = (_need(arg, forms) for arg in call.args)
+    if a.dtype != b.dtype:
+        raise _NotClosed
+    fa, fb = _mapped(a, shape, facts), _mapped(b, shape, facts)
+    op = _BINARY[call.op.name]
+    return make(shape, dtype, facts, lambda idx: op(fa(idx), fb(idx), a.dtype))
+
+
+def _unary(call, forms, facts, shape, dtype):
+    x = _need(call.args[0], forms)
+    name = call.op.name
+    if name == "relax.astype":
+        return make(shape, dtype, facts, lambda idx: tirx.Cast(dtype, x.at(idx)))
+    if name == "relax.negative":
+        return make(shape, dtype, facts, lambda idx: -x.at(idx))
+    if name in _INTRINSICS:
+        return make(shape, dtype, facts, lambda idx: _INTRINSICS[name](x.at(idx)))
+    return make(shape, dtype, facts, lambda idx: tirx.Not(x.at(idx)))  # logical_not
+
+
+_INTRINSICS = MappingProxyType({f"relax.{f.__name__}": f for f in (
+    tirx.cos, tirx.sin, tirx.exp, tirx.log, tirx.sqrt, tirx.rsqrt, tirx.tanh, tirx.sigmoid)})
+
+
+def _where(call, forms, facts, shape, dtype):
+    cond, a, b = (_mapped(_need(arg, forms), shape, facts) for arg in call.args)
+    return make(shape, dtype, facts, lambda idx: tirx.Select(cond(idx), a(idx), b(idx)))
+
+
+def _arange(call, _forms, facts, shape, dtype):
+    start, _end, step = call.args
+    if not all(tvm.ir.is_prim_expr(v) and _is_integer(str(v.ty)) for v in (start, step)):
+        raise _NotClosed
+    return make(shape, dtype, facts, lambda idx: tirx.Cast(dtype, start + step * idx[0]))
+
+
+def _full(call, _forms, facts, shape, dtype):
+    if call.op.name in ("relax.zeros", "relax.ones"):
+        value = tirx.const(0 if call.op.name == "relax.zeros" else 1, dtype)
+    else:
+        fill = call.args[1]
+        if not isinstance(fill, tvm.ir.Constant) or fill.value.numpy().size != 1:
+            raise _NotClosed
+        value = tirx.Cast(dtype, tirx.const(fill.value.numpy().reshape(()).item(), str(fill.ty.dtype)))
+    return make(shape, dtype, facts, lambda _idx: value)
+
+
+def _broadcast_to(call, forms, facts, shape, dtype):
+    x = _mapped(_need(call.args[0], forms), shape, facts)
+    return make(shape, dtype, facts, x)
+
+
+def _expand_dims(call, forms, facts, shape, dtype):
+    x = _need(call.args[0], forms)
+    added = {_axis(a, len(shape)) for a in call.attrs.axis}
+    kept = [k for k in range(len(shape)) if k not in added]
+    return make(shape, dtype, facts, lambda idx: x.at([idx[k] for k in kept]))
+
+
+def _squeeze(call, forms, facts, shape, dtype):
+    x = _need(call.args[0], forms)
+    rank = len(x.shape)
+    if call.attrs.axis is None:
+        dropped = {k for k, d in enumerate(x.shape) if _is_one(d)}
+    else:
+        dropped = {_axis(a, rank) for a in call.attrs.axis}
+    zero = tirx.IntImm("int64", 0)
+
+    def element(idx):
+        rest = iter(idx)
+        return x.at([zero if k in dropped else next(rest) for k in range(rank)])
+
+    return make(shape, dtype, facts, element)
+
+
+def _reshape(call, forms, facts, shape, dtype):
+    x = _need(call.args[0], forms)
+
+    def element(idx):
+        flat = tirx.IntImm("int64", 0)
+        for index, extent in zip(idx, shape):
+            flat = flat * extent + index
+        inner, source = tirx.IntImm("int64", 1), []
+        for extent in reversed(x.shape):
+            quotient = flat if facts.proves(inner == 1) else tirx.floordiv(flat, inner)
+            source.append(quotient if facts.proves(quotient < extent) else tirx.floormod(quotient, extent))
+            inner = inner * extent
+        return x.at(source[::-1])
+
+    return make(shape, dtype, facts, element)
+
+
+def _permute_dims(call, forms, facts, shape, dtype):
+    x = _need(call.args[0], forms)
+    rank = len(x.shape)
+    axes = list(range(rank))[::-1] if call.attrs.axes is None else [_axis(a, rank) for a in call.attrs.axes]
+
+    def element(idx):
+        source = [None] * rank
+        for k, a in enumerate(axes):
+            source[a] = idx[k]
+        return x.at(source)
+
+    return make(shape, dtype, facts, element)
+
+
+def _strided_slice(call, forms, facts, shape, dtype):
+    x = _need(call.args[0], forms)
+    axes, begins = call.args[1], call.args[2]
+    strides = call.args[4].fields if len(call.args) > 4 else [tirx.IntImm("int64", 1)] * len(axes.fields)
+    starts = {}
+    for axis, begin, stride in zip(axes.fields, begins.fields, strides):
+        axis = _axis(axis.value if isinstance(axis, tirx.IntImm) else axis, len(x.shape))
+        if not isinstance(stride, tirx.IntImm) or stride.value <= 0:
+            raise _NotClosed
+        if isinstance(begin, tirx.IntImm) and begin.value < 0:
+            begin = begin + x.shape[axis]
+        with facts.over((), ()):
+            if not facts.proves(tirx.all(begin >= 0, begin <= x.shape[axis])):
+                raise _NotClosed
+        starts[axis] = (_int64(begin), stride)
+
+    def element(idx):
+        return x.at([starts[k][0] + idx[k] * starts[k][1] if k in starts else idx[k] for k in range(len(idx))])
+
+    return make(shape, dtype, facts, element)
+
+
+def _concat(call, forms, facts, shape, dtype):
+    parts = [_need(f, forms) for f in call.args[0].fields]
+    axis = _axis(call.attrs.axis, len(shape))
+
+    def element(idx):
+        offsets, end = [], tirx.IntImm("int64", 0)
+        for part in parts:
+            offsets.append(end)
+            end = end + part.shape[axis]
+        value = None
+        for part, offset in reversed(list(zip(parts, offsets))):
+            here = part.at([index - offset if k == axis else index for k, index in enumerate(idx)])
+            value = here if value is None else tirx.Select(idx[axis] < offset + part.shape[axis], here, value)
+        return value
+
+    return make(shape, dtype, facts, element)
+
+
+def _take(call, forms, facts, shape, dtype):
+    data, indices = (_need(arg, forms) for arg in call.args)
+    if call.attrs.axis is None:
+        raise _NotClosed
+    axis = _axis(call.attrs.axis, len(data.shape))
+    width = len(indices.shape)
+
+    def element(idx):
+        position = _int64(indices.at(idx[axis:axis + width]))
+        _in_bounds(facts, position, data.shape[axis])
+        return data.at(list(idx[:axis]) + [position] + list(idx[axis + width:]))
+
+    return make(shape, dtype, facts, element)
+
+
+def _index_tensor(call, forms, facts, shape, dtype):
+    data = _need(call.args[0], forms)
+    indices = [_need(f, forms) for f in call.args[1].fields]
+    lead = len(shape) - (len(data.shape) - len(indices))
+    maps = [_mapped(i, shape[:lead], facts) for i in indices]
+
+    def element(idx):
+        positions = [_int64(m(idx[:lead])) for m in maps]
+        for position, extent in zip(positions, data.shape):
+            _in_bounds(facts, position, extent)
+        return data.at(positions + list(idx[lead:]))
+
+    return make(shape, dtype, facts, element)
+
+
+def _cumsum(call, forms, facts, shape, dtype):
+    x = _need(call.args[0], forms)
+    if call.attrs.axis is None or not _is_integer(x.dtype) or not _is_integer(dtype) or dtype == "bool":
+        raise _NotClosed  # a float sum's rounding depends on its order
+    axis = _axis(call.attrs.axis, len(shape))
+    zero = tirx.IntImm("int64", 0)
+
+    def element(idx):
+        summand = tirx.Cast(dtype, x.at(idx))
+        first = tirx.Cast(dtype, x.at([zero if k == axis else index for k, index in enumerate(idx)]))
+        if not facts.equal(summand, first):
+            raise _NotClosed
+        count = idx[axis] if bool(call.attrs.exclusive) else idx[axis] + 1
+        return first * tirx.Cast(dtype, count)
+
+    return make(shape, dtype, facts, element)
+
+
+RULES = MappingProxyType({
+    **{name: _binary for name in _BINARY},
+    **{name: _unary for name in ("relax.astype", "relax.negative", "relax.logical_not", *_INTRINSICS)},
+    "relax.where": _where,
+    "relax.arange": _arange,
+    **{name: _full for name in ("relax.full", "relax.zeros", "relax.ones")},
+    "relax.broadcast_to": _broadcast_to,
+    "relax.expand_dims": _expand_dims,
+    "relax.squeeze": _squeeze,
+    "relax.reshape": _reshape,
+    "relax.permute_dims": _permute_dims,
+    "relax.strided_slice": _strided_slice,
+    "relax.concat": _concat,
+    "relax.take": _take,
+    "relax.index_tensor": _index_tensor,
+    "relax.cumsum": _cumsum,
+})
+
+
+def derive(call, forms: dict, facts: Facts) -> ClosedForm | None:
+    """The closed form of a binding's value `call` (module docstring), or None."""
+    if isinstance(call, tvm.ir.Constant):
+        return _const_form(call)
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name not in RULES:
+        return None
+    result = _result(call)
+    if result is None:
+        return None
+    try:
+        return RULES[call.op.name](call, forms, facts, *result)
+    except _NotClosed:
+        return None
