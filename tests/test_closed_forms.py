@@ -1,5 +1,6 @@
 """Values of symbolic sizes alone in closed form (analysis/closed_form, fusion/closed_forms)."""
 
+
 import numpy as np
 import pytest
 import tvm
@@ -8,6 +9,7 @@ from tvm import relax, tirx
 from tvm_stitch import pipeline
 from tvm_stitch.analysis.closed_form import Facts, derive
 from tvm_stitch.fusion.closed_forms import ComputeClosedForms, closed_forms
+from tvm_stitch.fusion.host_constants import FoldHostConstants
 from tvm_stitch.target import default_pipeline, host_target
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import count_launches
@@ -182,3 +184,18 @@ def test_proofs_use_the_function_bounds_of_its_sizes():
         assert var.name == "s" and bound == (lower, 17)
         sliced = mod["main"].body.blocks[0].bindings[1]
         assert (derive(sliced.value, closed_forms(mod["main"]), facts) is not None) == closed
+
+
+def test_a_static_mask_too_large_to_fold_becomes_a_kernel_of_no_input():
+    # FoldHostConstants folds the (2, 1500) cumsum (all zeros) but not the 2 x 1500 x 1500 mask (4.5 MB of
+    # bools, over its 4 MiB): the mask is then a select of its indices, read from no tensor
+    length = 1500
+
+    def masked_softmax(bb, s):
+        return _emit(bb, op.nn.softmax(op.add(op.zeros((2, length, length), "float32"), _packed_mask(bb, length))))
+
+    mod = _module(masked_softmax, bounds=None, shape=lambda s: (2, length, length))
+    script = ComputeClosedForms()(FoldHostConstants()(mod))["main"].script()
+    assert "closed_form" in script and "index_tensor" not in script
+    built = build(mod, CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1

@@ -11,7 +11,9 @@ rotary kernel), although they read no input of the model.
 
 This pass (before library dispatch, on every target) derives the closed
 form of each binding that reads no parameter (analysis/closed_form) and
-replaces each such binding of a symbolic shape that something else reads:
+replaces each such binding that something else reads, of a symbolic shape
+or cheap (below; a static mask over FoldHostConstants' limit), unless it is
+a constant already:
 - an element of arithmetic, comparisons and selects alone (the mask: a
   select of its two indices; the check's cumsum of a provably constant
   summand is gone): one `call_tir` of a PrimFunc with no input computing
@@ -54,15 +56,20 @@ def closed_forms(func: relax.Function, facts: Facts | None = None) -> dict:
     return forms
 
 
-def _read_elsewhere(func: relax.Function, forms: dict) -> list:
-    """The closed-form vars of a symbolic shape read by a binding without one or by the function's result
-    (a static one is FoldHostConstants' and FoldConstant's)."""
+def _replaced(func: relax.Function, forms: dict) -> list:
+    """The closed-form vars read by a binding without one or by the function's result, that are not
+    constants already, and are of a symbolic shape or cheap (a static mask too large for
+    FoldHostConstants; other static values are FoldHostConstants' and FoldConstant's)."""
     read = set(relax.analysis.free_vars(func.body.body))
+    constant = set()
     for block in func.body.blocks:
         for binding in block.bindings:
             if binding.var not in forms:
                 read |= set(relax.analysis.free_vars(binding.value))
-    return [v for v in forms if v in read and any(not isinstance(d, tirx.IntImm) for d in forms[v].shape)]
+            elif isinstance(binding.value, tvm.ir.Constant):
+                constant.add(binding.var)
+    return [v for v in forms if v in read and v not in constant
+            and (forms[v].cheap or any(not isinstance(d, tirx.IntImm) for d in forms[v].shape))]
 
 
 def _kernel_call(bb: relax.BlockBuilder, form, name: str) -> relax.Call:
@@ -141,7 +148,7 @@ class ComputeClosedForms:
         facts = Facts.of_function(func)
         forms = closed_forms(func, facts)
         kernels, tables = {}, {}
-        for var in _read_elsewhere(func, forms):
+        for var in _replaced(func, forms):
             form = forms[var]
             shape = None if form.cheap else _table_shape(form, facts, self.max_bytes)
             if shape is not None:
