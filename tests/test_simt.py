@@ -335,3 +335,21 @@ def test_fuzzer_runs_its_symbolic_specs_symbolic_under_simt():
         assert all(sizes == tuple(f"n={v}" for v in spec.sizes["n"]) for sizes in checked), (seed, str(report))
         symbolic += len(checked)
     assert symbolic >= 2
+
+
+def test_cli_runs_a_symbolic_script_at_the_given_sizes_and_refuses_bad_ones(tmp_path, capsys):
+    _device(False)
+    script = tmp_path / "symbolic_softmax.py"
+    script.write_text("import tvm\nfrom tvm.script import relax as R\n\n"
+                      "@R.function\n"
+                      "def main(x: R.Tensor(('n', 64), 'float32')):\n"
+                      "    with R.dataflow():\n"
+                      "        y = R.nn.softmax(x, axis=-1)\n"
+                      "        R.output(y)\n"
+                      "    return y\n\n"
+                      "mod = tvm.IRModule({'main': main})\n")
+    assert main(["simt", str(script), "--sizes", "n=3,5"]) == 0
+    out = capsys.readouterr().out
+    assert "match at n=3; n=5" in out and "1 of symbolic shape" in out, out
+    assert main(["simt", str(script), "--sizes", "n=three"]) == 2
+    assert "--sizes 'n=three'" in capsys.readouterr().err

@@ -59,8 +59,10 @@ class SimtReport:
             error = f"{k.max_error:.2e}" if k.max_error == k.max_error else "-"
             out.append(f"{k.status:13s} {k.name:40s} launches {k.launches}  max error {error}  {k.detail}")
         bad = sum(not k.ok for k in self.kernels)
+        symbolic = sum(bool(k.sizes) for k in self.kernels)
         out.append(f"{len(self.kernels)} stitched kernels checked on {self.platform}: "
-                   f"{len(self.kernels) - bad} ok, {bad} not ok")
+                   f"{len(self.kernels) - bad} ok, {bad} not ok"
+                   + (f"; {symbolic} of symbolic shape, each run at its sizes" if symbolic else ""))
         return out
 
     def __str__(self) -> str:

@@ -85,7 +85,7 @@ def concrete(expr, values: dict) -> int:
     for var in tvm.tirx.analysis.undefined_vars(expr, []):
         if str(var.name) not in values:
             raise ValueError(f"{expr}: no value for the symbolic variable {var.name}")
-        analyzer.bind(var, tirx.IntImm(var.ty.dtype if hasattr(var.ty, "dtype") else "int64", values[str(var.name)]))
+        analyzer.bind(var, tirx.IntImm(var.ty.dtype, values[str(var.name)]))
     value = analyzer.simplify(expr)
     if not isinstance(value, tirx.IntImm):
         raise ValueError(f"{expr} is not an integer at {values}: {value}")
