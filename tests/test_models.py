@@ -49,6 +49,24 @@ def test_transformers_model_with_symbolic_sizes_builds_once_and_matches_eager(na
     assert 0 < count_launches(cuda.lowered, cuda.executable) <= count_launches(static.lowered, static.executable)
 
 
+def test_symbolic_llama_kernels_run_with_simt_semantics_at_their_bounds():
+    """Symbolic batch and sequence: every stitched CUDA kernel (packed rotary maps, softmax over a
+    symbolic key length, RMSNorm over b x s rows) built once and run at b, s = 1, 2; 7, 37; 16, 128."""
+    pytest.importorskip("pyopencl")
+    from tvm_stitch import simt
+    from tvm_stitch.check.opencl_run import NoOpenclDevice, device_for
+
+    try:
+        device_for(False)
+    except NoOpenclDevice as err:
+        pytest.skip(str(err))
+    mod, _, _ = import_model("llama-hf", "test", dynamic_shapes=(BATCH_AND_SEQUENCE,))
+    report = simt.check(mod)
+    assert report.stitch.packs and len(report.kernels) >= 4, str(report)
+    assert all(len(k.sizes) == 3 for k in report.kernels), str(report)
+    assert report.ok, str(report)
+
+
 @pytest.mark.parametrize("name, size", [("gpt2", "test"), ("llama", "test"), ("convnext", "test")])
 def test_model_forward_is_correct_with_fewer_memory_intensive_launches(name, size):
     mod, inputs, expected = import_model(name, size)

@@ -73,9 +73,15 @@ def test_independent_kernels_of_a_symbolic_size_share_a_launch(rng, tmp_path):
             np.testing.assert_allclose(b, y * 2 + 1, rtol=1e-6)
 
 
-def test_the_simt_checker_reports_a_packed_kernel_of_a_symbolic_size_as_unsupported():
-    # Its task counts are scalar parameters: the checker runs static shapes only, and says so.
+def test_the_simt_checker_runs_a_packed_kernel_of_a_symbolic_size_at_each_size():
+    # Its task counts are scalar parameters: one symbolic build, launched with them at every size.
     import tvm_stitch.simt
+    from tvm_stitch.check.opencl_run import NoOpenclDevice, device_for
 
-    report = tvm_stitch.simt.check(_two_symbolic_maps())
-    assert report.kernels and all(k.status == "unsupported" and "symbolic" in k.detail for k in report.kernels)
+    try:
+        device_for(False)
+    except NoOpenclDevice as err:
+        pytest.skip(str(err))
+    report = tvm_stitch.simt.check(_two_symbolic_maps(), sizes={"s": [1, 7, 300]})
+    assert [k.name for k in report.kernels] == [packed for packed, _ in report.stitch.packs], str(report)
+    assert report.ok and report.kernels[0].sizes == ("s=1", "s=7", "s=300"), str(report)

@@ -6,16 +6,20 @@ import warnings
 
 import numpy as np
 import pytest
+import tvm
 
 cl = pytest.importorskip("pyopencl")
 
+from tvm import tirx  # noqa: E402
+from tvm.script import relax as R  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
 from tvm_stitch import simt  # noqa: E402
 from tvm_stitch.check import opencl_run  # noqa: E402
 from tvm_stitch.check.simt_kernel import Reference, check_kernel  # noqa: E402
 from tvm_stitch.tools.cli import main  # noqa: E402
-from tvm_stitch.tools.fuzz import OCLGRIND_MAX_ELEMENTS, Spec, _concrete_spec, _elements, random_spec, simt_check  # noqa: E402
+from tvm_stitch.tools.fuzz import (OCLGRIND_MAX_ELEMENTS, Spec, _concrete_spec, _elements, build_module,  # noqa: E402
+                                   random_spec, simt_check)
 from tvm_stitch.tools.suite import SUITE, dims  # noqa: E402
 
 REGRESSIONS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "regressions", "*.json")))
@@ -61,7 +65,7 @@ def test_small_random_graphs_are_clean_under_oclgrind():
     for seed in range(40):
         spec = random_spec(seed)
         sizes = spec.sizes.get("n")
-        if _elements(_concrete_spec(spec, sizes[0]) if sizes else spec) > OCLGRIND_MAX_ELEMENTS:
+        if _elements(_concrete_spec(spec, max(sizes)) if sizes else spec) > OCLGRIND_MAX_ELEMENTS:
             continue
         outcome, platform = simt_check(spec, oclgrind=True, seed=seed)
         assert outcome.ok, (seed, outcome.message)
@@ -200,3 +204,152 @@ def test_narrow_float_rounding_matches_ieee_round_to_nearest_even(kind):
     with np.errstate(over="ignore"):
         want = values.astype(narrow).astype(np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+# --- kernels of symbolic shape ---------------------------------------------------------------
+
+def _bounded(func, lower: dict, upper: dict):
+    return tvm.IRModule({"main": func.with_attr("tir_var_lower_bound", lower).with_attr("tir_var_upper_bound", upper)})
+
+
+@R.function
+def _symbolic_layer_norm(x: R.Tensor(("n", 256), "float32"), g: R.Tensor((256,), "float32"),
+                         b: R.Tensor((256,), "float32")):
+    with R.dataflow():
+        y = R.nn.layer_norm(x, g, b, axes=[-1])
+        R.output(y)
+    return y
+
+
+@R.function
+def _symbolic_softmax(x: R.Tensor(("b", "s", "s"), "float32")):
+    with R.dataflow():
+        y = R.nn.softmax(x, axis=-1)
+        R.output(y)
+    return y
+
+
+@R.function
+def _symbolic_rms_norm(x: R.Tensor(("n", 4096), "float32"), w: R.Tensor((4096,), "float32")):
+    with R.dataflow():
+        y = R.nn.rms_norm(x, w, axes=[-1])
+        R.output(y)
+    return y
+
+
+@R.function
+def _symbolic_small_kernels(x: R.Tensor(("n", 64), "float32"), y: R.Tensor(("n", 64), "float32"),
+                            z: R.Tensor(("n", 32), "float32")):
+    with R.dataflow():
+        a = R.nn.gelu(x)
+        b = R.sigmoid(y)
+        c = R.exp(z)
+        R.output(a, b, c)
+    return (a, b, c)
+
+
+@pytest.mark.parametrize("func,lower,upper,sizes", [
+    (_symbolic_layer_norm, {"n": 1}, {"n": 40}, ("n=1", "n=37", "n=40")),
+    (_symbolic_softmax, {"b": 1, "s": 2}, {"b": 3, "s": 40}, ("b=1, s=2", "b=3, s=37", "b=3, s=40")),
+    (_symbolic_rms_norm, {"n": 2}, {"n": 9}, ("n=2", "n=9")),
+], ids=["layer_norm", "softmax", "rms_norm"])
+def test_symbolic_kernels_run_at_their_bounds_and_an_odd_size(func, lower, upper, sizes):
+    """One build of the symbolic kernel, launched at the lower bound, an odd size and the upper bound."""
+    _device(False)
+    report = simt.check(_bounded(func, lower, upper))
+    assert [k.sizes for k in report.kernels] == [sizes], str(report)
+    assert report.ok, str(report)
+    assert all(k.launches == 1 for k in report.kernels)
+
+
+def test_symbolic_packed_kernels_run_at_the_given_sizes():
+    _device(False)
+    report = simt.check(tvm.IRModule({"main": _symbolic_small_kernels}), sizes={"n": [1, 5, 33]})
+    assert [members for _, members in report.stitch.packs] and len(report.kernels) == 1, str(report)
+    assert report.kernels[0].sizes == ("n=1", "n=5", "n=33") and report.ok, str(report)
+
+
+def test_symbolic_softmax_is_clean_under_oclgrind():
+    _device(True)
+    report = simt.check(_bounded(_symbolic_softmax, {"b": 1, "s": 2}, {"b": 2, "s": 9}), oclgrind=True)
+    assert report.kernels[0].sizes == ("b=1, s=2", "b=2, s=9"), str(report)
+    assert report.ok, str(report)
+
+
+_n = tirx.Var("n", "int64")
+
+
+@T.prim_func(s_tir=True)
+def _two_rows_per_block_floor_grid(x: T.Buffer((_n, 64), "float32"), y: T.Buffer((_n, 64), "float32")):
+    for blk in T.thread_binding(_n // 2, thread="blockIdx.x"):
+        for r in T.thread_binding(2, thread="threadIdx.y"):
+            for t in T.thread_binding(64, thread="threadIdx.x"):
+                with T.sblock("copy"):
+                    vr = T.axis.spatial(_n, blk * 2 + r)
+                    vt = T.axis.spatial(64, t)
+                    y[vr, vt] = x[vr, vt]
+
+
+@T.prim_func(s_tir=True)
+def _two_rows_per_block(x: T.Buffer((_n, 64), "float32"), y: T.Buffer((_n, 64), "float32")):
+    for blk in T.thread_binding((_n + 1) // 2, thread="blockIdx.x"):
+        for r in T.thread_binding(2, thread="threadIdx.y"):
+            for t in T.thread_binding(64, thread="threadIdx.x"):
+                with T.sblock("copy"):
+                    T.where(blk * 2 + r < _n)
+                    vr = T.axis.spatial(_n, blk * 2 + r)
+                    vt = T.axis.spatial(64, t)
+                    y[vr, vt] = x[vr, vt]
+
+
+@T.prim_func(s_tir=True)
+def _symbolic_copy(x: T.Buffer((_n, 64), "float32"), y: T.Buffer((_n, 64), "float32")):
+    for i, j in T.grid(_n, 64):
+        with T.sblock("copy"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            y[vi, vj] = x[vi, vj]
+
+
+def test_planted_symbolic_grid_bug_is_caught_at_an_odd_size():
+    """Two rows per block and a grid of n // 2 blocks: right for even n, the last row unwritten for odd n."""
+    device = _device(False)
+    points = [{"n": 2}, {"n": 37}, {"n": 128}]
+    bad = check_kernel("floor", _two_rows_per_block_floor_grid, [Reference(_symbolic_copy, (0, 1))], device, False,
+                       0, points)
+    assert bad.status == "mismatch", bad
+    assert bad.detail.startswith("at n=37: 64 of 2368 output elements") and "ok at n=2; n=128" in bad.detail, bad
+    good = check_kernel("ceil", _two_rows_per_block, [Reference(_symbolic_copy, (0, 1))], device, False, 0, points)
+    assert good.ok and good.sizes == ("n=2", "n=37", "n=128"), good
+
+
+def test_fuzzer_runs_its_symbolic_specs_symbolic_under_simt():
+    """The fuzzer's symbolic graphs are built symbolic; their symbolic kernels run at the spec's sizes."""
+    _device(False)
+    symbolic = 0
+    for seed in [s for s in range(100) if random_spec(s).sizes][:3]:
+        spec = random_spec(seed)
+        outcome, _ = simt_check(spec, seed=seed)
+        assert outcome.ok and outcome.simt_kernels >= 1, (seed, outcome.message)
+        report = simt.check(build_module(spec), sizes=spec.sizes)
+        checked = [k.sizes for k in report.kernels if k.sizes]
+        assert all(sizes == tuple(f"n={v}" for v in spec.sizes["n"]) for sizes in checked), (seed, str(report))
+        symbolic += len(checked)
+    assert symbolic >= 2
+
+
+def test_cli_runs_a_symbolic_script_at_the_given_sizes_and_refuses_bad_ones(tmp_path, capsys):
+    _device(False)
+    script = tmp_path / "symbolic_softmax.py"
+    script.write_text("import tvm\nfrom tvm.script import relax as R\n\n"
+                      "@R.function\n"
+                      "def main(x: R.Tensor(('n', 64), 'float32')):\n"
+                      "    with R.dataflow():\n"
+                      "        y = R.nn.softmax(x, axis=-1)\n"
+                      "        R.output(y)\n"
+                      "    return y\n\n"
+                      "mod = tvm.IRModule({'main': main})\n")
+    assert main(["simt", str(script), "--sizes", "n=3,5"]) == 0
+    out = capsys.readouterr().out
+    assert "match at n=3; n=5" in out and "1 of symbolic shape" in out, out
+    assert main(["simt", str(script), "--sizes", "n=three"]) == 2
+    assert "--sizes 'n=three'" in capsys.readouterr().err

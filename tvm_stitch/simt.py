@@ -11,6 +11,12 @@ on-chip scopes included), is built with TVM's OpenCL code generator and
 launched with the grid and block of its thread bindings, every phase in
 order; its outputs are compared with its fused PrimFunc unscheduled, built
 for llvm. See tvm_stitch/check/simt_kernel.py for the statuses.
+
+A kernel of symbolic shape is built once, symbolic, and run at a few values
+of its variables: the lower bound, an odd value and the upper bound that
+the module's Relax functions record (`tir_var_lower_bound`,
+`tir_var_upper_bound`), or the values given in `sizes`; see
+tvm_stitch/check/symbolic_sizes.py.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from tvm import tirx
 
 from tvm_stitch.check.simt_kernel import KernelCheck, Reference, check_kernel
 from tvm_stitch.check.simt_inputs import written_params
+from tvm_stitch.check.symbolic_sizes import recorded_bounds, size_points
 from tvm_stitch.check import opencl_run
 from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning import cost_model
@@ -52,8 +59,10 @@ class SimtReport:
             error = f"{k.max_error:.2e}" if k.max_error == k.max_error else "-"
             out.append(f"{k.status:13s} {k.name:40s} launches {k.launches}  max error {error}  {k.detail}")
         bad = sum(not k.ok for k in self.kernels)
+        symbolic = sum(bool(k.sizes) for k in self.kernels)
         out.append(f"{len(self.kernels)} stitched kernels checked on {self.platform}: "
-                   f"{len(self.kernels) - bad} ok, {bad} not ok")
+                   f"{len(self.kernels) - bad} ok, {bad} not ok"
+                   + (f"; {symbolic} of symbolic shape, each run at its sizes" if symbolic else ""))
         return out
 
     def __str__(self) -> str:
@@ -94,11 +103,14 @@ def _references(func: tirx.PrimFunc, name: str, fused: dict, packs: dict) -> lis
     return refs
 
 
-def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int = 0) -> SimtReport:
+def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int = 0,
+          sizes: dict | None = None) -> SimtReport:
     """Run every stitched CUDA kernel of `mod` with SIMT semantics; see the module docstring.
 
     `target`: the CUDA target the kernels are planned for (default sm_90).
     `oclgrind=True` runs on the Oclgrind simulator (slow: small shapes).
+    `sizes`: symbolic variable name -> the values its kernels run at
+    (default: from the recorded bounds, see symbolic_sizes).
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"simt.check expects a Relax IRModule, got {type(mod).__name__}")
@@ -109,11 +121,17 @@ def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int =
     stitched, report, fused = stitched_kernels(mod, target)
     packs = {packed: members for packed, members in report.packs}
     result = SimtReport(stitch=report, platform=device.platform.name)
+    lower, upper = recorded_bounds(mod)
     for gv, func in stitched.functions_items():
         if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
             continue
         if "tvm_stitch.plan" not in func.attrs and "tvm_stitch.packed" not in func.attrs:
             continue
         refs = _references(func, gv.name_hint, fused, packs)
-        result.kernels.append(check_kernel(gv.name_hint, func, refs, device, oclgrind, seed))
+        try:
+            points = size_points(func, lower, upper, dict(sizes or {}))
+        except ValueError as err:
+            result.kernels.append(KernelCheck(gv.name_hint, "unsupported", float("nan"), f"no sizes to check: {err}"))
+            continue
+        result.kernels.append(check_kernel(gv.name_hint, func, refs, device, oclgrind, seed, points))
     return result

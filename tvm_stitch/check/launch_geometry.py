@@ -7,6 +7,10 @@ its grid and block extents, which come from the scheduled TIR's
 `thread_binding` loops. Global intermediates (row-split partials) are
 allocations of the host function: TVM's runtime gives them device
 workspace, uninitialised. This module reads those facts; it runs nothing.
+
+For a kernel of symbolic shape the extents, scalar arguments and workspace
+sizes are expressions of the PrimFunc's symbolic variables (the host's
+own bindings substituted); `LaunchPlan.at` gives their values at one size.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from tvm_stitch.check.symbolic_sizes import concrete
+
 _AXES = ("x", "y", "z")
 
 
 class UnsupportedLaunch(ValueError):
-    """A launch this checker cannot reproduce (e.g. dynamic shared memory, symbolic extents)."""
+    """A launch this checker cannot reproduce (e.g. dynamic shared memory, extents of unknown values)."""
 
 
 @dataclass(frozen=True)
@@ -30,12 +36,15 @@ class Workspace:
 
     name: str
     dtype: str
-    elements: int
+    elements: object  # int, or an expression of the symbolic variables
 
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch: arguments are ("param", index), ("workspace", index) or ("scalar", value)."""
+    """One kernel launch: arguments are ("param", index), ("workspace", index) or ("scalar", value).
+
+    Scalar values and extents are ints, or expressions of the symbolic variables.
+    """
 
     kernel: str
     args: tuple
@@ -48,6 +57,25 @@ class LaunchPlan:
     launches: tuple
     workspaces: tuple
 
+    def at(self, values: dict) -> "LaunchPlan":
+        """The plan with every expression evaluated at `values` (symbolic variable name -> int)."""
+
+        def value(expr, what):
+            try:
+                return concrete(expr, values)
+            except ValueError as err:
+                raise UnsupportedLaunch(f"{what}: {err}") from None
+
+        launches = tuple(Launch(
+            launch.kernel,
+            tuple((kind, value(v, f"{launch.kernel}: scalar argument") if kind == "scalar" else v)
+                  for kind, v in launch.args),
+            tuple(value(g, f"{launch.kernel}: grid") for g in launch.grid),
+            tuple(value(b, f"{launch.kernel}: block") for b in launch.block)) for launch in self.launches)
+        workspaces = tuple(Workspace(w.name, w.dtype, value(w.elements, f"workspace {w.name}"))
+                           for w in self.workspaces)
+        return LaunchPlan(launches, workspaces)
+
 
 def _statements(stmt) -> list:
     seen = []
@@ -55,10 +83,35 @@ def _statements(stmt) -> list:
     return seen
 
 
-def _int(expr, what: str) -> int:
-    if not isinstance(expr, tirx.IntImm):
-        raise UnsupportedLaunch(f"{what} is not a constant: {expr}")
-    return int(expr.value)
+def _symbolic_vars(params: list) -> list:
+    """The variables a caller gives values for: those of the parameter shapes, and scalar parameters."""
+    found = []
+    for param in params:
+        dims = param.ty.shape if isinstance(param.ty, tirx.BufferType) else [param]
+        for dim in dims:
+            found.extend(tvm.tirx.analysis.undefined_vars(dim, []))
+    return found
+
+
+def _resolver(binds: list, keep: list):
+    """expr -> expr with the host's bound variables replaced by their values, except those of `keep`."""
+
+    def resolve(expr, depth=0):
+        if isinstance(expr, tirx.IntImm) or depth > 16:
+            return expr
+        mapping = {}
+        for var in tvm.tirx.analysis.undefined_vars(expr, []):
+            if _index(var, keep) is not None:
+                continue
+            value = next((v for b, v in reversed(binds) if b.same_as(var)), None)
+            if value is not None:
+                mapping[var] = resolve(value, depth + 1)
+        if not mapping:
+            return expr
+        return tvm_ffi.structural_map(expr, (tirx.Var, lambda v: next(
+            (value for var, value in mapping.items() if var.same_as(v)), v)))
+
+    return resolve
 
 
 def launch_plan(host: tirx.PrimFunc, params: list, kernel_arity: dict) -> LaunchPlan:
@@ -72,6 +125,7 @@ def launch_plan(host: tirx.PrimFunc, params: list, kernel_arity: dict) -> Launch
     alias = []  # (flattened buffer var, the buffer it views)
     allocated = []  # workspace buffer vars, in the order of `workspaces`
     workspaces, launches = [], []
+    resolve = _resolver(binds, _symbolic_vars(params))
     for stmt in _statements(host.body):
         kind = type(stmt).__name__
         if kind == "Bind":
@@ -88,13 +142,18 @@ def launch_plan(host: tirx.PrimFunc, params: list, kernel_arity: dict) -> Launch
                 raise UnsupportedLaunch(f"host allocation {stmt.buffer} in scope {ty.storage_scope}")
             elements = 1
             for dim in ty.shape:
-                elements *= _int(dim, f"extent of workspace {stmt.buffer}")
+                elements = elements * dim
             allocated.append(stmt.buffer)
-            workspaces.append(Workspace(str(stmt.buffer.name), str(ty.dtype), elements))
+            workspaces.append(Workspace(str(stmt.buffer.name), str(ty.dtype), _static(resolve(elements))))
         elif kind == "Evaluate" and _is_kernel_call(stmt.value):
             launches.append(_launch(stmt.value, params, alias, allocated, kernel_arity,
-                                    _argument_position(host, binds, declared)))
+                                    _argument_position(host, binds, declared), resolve))
     return LaunchPlan(tuple(launches), tuple(workspaces))
+
+
+def _static(expr):
+    """An int where `expr` is a constant, else `expr`."""
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else int(expr) if isinstance(expr, int) else expr
 
 
 def _is_buffer_data(expr) -> bool:
@@ -143,7 +202,8 @@ def _argument_position(host: tirx.PrimFunc, binds: list, declared: list):
     return of
 
 
-def _launch(call, params: list, alias: list, allocated: list, kernel_arity: dict, argument_position) -> Launch:
+def _launch(call, params: list, alias: list, allocated: list, kernel_arity: dict, argument_position,
+            resolve) -> Launch:
     name = str(call.args[0].value)
     arity = kernel_arity[name]
     values, extents = list(call.args[1: 1 + arity]), list(call.args[1 + arity:])
@@ -166,12 +226,12 @@ def _launch(call, params: list, alias: list, allocated: list, kernel_arity: dict
             else:
                 raise UnsupportedLaunch(f"{name}: argument {buffer} is neither a parameter nor a workspace")
         else:
-            args.append(("scalar", _int(value, f"{name}: scalar argument")))
+            args.append(("scalar", _static(resolve(value))))
     grid, block = [1, 1, 1], [1, 1, 1]
     for tag, extent in zip(tags, extents):
         scope, _, axis = tag.partition(".")
         target = grid if scope == "blockIdx" else block if scope == "threadIdx" else None
         if target is None or axis not in _AXES:
             raise UnsupportedLaunch(f"{name}: unknown launch parameter {tag}")
-        target[_AXES.index(axis)] = _int(extent, f"{name}: extent of {tag}")
+        target[_AXES.index(axis)] = _static(resolve(extent))
     return Launch(name, tuple(args), tuple(grid), tuple(block))

@@ -93,7 +93,8 @@ def _native_stderr_silenced():
 
 
 def run(program: OpenclProgram, params: list, inputs: dict, device, oclgrind: bool) -> RunResult:
-    """Run `program`; `params`: (name, dtype, shape) per PrimFunc parameter; `inputs`: index -> array.
+    """Run `program`; `params`: (name, dtype, shape) per PrimFunc parameter (shape None for a
+    scalar one); `inputs`: index -> array. The plan's launches are concrete (LaunchPlan.at).
 
     Parameters not in `inputs` (outputs) and workspaces start uninitialised.
     Oclgrind 21.10's uninitialised-value plugin stops on LLVM's `freeze`
@@ -127,8 +128,8 @@ def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx, guard: 
     with warnings.catch_warnings(), _native_stderr_silenced():
         warnings.simplefilter("ignore", cl.CompilerWarning)  # pocl's notes on TVM's source
         built = cl.Program(ctx, program.source).build()
-    buffers = [GuardedBuffer(ctx, name, dtype, shape, inputs.get(i), guard) for i, (name, dtype, shape) in
-               enumerate(params)]
+    buffers = [GuardedBuffer(ctx, name, dtype, shape, inputs.get(i), guard) if shape is not None else None
+               for i, (name, dtype, shape) in enumerate(params)]
     workspaces = [GuardedBuffer(ctx, w.name, w.dtype, (w.elements,), None, guard) for w in program.plan.workspaces]
     for launch in program.plan.launches:
         kernel = getattr(built, launch.kernel)
@@ -145,6 +146,8 @@ def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx, guard: 
     queue.finish()
     outputs, problems = {}, []
     for i, buffer in enumerate(buffers):
+        if buffer is None:
+            continue
         data, problem = buffer.read(queue)
         if i not in inputs:
             outputs[i] = data

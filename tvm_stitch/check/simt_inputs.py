@@ -16,6 +16,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from tvm_stitch.check.symbolic_sizes import concrete
+
 
 def numpy_dtype(name: str) -> np.dtype:
     """numpy's dtype for a TVM dtype name (bfloat16 from ml_dtypes, a dependency of TVM)."""
@@ -34,8 +36,11 @@ def written_params(func: tirx.PrimFunc) -> list:
     return [i for i, p in enumerate(func.params) if any(p.same_as(w) for w in written)]
 
 
-def index_bounds(func: tirx.PrimFunc) -> dict:
-    """Parameter index -> exclusive upper bound, for integer parameters whose values index an axis."""
+def index_bounds(func: tirx.PrimFunc, values: dict | None = None) -> dict:
+    """Parameter index -> exclusive upper bound, for integer parameters whose values index an axis.
+
+    An axis of symbolic extent bounds them where `values` gives its variables.
+    """
     params = list(func.params)
     bounds = {}
 
@@ -48,32 +53,40 @@ def index_bounds(func: tirx.PrimFunc) -> dict:
     def visit(load):
         shape = load.source.ty.shape
         for axis, index in enumerate(load.indices):
-            if axis >= len(shape) or not isinstance(shape[axis], tirx.IntImm):
+            if axis >= len(shape):
+                continue
+            try:
+                extent = concrete(shape[axis], values or {})
+            except ValueError:
                 continue
             for buffer in loads_in(index):
                 k = next((i for i, p in enumerate(params) if p.same_as(buffer)), None)
                 if k is not None:
-                    bounds[k] = min(bounds.get(k, int(shape[axis].value)), int(shape[axis].value))
+                    bounds[k] = min(bounds.get(k, extent), extent)
 
     tvm_ffi.structural_walk(func.body, (tvm.ir.TensorLoad, visit), order="pre")
     return bounds
 
 
-def _shape(param) -> tuple:
-    return tuple(int(d) for d in param.ty.shape)
+def concrete_shape(param, values: dict | None = None) -> tuple:
+    """A buffer parameter's shape with its symbolic variables at `values` (name -> int)."""
+    return tuple(concrete(d, values or {}) for d in param.ty.shape)
 
 
-def random_inputs(func: tirx.PrimFunc, seed: int, positive: bool = False) -> dict:
-    """Parameter index -> numpy array, for every parameter that is not written."""
+def random_inputs(func: tirx.PrimFunc, seed: int, positive: bool = False, values: dict | None = None) -> dict:
+    """Parameter index -> numpy array, for every buffer parameter that is not written.
+
+    `values`: the symbolic variables' values (name -> int) that fix the shapes.
+    """
     rng = np.random.default_rng(seed)
     outputs = set(written_params(func))
-    bounds = index_bounds(func)
+    bounds = index_bounds(func, values)
     arrays = {}
     for i, param in enumerate(func.params):
-        if i in outputs:
+        if i in outputs or not isinstance(param.ty, tirx.BufferType):
             continue
         dtype = str(param.ty.dtype)
-        shape = _shape(param)
+        shape = concrete_shape(param, values)
         if dtype == "bool":
             arrays[i] = rng.integers(0, 2, shape).astype(bool)
         elif dtype.startswith(("int", "uint")):

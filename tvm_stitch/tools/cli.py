@@ -106,6 +106,23 @@ def _explain(args) -> int:
     return 0
 
 
+def _sizes(texts: list) -> dict | None:
+    """{name: values} from `NAME=V1,V2,...` texts; None after printing what is wrong."""
+    sizes = {}
+    for text in texts:
+        name, _, values = text.partition("=")
+        try:
+            parsed = [int(v) for v in values.split(",")]
+        except ValueError:
+            parsed = []
+        if not name.strip() or not parsed or min(parsed) < 1:
+            print(f"--sizes {text!r}: expected NAME=V1,V2,... with positive integers (e.g. n=1,37,128)",
+                  file=sys.stderr)
+            return None
+        sizes[name.strip()] = parsed
+    return sizes
+
+
 def _simt(args) -> int:
     from tvm_stitch import simt
     from tvm_stitch.check.opencl_run import NoOpenclDevice
@@ -114,8 +131,12 @@ def _simt(args) -> int:
     if loaded is None:
         return 2
     mod, description = loaded
+    sizes = _sizes(args.sizes)
+    if sizes is None:
+        return 2
     try:
-        report = simt.check(mod, {"kind": "cuda", "arch": args.arch}, oclgrind=args.oclgrind, seed=args.seed)
+        report = simt.check(mod, {"kind": "cuda", "arch": args.arch}, oclgrind=args.oclgrind, seed=args.seed,
+                            sizes=sizes)
     except NoOpenclDevice as err:
         print(str(err), file=sys.stderr)
         return 2
@@ -283,6 +304,9 @@ def main(argv=None) -> int:
     sm.add_argument("--dtype", default="float32")
     sm.add_argument("--size", choices=["bench", "test"], default="test")
     sm.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    sm.add_argument("--sizes", action="append", default=[], metavar="NAME=V1,V2,...",
+                    help="values a symbolic variable's kernels run at (repeatable; default: its lower bound, "
+                         "an odd value and its upper bound, 1, 37 and 128 where unbounded)")
     sm.set_defaults(func=_simt)
 
     fz = sub.add_parser("fuzz", help="check random memory-intensive graphs: stitched vs TVM's default")

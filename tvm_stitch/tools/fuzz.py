@@ -379,16 +379,17 @@ def _elements(spec: Spec) -> int:
 def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0) -> tuple:
     """(Outcome, platform): the stitched CUDA kernels run with SIMT semantics (tvm_stitch.simt).
 
-    Symbolic graphs are checked at their first concrete size. Under
-    `oclgrind`, graphs of more than OCLGRIND_MAX_ELEMENTS input elements run
-    on pocl instead (the simulator is slow).
+    Symbolic graphs are built symbolic and their kernels run at each of the
+    spec's sizes. Under `oclgrind`, graphs of more than OCLGRIND_MAX_ELEMENTS
+    input elements (at their largest size) run on pocl instead (the
+    simulator is slow).
     """
     from tvm_stitch import simt
 
     sizes = spec.sizes.get("n")
-    concrete = _concrete_spec(spec, sizes[0]) if sizes else spec
-    on_oclgrind = oclgrind and _elements(concrete) <= OCLGRIND_MAX_ELEMENTS
-    report = simt.check(build_module(concrete), oclgrind=on_oclgrind, seed=seed)
+    largest = _concrete_spec(spec, max(sizes)) if sizes else spec
+    on_oclgrind = oclgrind and _elements(largest) <= OCLGRIND_MAX_ELEMENTS
+    report = simt.check(build_module(spec), oclgrind=on_oclgrind, seed=seed, sizes=spec.sizes)
     bad = [k for k in report.kernels if not k.ok]
     outcome = Outcome(not bad, "; ".join(f"SIMT {k.status} in {k.name}: {k.detail}" for k in bad[:2]),
                       simt_kernels=len(report.kernels), simt_platform=report.platform)
