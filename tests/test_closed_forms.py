@@ -199,3 +199,46 @@ def test_a_static_mask_too_large_to_fold_becomes_a_kernel_of_no_input():
     assert "closed_form" in script and "index_tensor" not in script
     built = build(mod, CUDA, stitched=True)
     assert count_launches(built.lowered, built.executable) == 1
+
+
+def _random_index_chain(seed: int):
+    """A random chain of the rules' ops over (2, s) int64 values of `arange`s, ending in its float32 sum."""
+    rng = np.random.default_rng(seed)
+
+    def body(bb, s):
+        row = _emit(bb, op.broadcast_to(op.reshape(op.arange(0, s, 1, I64), [1, s]), relax.ShapeExpr([2, s])))
+        col = _emit(bb, op.broadcast_to(op.reshape(op.arange(0, 2, 1, I64), [2, 1]), relax.ShapeExpr([2, s])))
+        values = [row, col]
+        for _ in range(6):
+            a, b = (values[i] for i in rng.integers(0, len(values), 2))
+            k = relax.const(int(rng.integers(-3, 4)), I64)
+            choice = int(rng.integers(0, 8))
+            if choice == 0:
+                value = op.add(a, op.multiply(b, k))
+            elif choice == 1:
+                value = op.where(op.greater(a, b), a, op.subtract(b, k))
+            elif choice == 2:
+                value = op.maximum(a, op.minimum(b, k))
+            elif choice == 3:  # rotate by one along s: a[:, 1:] ++ a[:, :1]
+                value = op.concat([op.strided_slice(a, [1], [1], [s], assume_inbound=True),
+                                   op.strided_slice(a, [1], [0], [1], assume_inbound=True)], axis=1)
+            elif choice == 4:  # a cumsum of a constant summand, or of a varying one (kept as a scan)
+                summand = op.equal(a, a) if rng.integers(0, 2) else op.greater(a, k)
+                value = op.cumsum(summand, axis=1, dtype=I64, exclusive=bool(rng.integers(0, 2)))
+            elif choice == 5:  # gather along s at reversed positions
+                reverse = op.subtract(relax.const(0, I64), op.arange(1 - s, 1, 1, I64))
+                value = op.take(a, reverse, axis=1)
+            elif choice == 6:
+                value = op.astype(op.logical_and(op.less_equal(a, b), op.not_equal(a, k)), I64)
+            else:
+                value = op.reshape(op.permute_dims(op.reshape(a, [2, s, 1]), [2, 0, 1]), [2, s])
+            values.append(_emit(bb, value))
+        return values[-1]
+
+    return body
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_chains_of_indices_match_tvms_default_build(seed):
+    mod = _module(_random_index_chain(seed), bounds=(1, 32))
+    _check_against_default(mod, (1, 2, 7, 32))
