@@ -423,10 +423,13 @@ def _permute_dims(call, forms, facts, shape, dtype):
 
 def _strided_slice(call, forms, facts, shape, dtype):
     x = _need(call.args[0], forms)
-    axes, begins = call.args[1], call.args[2]
-    strides = call.args[4].fields if len(call.args) > 4 else [tirx.IntImm("int64", 1)] * len(axes.fields)
+    axes, begins = list(call.args[1].fields), list(call.args[2].fields)
+    strides = list(call.args[4].fields) if len(call.args) > 4 and len(call.args[4].fields) else \
+        [tirx.IntImm("int64", 1)] * len(axes)
+    if not len(axes) == len(begins) == len(strides):
+        raise _NotClosed
     starts = {}
-    for axis, begin, stride in zip(axes.fields, begins.fields, strides):
+    for axis, begin, stride in zip(axes, begins, strides):
         axis = _axis(axis.value if isinstance(axis, tirx.IntImm) else axis, len(x.shape))
         if not isinstance(stride, tirx.IntImm) or stride.value <= 0:
             raise _NotClosed
@@ -532,6 +535,8 @@ def derive(call, forms: dict, facts: Facts) -> ClosedForm | None:
     """The closed form of a binding's value `call` (module docstring), or None."""
     if isinstance(call, tvm.ir.Constant):
         return _const_form(call)
+    if isinstance(call, relax.Var):
+        return forms.get(call)
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name not in RULES:
         return None
     result = _result(call)
