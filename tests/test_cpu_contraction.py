@@ -117,3 +117,32 @@ def test_rule_declines_what_is_not_a_contraction():
         funcs = [f for _, f in relax.transform.LegalizeOps()(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
     assert funcs and all(contraction.apply(f, HOST) is None for f in funcs)
     assert contraction.apply(funcs[0], tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) is None
+
+
+def test_symbolic_rows_and_columns_are_tiled_with_short_last_tiles(rng):
+    """Rows of a symbolic count (batch x sequence) against static weights, batched matmuls with a
+    symbolic reduction (attention's probabilities times values) and symbolic columns (its scores):
+    scheduled, exact at every count, including counts no tile divides."""
+    n = tirx.Var("n", "int64")
+    x, w, b = tensor("x", (n, 40)), tensor("w", (40, 96)), tensor("b", (96,))
+    p, v, q = tensor("p", (3, n, n)), tensor("v", (3, n, 32)), tensor("q", (3, 32, n))
+
+    def body(bb, x, w, b, p, v, q):
+        return relax.Tuple([bb.emit(relax.op.nn.gelu(relax.op.add(relax.op.matmul(x, w), b))),
+                            bb.emit(relax.op.matmul(p, v)), bb.emit(relax.op.matmul(v, q))])
+
+    mod = make_module([x, w, b, p, v, q], body)
+    lowered, ex = _build(mod)
+    _assert_scheduled(lowered)
+    from math import erf
+
+    wt, bias = rng.standard_normal((40, 96)).astype("float32"), rng.standard_normal(96).astype("float32")
+    for rows in (1, 7, 37, 130):
+        a = rng.standard_normal((rows, 40)).astype("float32")
+        probs, values, keys = (rng.standard_normal(s).astype("float32")
+                               for s in ((3, rows, rows), (3, rows, 32), (3, 32, rows)))
+        dense, batched, scores = run_cpu(ex, [a, wt, bias, probs, values, keys])
+        y = a.astype(np.float64) @ wt + bias
+        np.testing.assert_allclose(dense, y * 0.5 * (1.0 + np.vectorize(erf)(y / np.sqrt(2.0))), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(batched, probs @ values, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(scores, values @ keys, rtol=1e-4, atol=1e-4)

@@ -86,17 +86,22 @@ def _contiguous_along(block: s_tir.SBlock, var) -> bool:
     return all(r.region and _stride(r.region[-1].min, var) == 1 for r in block.writes)
 
 
-def _tile(columns: int, rows: int, lanes: int, registers: int) -> tuple[int, int]:
+def _tile(columns: int | None, rows: int | None, lanes: int, registers: int) -> tuple[int, int]:
     """(tile rows, tile columns): two vectors of columns where they divide the axis, one
-    otherwise (or the largest divisor below), and as many rows as half the registers hold."""
-    if columns % (2 * lanes) == 0:
+    otherwise (or the largest divisor below; one of a symbolic count), and as many rows as half
+    the registers hold (a divisor of a static row count; of a symbolic count the last tile of
+    either is cut short by a predicate)."""
+    if columns is None:
+        cols = lanes
+    elif columns % (2 * lanes) == 0:
         cols = 2 * lanes
     elif columns % lanes == 0:
         cols = lanes
     else:
         cols = _largest_divisor(columns, lanes)
     vectors = -(-cols // lanes)
-    return _largest_divisor(rows, min(MAX_TILE_ROWS, max(1, registers // 2 // vectors))), cols
+    limit = min(MAX_TILE_ROWS, max(1, registers // 2 // vectors))
+    return (limit if rows is None else _largest_divisor(rows, limit)), cols
 
 
 def _vectorise_inner(sch: s_tir.Schedule, block, lanes: int) -> None:
@@ -129,7 +134,8 @@ def _schedule_at_root(sch: s_tir.Schedule, block, lanes: int) -> None:
 def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec | None = None) -> s_tir.Schedule | None:
     """A register-blocked, parallel, vectorised schedule of a contraction and its epilogue; None
     when `func` is not a single contraction with element-wise or injective neighbours, its
-    shapes are symbolic, or its innermost output axis is not contiguous in its operands.
+    innermost output axis is not contiguous in its operands. Rows, columns, batch axes and the
+    reduction may be symbolic (rows = batch x sequence, attention scores' columns = sequence).
     `spec`: the target's TargetSpec (made from `target` where not given: a caller scheduling
     many functions makes it once)."""
     if target.kind.name != "llvm":
@@ -144,7 +150,7 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec | None = None) -
     main = blocks[position]
     node = nodes[position]
     loops = sch.get_loops(main)
-    if len(loops) != len(node.iter_vars) or any(_static(sch, l) is None for l in loops):
+    if len(loops) != len(node.iter_vars):
         return None
     kinds = [iv.iter_type for iv in node.iter_vars]
     spatial = [l for l, k in zip(loops, kinds) if k == tirx.IterVar.DataPar]
@@ -158,11 +164,12 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec | None = None) -
     out_bits = node.writes[0].source.dtype.bits if node.writes else 32
     lanes = max(1, spec.vector_bytes * 8 // max(32, out_bits))
 
+    static_columns = _static(sch, spatial[-1]) is not None
     rows, cols = _tile(_static(sch, spatial[-1]), _static(sch, spatial[-2]), lanes, spec.vector_registers)
     batch = spatial[:-2]
     i0, i1 = sch.split(spatial[-2], [None, rows])
     j0, j1 = sch.split(spatial[-1], [None, cols])
-    if len(reduce) == 1 and _static(sch, reduce[0]) > CHUNK:
+    if len(reduce) == 1 and (_static(sch, reduce[0]) or 0) > CHUNK:
         reduce = list(sch.split(reduce[0], [None, _largest_divisor(_static(sch, reduce[0]), CHUNK)]))
     sch.reorder(*batch, j0, i0, *reduce, i1, j1)
     tile = i0

@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_axes import find_row_axes, rows_first
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
-from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, block_views, buffer_params, divides_by_symbolic,
+from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, block_views, buffer_params,
                                           static_int, static_product)
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
@@ -529,10 +529,6 @@ def _cpu_mapping(analysis: Analysis, rows: _Rows, spec: TargetSpec) -> tuple:
     # unless the CPU converts float16 vectors (x86 F16C).
     emulated = str(out_dtype) in EMULATED_ON_CPU and not (str(out_dtype) == "float16" and spec.converts_half)
     vector = 1 if emulated else max(1, lanes)
-    if rows.spatial_only and divides_by_symbolic(analysis.func):
-        # Inlined into one another, reshapes over a symbolic length compose into index arithmetic
-        # that LLVM compiled for 43 s (LLaMA's (2 * s, 32) keys), and a copy gains little from stitching.
-        raise PlanError("data movement with indices divided by a symbolic size: kept as TVM's kernels on the CPU")
     rows_per_task, split = 1, 1
     if rows.columns:
         rows_per_task = _cpu_stream_rows(rows.rows, threads)
