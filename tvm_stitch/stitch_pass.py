@@ -24,6 +24,7 @@ from tvm.target import Target
 
 from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
+from tvm_stitch.analysis.size_bounds import function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import outline_group
@@ -148,6 +149,7 @@ class _Stitcher:
         self.plans: dict = {}  # name -> StitchPlan
         self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, kernel name, plan)]
         self.count = 0
+        self.bounds: dict = {}  # bounds of the sizes of the function being rewritten (size_bounds)
 
     def stitch_group(self, func_name: str, graph: Graph, members: list, where: dict, recomputed: list = ()):
         """(PrimFunc name, outlined) for a stitched group, or None after recording why.
@@ -167,7 +169,8 @@ class _Stitcher:
         self.report.groups.append(record)
         try:
             outlined = outline_group(self.mod, graph, members, f"stitch_{self.count}", recomputed)
-            name, plan = self._kernel_for(outlined.func, record.ops)
+            fused = with_size_bounds(outlined.func, outlined.args, self.bounds)
+            name, plan = self._kernel_for(fused, record.ops)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
             if self.strict:
@@ -330,6 +333,7 @@ def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
             continue
         blocks = []
         changed = False
+        stitcher.bounds = function_bounds(func)
         for i, block in enumerate(func.body.blocks):
             if isinstance(block, relax.DataflowBlock):
                 new_block = stitcher.rewrite_block(gv.name_hint, i, block, _used_after(func, i), calls)

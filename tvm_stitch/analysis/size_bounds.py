@@ -1,0 +1,87 @@
+"""The bounds of a fused PrimFunc's symbolic sizes, carried from its Relax function as data.
+
+`torch.export.Dim("s", min=2, max=128)` reaches the Relax function as its
+`tir_var_lower_bound` / `tir_var_upper_bound` attributes. An outlined group's
+PrimFunc has sizes of its own (a `s` of its parameter shapes, or of a scalar
+parameter), each matched with the caller's expression passed for it; its
+bounds are those of that expression. They travel on the PrimFunc's attribute
+`tvm_stitch.size_bounds` ({name: [lower, upper]}, upper -1 when unbounded),
+where the planner reads them.
+"""
+
+from __future__ import annotations
+
+from tvm import relax, sym, tirx
+from tvm.ir import Range
+
+from tvm_stitch.analysis.tir_view import vars_in
+
+ATTR = "tvm_stitch.size_bounds"
+UNBOUNDED = -1
+
+
+def function_bounds(func: relax.Function) -> dict:
+    """{size name: (lower, upper or None)} from a Relax function's `tir_var_*_bound` attributes."""
+    attrs = func.attrs or {}
+    lower = {str(k): int(v) for k, v in (attrs.get("tir_var_lower_bound") or {}).items()}
+    upper = {str(k): int(v) for k, v in (attrs.get("tir_var_upper_bound") or {}).items()}
+    return {name: (max(0, lower.get(name, 0)), upper.get(name)) for name in set(lower) | set(upper)}
+
+
+def _range(expr, bounds: dict) -> tuple:
+    """(lower, upper or None) of an integer expression over sizes of `bounds` (by name); sizes not
+    named there are taken as >= 0 and unbounded."""
+    analyzer = sym.Analyzer()
+    for var in vars_in(expr):
+        low, high = bounds.get(var.name, (0, None))
+        if high is not None:
+            analyzer.bind(var, Range.from_min_extent(tirx.IntImm(str(var.ty), low), tirx.IntImm(str(var.ty), high - low + 1)))
+    found = analyzer.const_int_bound(expr)
+    upper = None if found.max_value >= sym.ConstIntBound.POS_INF else int(found.max_value)
+    return max(0, int(found.min_value)), upper
+
+
+def upper_bound(expr, bounds: dict) -> int | None:
+    """The largest value `expr` takes for sizes within `bounds` ({name: (lower, upper or None)})."""
+    return _range(expr, bounds)[1]
+
+
+def with_size_bounds(func: tirx.PrimFunc, args: list, caller_bounds: dict) -> tirx.PrimFunc:
+    """`func` with the bounds of its sizes, matched through `args` (the Relax expressions passed for
+    its inputs, in order) to the caller's sizes and their `caller_bounds`; unchanged when none is
+    bounded."""
+    if not caller_bounds:
+        return func
+    found: dict = {}
+
+    def meet(var, expr):
+        if not isinstance(var, tirx.Var):
+            return
+        low, high = _range(expr, caller_bounds)
+        if var.name in found and found[var.name] != (low, high):
+            old_low, old_high = found[var.name]
+            # Two sizes of one name: bounds that hold for both.
+            high = None if high is None or old_high is None else max(high, old_high)
+            low = min(low, old_low)
+        found[var.name] = (low, high)
+
+    for param, arg in zip(func.params, args):
+        if isinstance(param.ty, tirx.BufferType):
+            shape = getattr(arg.ty, "shape", None)
+            if isinstance(shape, relax.ShapeExpr):
+                for dim, value in zip(param.ty.shape, shape.values):
+                    meet(dim, value)
+        elif isinstance(arg, relax.PrimValue):
+            meet(param, arg.value)
+    bounded = {name: [low, UNBOUNDED if high is None else high] for name, (low, high) in found.items()
+               if high is not None or low > 0}
+    return func.with_attr(ATTR, bounded) if bounded else func
+
+
+def size_bounds(func: tirx.PrimFunc) -> dict:
+    """{size name: (lower, upper or None)} that `with_size_bounds` recorded on `func`."""
+    recorded = (func.attrs or {}).get(ATTR) if func.attrs is not None else None
+    if not recorded:
+        return {}
+    return {str(name): (int(pair[0]), None if int(pair[1]) == UNBOUNDED else int(pair[1]))
+            for name, pair in recorded.items()}
