@@ -24,7 +24,7 @@ from tvm.target import Target
 
 from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
-from tvm_stitch.analysis.size_bounds import function_bounds, with_size_bounds
+from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import outline_group
@@ -198,6 +198,13 @@ class _Stitcher:
                                      f"({type(err).__name__}); the rule plan is used")
             plan, scheduled = rule, self._scheduled(fused, rule)
         traffic = modeled_traffic(scheduled, self.spec)
+        if traffic is None:
+            at_bounds, values = at_upper_bounds(scheduled)
+            traffic = modeled_traffic(at_bounds, self.spec) if at_bounds is not None else None
+            if traffic is not None:
+                sizes = ", ".join(f"{name} = {value}" for name, value in sorted(values.items()))
+                plan = dataclasses.replace(plan, notes=plan.notes + (
+                    f"modeled traffic at the upper bounds of the symbolic sizes ({sizes})",))
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
         self.count += 1

@@ -11,6 +11,7 @@ where the planner reads them.
 
 from __future__ import annotations
 
+import tvm_ffi
 from tvm import relax, sym, tirx
 from tvm.ir import Range
 
@@ -85,3 +86,43 @@ def size_bounds(func: tirx.PrimFunc) -> dict:
         return {}
     return {str(name): (int(pair[0]), None if int(pair[1]) == UNBOUNDED else int(pair[1]))
             for name, pair in recorded.items()}
+
+
+def _sizes(func: tirx.PrimFunc) -> dict:
+    """{name: Var} of the symbolic sizes in `func`'s parameters."""
+    sizes = {}
+    for param in func.params:
+        dims = param.ty.shape if isinstance(param.ty, tirx.BufferType) else [param]
+        for var in (v for d in dims for v in vars_in(d)):
+            sizes[var.name] = var
+    return sizes
+
+
+def at_sizes(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
+    """`func` with its symbolic sizes set to `values` ({name: int}, every size of its buffer
+    parameters; sizes passed as scalar parameters are not supported)."""
+    sizes = _sizes(func)
+    missing = sorted(set(sizes) - set(values))
+    scalars = [str(p.name) for p in func.params if not isinstance(p.ty, tirx.BufferType)]
+    if missing or scalars:
+        raise ValueError(f"cannot set the sizes of {func.attrs.get('global_symbol', 'the kernel')}: "
+                         + (f"no value for {', '.join(missing)}" if missing else
+                            f"sizes passed as scalar parameters ({', '.join(scalars)})"))
+
+    def static(dim):
+        return tvm_ffi.structural_mutate(dim, [(tirx.Var, lambda v, _m: tirx.IntImm(str(v.ty), values[v.name])
+                                                if v.name in values else v)])
+
+    buffers = {p: tirx.decl_buffer([static(d) for d in p.ty.shape], p.ty.dtype, p.name) for p in func.params}
+    return func.specialize(buffers)
+
+
+def at_upper_bounds(func: tirx.PrimFunc) -> tuple:
+    """(func with every symbolic size of its parameters set to its upper bound, {name: bound}), or
+    (None, {}) when there is no size, some size has no upper bound, or one is a scalar parameter."""
+    bounds, sizes = size_bounds(func), _sizes(func)
+    if (not sizes or any(bounds.get(name, (0, None))[1] is None for name in sizes)
+            or any(not isinstance(p.ty, tirx.BufferType) for p in func.params)):
+        return None, {}
+    values = {name: bounds[name][1] for name in sizes}
+    return at_sizes(func, values), values

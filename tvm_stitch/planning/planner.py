@@ -440,6 +440,9 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
         raise ValueError("the analysis passed was made for another function, family or demotion")
     rows = _rows(analysis, rank, spec)
     thread_per_row = spec.family == "cuda" and (rows.spatial_only or rows.columns)
+    if thread_per_row and rows.bounded:
+        # A row in one thread keeps nothing shared: sized for the bound it would only grow.
+        rows = dataclasses.replace(rows, within_max=None, bounds={}, bounded=())
     intermediates, shared_rows, symbolic_shared = _intermediates(analysis, rows.rank, thread_per_row, rows.bounds)
     if spec.family == "cuda":
         mapping, shared, cached_inputs, notes, shared_rows, reductions = _cuda_mapping(
@@ -542,7 +545,8 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                   f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
                   f"staging) exceed {limit} of shared memory")
         raise SharedMemoryError(excess, [i.name for i in demotable], rows.bounded)
-    rows_per_task = _rows_per_block(rows.rows, threads, shared_at, rows.spatial_only, spec)
+    # A row of symbolic length runs under a guard: one row per block (no packing around it).
+    rows_per_task = 1 if rows.bounded else _rows_per_block(rows.rows, threads, shared_at, rows.spatial_only, spec)
     if rows.rows is None and threads > 1:
         notes.append("symbolic row count: one row per block, grid from the runtime extent "
                      "(valid for every size; short rows are not packed, few long rows not split)")

@@ -1,0 +1,167 @@
+"""Symbolic row lengths with an upper bound are planned on CUDA as static rows of the bound.
+
+Softmax over a key length `s <= 128` keeps its row on chip (cached input, exp in
+shared memory, sized for 128) with loops to 128 under a guard `i < s`: right at
+every length within the bound, one read and one write per element like the
+static build at s = 128. Without a bound, or with one too large for a row on
+chip, the row streams as before.
+"""
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from tvm import relax, tirx
+
+from tvm_stitch.analysis.size_bounds import at_sizes
+from tvm_stitch.tools.build import build, run_cpu
+from tvm_stitch.tools.launches import count_launches, cuda_source
+
+from conftest import make_module, tensor
+
+CUDA = {"kind": "cuda", "arch": "sm_90"}
+S, H = tirx.Var("s", "int64"), tirx.Var("h", "int64")
+
+
+def _bounded(mod, lower: dict, upper: dict):
+    mod["main"] = mod["main"].with_attrs({"tir_var_lower_bound": lower, "tir_var_upper_bound": upper})
+    return mod
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _scaled_softmax_module(bound: int | None):
+    mod = make_module([tensor("x", [4, S, S])],
+                      lambda bb, x: relax.op.nn.softmax(bb.emit(relax.op.multiply(x, relax.const(0.125))), axis=-1))
+    return _bounded(mod, {"s": 2}, {"s": bound}) if bound is not None else mod
+
+
+def _masked_softmax_module():
+    def body(bb, x, mask):
+        scaled = bb.emit(relax.op.multiply(x, relax.const(0.125)))
+        return relax.op.nn.softmax(bb.emit(relax.op.add(scaled, mask)), axis=-1)
+    return _bounded(make_module([tensor("x", [2, 2, S, S]), tensor("mask", [2, 1, 1, S])], body),
+                    {"s": 2}, {"s": 64})
+
+
+def _layer_norm_module():
+    def body(bb, x, gamma, beta):
+        return relax.op.nn.layer_norm(x, gamma, beta, axes=[-1])
+    return _bounded(make_module([tensor("x", [6, H]), tensor("g", [H]), tensor("b", [H])], body),
+                    {"h": 2}, {"h": 256})
+
+
+def _layer_norm(x, g, b):
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-5) * g + b
+
+
+CASES = {
+    # module, bound, inputs at a length, reference, the buffer cached on chip
+    "softmax": (lambda: _scaled_softmax_module(128), 128,
+                lambda rng, n: [rng.standard_normal((4, n, n)).astype("float32")],
+                lambda x: _softmax(x * 0.125), "x"),
+    "masked_softmax": (_masked_softmax_module, 64,
+                       lambda rng, n: [rng.standard_normal((2, 2, n, n)).astype("float32"),
+                                       np.where(rng.random((2, 1, 1, n)) < 0.2, -1e4, 0).astype("float32")],
+                       lambda x, mask: _softmax(x * 0.125 + mask), "x"),
+    "layer_norm": (_layer_norm_module, 256,
+                   lambda rng, n: [rng.standard_normal((6, n)).astype("float32"),
+                                   rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")],
+                   _layer_norm, "x"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bounded_row_is_planned_for_its_bound(case):
+    module, bound, _, _, cached = CASES[case]
+    built = build(module(), CUDA, stitched=True)
+    assert not built.report.fallbacks, built.report.details()
+    assert count_launches(built.lowered, built.executable) == 1
+    plan = built.report.plans[0]
+    assert plan.bounds and plan.bounds[0][1] == bound
+    assert any("planned for its bound" in note for note in plan.notes)
+    assert cached in plan.cached_inputs and bound * 4 in plan.shared_rows  # the row, on chip at the bound's size
+    assert plan.mapping.threads == min(1024, bound) and plan.mapping.vector == 1
+    assert plan.shared_bytes <= plan.spec.shared_bytes_per_block
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bounded_rows_match_numpy_at_lengths_within_the_bound(case, rng):
+    module, bound, inputs, reference, _ = CASES[case]
+    mod = module()
+    for emulate in (None, "cuda"):
+        built = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
+        assert not built.report.fallbacks, built.report.details()
+        for length in (2, 37, bound):  # the lower bound, an odd length, the bound
+            args = inputs(rng, length)
+            np.testing.assert_allclose(run_cpu(built.executable, args)[0], reference(*args), rtol=1e-4, atol=1e-5)
+
+
+def test_bounded_softmax_moves_what_the_static_build_at_the_bound_moves():
+    bounded = build(_scaled_softmax_module(128), CUDA, stitched=True).report.plans[0]
+    static = build(make_module([tensor("x", [4, 128, 128])],
+                               lambda bb, x: relax.op.nn.softmax(bb.emit(relax.op.multiply(x, relax.const(0.125))),
+                                                                 axis=-1)),
+                   CUDA, stitched=True).report.plans[0]
+    assert any("modeled traffic at the upper bounds" in note for note in bounded.notes)
+    assert bounded.modeled_bytes == static.modeled_bytes == bounded.ideal_bytes == 4 * 128 * 128 * 4 * 2
+
+
+def test_unbounded_row_length_streams():
+    plan = build(_scaled_softmax_module(None), CUDA, stitched=True).report.plans[0]
+    assert not plan.bounds and not plan.cached_inputs and all(n <= 8 for n in plan.shared_rows)
+    assert any("no upper bound" in note for note in plan.notes)
+
+
+def test_a_bound_too_large_for_a_row_on_chip_streams():
+    built = build(_scaled_softmax_module(1 << 16), CUDA, stitched=True)
+    assert not built.report.fallbacks, built.report.details()
+    plan = built.report.plans[0]
+    assert not plan.bounds and not plan.cached_inputs and all(n <= 8 for n in plan.shared_rows)
+    assert any("does not fit on chip" in note and "s <= 65536" in note for note in plan.notes)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_bounded_rows_cuda_compiles_with_static_shared_memory(tmp_path):
+    for case in ("softmax", "layer_norm"):
+        built = build(CASES[case][0](), CUDA, stitched=True)
+        source = tmp_path / f"{case}.cu"
+        source.write_text(cuda_source(built.executable))
+        result = subprocess.run([shutil.which("nvcc"), "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o",
+                                 str(tmp_path / f"{case}.cubin"), str(source)],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        report = result.stdout + result.stderr
+        shared = [int(n) for n in re.findall(r"(\d+) bytes smem", report)]
+        assert shared and max(shared) >= CASES[case][1] * 4, report  # the row is in shared memory
+
+
+@pytest.mark.parametrize("oclgrind,lengths", [(False, (2, 37, 128)), (True, (3,))])
+def test_bounded_softmax_runs_with_simt_semantics_at_lengths_within_the_bound(oclgrind, lengths):
+    pytest.importorskip("pyopencl")
+    from tvm_stitch import simt
+    from tvm_stitch.check import opencl_run
+    from tvm_stitch.check.simt_kernel import Reference, check_kernel
+
+    try:
+        device = opencl_run.device_for(oclgrind)
+    except opencl_run.NoOpenclDevice as err:
+        pytest.skip(str(err))
+    import tvm
+
+    stitched, report, fused = simt.stitched_kernels(_scaled_softmax_module(128), tvm.target.Target(CUDA))
+    (name, plan), = ((p.kernel, p) for p in report.plans)
+    assert plan.bounds
+    kernel, unscheduled = stitched[name], fused[name]
+    for length in lengths:
+        at = {"s": length}
+        reference = at_sizes(unscheduled, at)
+        checked = check_kernel(name, at_sizes(kernel, at), [Reference(reference, tuple(range(len(reference.params))))],
+                               device, oclgrind, seed=length)
+        assert checked.ok, (length, checked)
