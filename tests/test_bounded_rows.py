@@ -177,3 +177,24 @@ def test_bounded_softmax_runs_with_simt_semantics_at_lengths_within_the_bound(oc
         checked = check_kernel(name, at_sizes(kernel, at), [Reference(reference, tuple(range(len(reference.params))))],
                                device, oclgrind, seed=length)
         assert checked.ok, (length, checked)
+
+
+def _exp_then_softmax(bb, x):
+    y = bb.emit(relax.op.exp(x))
+    return relax.Tuple([y, bb.emit(relax.op.nn.softmax(y, axis=-1))])
+
+
+def test_a_kernel_output_read_again_stitches_with_a_bound(rng):
+    # exp(x) is an output and the softmax's input: on CUDA kept in shared memory, which a row of
+    # unbounded symbolic length cannot have (the group falls back); with a bound it is sized for it.
+    unbounded = build(make_module([tensor("x", [4, S, S])], _exp_then_softmax), CUDA, stitched=True)
+    assert unbounded.report.fallbacks and "symbolic length" in unbounded.report.fallbacks[0].fallback
+    mod = _bounded(make_module([tensor("x", [4, S, S])], _exp_then_softmax), {"s": 1}, {"s": 128})
+    bounded = build(mod, CUDA, stitched=True)
+    assert not bounded.report.fallbacks and bounded.report.plans[0].bounds == (("s", 128),)
+    emulated = build(mod, {"kind": "llvm"}, stitched=True, emulate="cuda")
+    for length in (1, 5, 128):
+        x = (rng.standard_normal((4, length, length)) * 0.3).astype("float32")
+        y, z = run_cpu(emulated.executable, [x])
+        np.testing.assert_allclose(y, np.exp(x), rtol=1e-5)
+        np.testing.assert_allclose(z, _softmax(np.exp(x)), rtol=1e-4, atol=1e-6)
