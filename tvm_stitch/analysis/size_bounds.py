@@ -15,6 +15,7 @@ import tvm_ffi
 from tvm import relax, sym, tirx
 from tvm.ir import Range
 
+from tvm_stitch.analysis.closed_form import Facts
 from tvm_stitch.analysis.tir_view import vars_in
 
 ATTR = "tvm_stitch.size_bounds"
@@ -22,11 +23,9 @@ UNBOUNDED = -1
 
 
 def function_bounds(func: relax.Function) -> dict:
-    """{size name: (lower, upper or None)} from a Relax function's `tir_var_*_bound` attributes."""
-    attrs = func.attrs or {}
-    lower = {str(k): int(v) for k, v in (attrs.get("tir_var_lower_bound") or {}).items()}
-    upper = {str(k): int(v) for k, v in (attrs.get("tir_var_upper_bound") or {}).items()}
-    return {name: (max(0, lower.get(name, 0)), upper.get(name)) for name in set(lower) | set(upper)}
+    """{size name: (lower, upper or None)} of the sizes in a Relax function's parameter shapes,
+    from its `tir_var_*_bound` attributes (closed_form.Facts reads them)."""
+    return {var.name: bounds for var, bounds in Facts.of_function(func).bounds.items()}
 
 
 def _range(expr, bounds: dict) -> tuple:
@@ -36,7 +35,8 @@ def _range(expr, bounds: dict) -> tuple:
     for var in vars_in(expr):
         low, high = bounds.get(var.name, (0, None))
         if high is not None:
-            analyzer.bind(var, Range.from_min_extent(tirx.IntImm(str(var.ty), low), tirx.IntImm(str(var.ty), high - low + 1)))
+            dtype = str(var.ty)
+            analyzer.bind(var, Range.from_min_extent(tirx.IntImm(dtype, low), tirx.IntImm(dtype, high - low + 1)))
     found = analyzer.const_int_bound(expr)
     upper = None if found.max_value >= sym.ConstIntBound.POS_INF else int(found.max_value)
     return max(0, int(found.min_value)), upper
@@ -81,7 +81,7 @@ def with_size_bounds(func: tirx.PrimFunc, args: list, caller_bounds: dict) -> ti
 
 def size_bounds(func: tirx.PrimFunc) -> dict:
     """{size name: (lower, upper or None)} that `with_size_bounds` recorded on `func`."""
-    recorded = (func.attrs or {}).get(ATTR) if func.attrs is not None else None
+    recorded = func.attrs.get(ATTR) if func.attrs is not None else None
     if not recorded:
         return {}
     return {str(name): (int(pair[0]), None if int(pair[1]) == UNBOUNDED else int(pair[1]))
@@ -105,7 +105,7 @@ def at_sizes(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
     missing = sorted(set(sizes) - set(values))
     scalars = [str(p.name) for p in func.params if not isinstance(p.ty, tirx.BufferType)]
     if missing or scalars:
-        raise ValueError(f"cannot set the sizes of {func.attrs.get('global_symbol', 'the kernel')}: "
+        raise ValueError("cannot set the kernel's sizes: "
                          + (f"no value for {', '.join(missing)}" if missing else
                             f"sizes passed as scalar parameters ({', '.join(scalars)})"))
 
