@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tvm_ffi
 from tvm import relax, sym, tirx
-from tvm.ir import Range
+from tvm.ir import PrimType, Range
 
 from tvm_stitch.analysis.closed_form import Facts
 from tvm_stitch.analysis.tir_view import vars_in
@@ -72,8 +72,8 @@ def with_size_bounds(func: tirx.PrimFunc, args: list, caller_bounds: dict) -> ti
             if isinstance(shape, relax.ShapeExpr):
                 for dim, value in zip(param.ty.shape, shape.values):
                     meet(dim, value)
-        elif isinstance(arg, relax.PrimValue):
-            meet(param, arg.value)
+        elif isinstance(getattr(arg, "ty", None), PrimType):  # a size passed as a scalar
+            meet(param, getattr(arg, "value", arg))
     bounded = {name: [low, UNBOUNDED if high is None else high] for name, (low, high) in found.items()
                if high is not None or low > 0}
     return func.with_attr(ATTR, bounded) if bounded else func
