@@ -5,6 +5,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.schedule import _ffi_api as _schedule_ffi
 
 from tvm_stitch.analysis.size_bounds import upper_bound
 from tvm_stitch.planning.plan import StitchPlan
@@ -155,4 +156,14 @@ def regions_to_bounds(sch: s_tir.Schedule, plan: StitchPlan, scopes: tuple) -> N
                 else:
                     ranges.append((rng.min, rng.min + rng.extent))
             if widened:
-                sch.annotate_buffer_access(block, index, "read", lambda *_, r=tuple(ranges): list(r))
+                _declare_read_region(sch, block, index, ranges)
+
+
+def _declare_read_region(sch: s_tir.Schedule, block, index: int, ranges: list) -> None:
+    """`Schedule.annotate_buffer_access` for a read whose buffer has another rank than the block's
+    iterators (its Python wrapper insists on one range per iterator): the same primitive, with the
+    index map built here, block iterators -> (begin, end) per buffer axis."""
+    iter_vars = [iv.var for iv in sch.get(block).iter_vars]
+    final = [bound for begin_end in ranges for bound in begin_end]
+    index_map = tirx.IndexMap(initial_indices=iter_vars, final_indices=final, inverse_index_map=None)
+    _schedule_ffi.ScheduleAnnotateBufferAccess(sch, block, index, 0, index_map)  # 0: a read

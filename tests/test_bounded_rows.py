@@ -10,6 +10,7 @@ chip, the row streams as before.
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -17,13 +18,14 @@ from tvm import relax, tirx
 
 from tvm_stitch.analysis.size_bounds import at_sizes
 from tvm_stitch.planning import planner
+from tvm_stitch.planning.common import block_threads
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
 
 from conftest import make_module, tensor
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
-S, H = tirx.Var("s", "int64"), tirx.Var("h", "int64")
+S, H, B = (tirx.Var(name, "int64") for name in ("s", "h", "b"))
 
 
 def _bounded(mod, lower: dict, upper: dict):
@@ -62,46 +64,82 @@ def _layer_norm(x, g, b):
     return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-5) * g + b
 
 
+def _rms_norm_module():
+    # a symbolic hidden size and a symbolic row count, both bounded
+    def body(bb, x, gamma):
+        mean_square = bb.emit(relax.op.mean(relax.op.multiply(x, x), axis=-1, keepdims=True))
+        return relax.op.multiply(relax.op.divide(x, relax.op.sqrt(relax.op.add(mean_square, relax.const(1e-6)))),
+                                 gamma)
+    return _bounded(make_module([tensor("x", [B, H]), tensor("g", [H])], body), {"h": 1, "b": 1},
+                    {"h": 512, "b": 64})
+
+
+def _centred_over_a_sequence_module():
+    # the row is (s, 64): a reduction over two axes, one of them symbolic
+    def body(bb, x):
+        return relax.op.subtract(x, bb.emit(relax.op.mean(x, axis=[1, 2], keepdims=True)))
+    return _bounded(make_module([tensor("x", [B, S, 64])], body), {"s": 1}, {"s": 64})
+
+
+@dataclass(frozen=True)
+class Case:
+    module: object  # () -> the Relax module, its sizes bounded
+    bound: int  # of the row's symbolic size
+    row: int  # elements of a row at the bound
+    inputs: object  # (rng, length) -> the inputs at that length
+    reference: object  # numpy
+    lengths: tuple  # within the bound: its lower end, an odd length, the bound
+
+
 CASES = {
-    # module, bound, inputs at a length, reference, the buffer cached on chip
-    "softmax": (lambda: _scaled_softmax_module(128), 128,
-                lambda rng, n: [rng.standard_normal((4, n, n)).astype("float32")],
-                lambda x: _softmax(x * 0.125), "x"),
-    "masked_softmax": (_masked_softmax_module, 64,
-                       lambda rng, n: [rng.standard_normal((2, 2, n, n)).astype("float32"),
-                                       np.where(rng.random((2, 1, 1, n)) < 0.2, -1e4, 0).astype("float32")],
-                       lambda x, mask: _softmax(x * 0.125 + mask), "x"),
-    "layer_norm": (_layer_norm_module, 256,
-                   lambda rng, n: [rng.standard_normal((6, n)).astype("float32"),
-                                   rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")],
-                   _layer_norm, "x"),
+    "softmax": Case(lambda: _scaled_softmax_module(128), 128, 128,
+                    lambda rng, n: [rng.standard_normal((4, n, n)).astype("float32")],
+                    lambda x: _softmax(x * 0.125), (2, 37, 128)),
+    "masked_softmax": Case(_masked_softmax_module, 64, 64,
+                           lambda rng, n: [rng.standard_normal((2, 2, n, n)).astype("float32"),
+                                           np.where(rng.random((2, 1, 1, n)) < 0.2, -1e4, 0).astype("float32")],
+                           lambda x, mask: _softmax(x * 0.125 + mask), (2, 37, 64)),
+    "layer_norm": Case(_layer_norm_module, 256, 256,
+                       lambda rng, n: [rng.standard_normal((6, n)).astype("float32"),
+                                       rng.standard_normal(n).astype("float32"),
+                                       rng.standard_normal(n).astype("float32")],
+                       _layer_norm, (2, 37, 256)),
+    "rms_norm": Case(_rms_norm_module, 512, 512,
+                     lambda rng, n: [rng.standard_normal((3, n)).astype("float32"),
+                                     rng.standard_normal(n).astype("float32")],
+                     lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g, (1, 7, 512)),
+    "centred_over_a_sequence": Case(_centred_over_a_sequence_module, 64, 64 * 64,
+                                    lambda rng, n: [rng.standard_normal((2, n, 64)).astype("float32")],
+                                    lambda x: x - x.mean((1, 2), keepdims=True), (1, 9, 64)),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bounded_row_is_planned_for_its_bound(case):
-    module, bound, _, _, cached = CASES[case]
-    built = build(module(), CUDA, stitched=True)
+    case = CASES[case]
+    built = build(case.module(), CUDA, stitched=True)
     assert not built.report.fallbacks, built.report.details()
     assert count_launches(built.lowered, built.executable) == 1
     plan = built.report.plans[0]
-    assert plan.bounds and plan.bounds[0][1] == bound
+    assert plan.bounds and plan.bounds[0][1] == case.bound
     assert any("planned for its bound" in note for note in plan.notes)
-    assert cached in plan.cached_inputs and bound * 4 in plan.shared_rows  # the row, on chip at the bound's size
-    assert plan.mapping.threads == min(1024, bound) and plan.mapping.vector == 1
+    assert f"<= {case.bound}" in built.report.table()  # explain's mapping column says it
+    assert "x" in plan.cached_inputs and case.row * 4 in plan.shared_rows  # the row, on chip at the bound's size
+    assert plan.mapping.threads == min(block_threads(plan.spec), case.row) and plan.mapping.vector == 1
     assert plan.shared_bytes <= plan.spec.shared_bytes_per_block
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bounded_rows_match_numpy_at_lengths_within_the_bound(case, rng):
-    module, bound, inputs, reference, _ = CASES[case]
-    mod = module()
+    case = CASES[case]
+    mod = case.module()
     for emulate in (None, "cuda"):
         built = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
         assert not built.report.fallbacks, built.report.details()
-        for length in (2, 37, bound):  # the lower bound, an odd length, the bound
-            args = inputs(rng, length)
-            np.testing.assert_allclose(run_cpu(built.executable, args)[0], reference(*args), rtol=1e-4, atol=1e-5)
+        for length in case.lengths:
+            args = case.inputs(rng, length)
+            np.testing.assert_allclose(run_cpu(built.executable, args)[0], case.reference(*args), rtol=1e-4,
+                                       atol=1e-5)
 
 
 def _attention_softmax(shape):
@@ -141,8 +179,8 @@ def test_a_bound_too_large_for_a_row_on_chip_streams():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_bounded_rows_cuda_compiles_with_static_shared_memory(tmp_path):
-    for case in ("softmax", "layer_norm"):
-        built = build(CASES[case][0](), CUDA, stitched=True)
+    for case in ("softmax", "layer_norm", "centred_over_a_sequence"):
+        built = build(CASES[case].module(), CUDA, stitched=True)
         source = tmp_path / f"{case}.cu"
         source.write_text(cuda_source(built.executable))
         result = subprocess.run([shutil.which("nvcc"), "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o",
@@ -151,7 +189,7 @@ def test_bounded_rows_cuda_compiles_with_static_shared_memory(tmp_path):
         assert result.returncode == 0, result.stderr[-2000:]
         report = result.stdout + result.stderr
         shared = [int(n) for n in re.findall(r"(\d+) bytes smem", report)]
-        assert shared and max(shared) >= CASES[case][1] * 4, report  # the row is in shared memory
+        assert shared and max(shared) >= CASES[case].row * 4, report  # the row is in shared memory
 
 
 @pytest.mark.parametrize("oclgrind,lengths", [(False, (2, 37, 128)), (True, (3,))])
