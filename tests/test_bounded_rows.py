@@ -236,3 +236,23 @@ def test_a_kernel_output_read_again_stitches_with_a_bound(rng):
         y, z = run_cpu(emulated.executable, [x])
         np.testing.assert_allclose(y, np.exp(x), rtol=1e-5)
         np.testing.assert_allclose(z, _softmax(np.exp(x)), rtol=1e-4, atol=1e-6)
+
+
+def test_a_long_bound_keeps_what_fits_as_a_static_row_would(rng):
+    # s <= 8192: the exp row (32 KB) is kept in shared memory, the input's row no longer fits beside
+    # it (read twice), as for a static row of 8192; s <= 16384: nothing of a row fits, it streams.
+    N = tirx.Var("n", "int64")
+
+    def module(bound):
+        return _bounded(make_module([tensor("x", [N, S])], lambda bb, x: relax.op.nn.softmax(x, axis=-1)),
+                        {"s": 2}, {"s": bound})
+
+    plan = build(module(8192), CUDA, stitched=True).report.plans[0]
+    assert plan.bounds == (("s", 8192),) and not plan.cached_inputs
+    assert {i.name: i.level for i in plan.intermediates}["T_softmax_exp"] == "shared" and 8192 * 4 in plan.shared_rows
+    emulated = build(module(8192), {"kind": "llvm"}, stitched=True, emulate="cuda")
+    for length in (2, 37, 8192):
+        x = rng.standard_normal((3, length)).astype("float32")
+        np.testing.assert_allclose(run_cpu(emulated.executable, [x])[0], _softmax(x), rtol=1e-4, atol=1e-6)
+    streamed = build(module(16384), CUDA, stitched=True).report.plans[0]
+    assert not streamed.bounds and any("nothing of a row" in note for note in streamed.notes)

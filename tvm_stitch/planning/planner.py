@@ -545,6 +545,11 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                   f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
                   f"staging) exceed {limit} of shared memory")
         raise SharedMemoryError(excess, [i.name for i in demotable], rows.bounded)
+    if rows.bounded and not cached_inputs and not any(
+            i.level == SHARED and i.bytes_per_row >= rows.within_max for i in intermediates):
+        # Loops to the bound then buy nothing: a short row would only idle through them.
+        raise SharedMemoryError(f"nothing of a row of {rows.within_max} elements is kept on chip", [],
+                                rows.bounded)
     # A row of symbolic length runs under a guard: one row per block (no packing around it).
     rows_per_task = 1 if rows.bounded else _rows_per_block(rows.rows, threads, shared_at, rows.spatial_only, spec)
     if rows.rows is None and threads > 1:
@@ -666,16 +671,16 @@ def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
                     f"{plan.mapping.grid} blocks for {spec.sms} SMs, not split over more: {not_split}",))
             return plan
         except SharedMemoryError as err:
+            if err.demotable:  # AStitch's demotion, one intermediate at a time, largest first
+                recompute += (err.demotable[0],)
+                continue
             if err.bounded:
-                # Planned for the bound, the row does not fit on chip: streamed, as for any length.
+                # Planned for the bound, no part of the row fits on chip: streamed, as for any length.
                 sizes = ", ".join(f"{n} <= {u}" for n, u in err.bounded)
                 plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name)
                 return dataclasses.replace(plan, notes=plan.notes + (
                     f"a row at the bound of its symbolic length ({sizes}) does not fit on chip ({err}): "
                     "streamed instead",))
-            if err.demotable:  # AStitch's demotion, one intermediate at a time, largest first
-                recompute += (err.demotable[0],)
-                continue
             try:
                 return plan_row_split(func, spec, name, few_long_rows_only=False)
             except SplitError as split_err:
