@@ -134,6 +134,19 @@ def _topological_units(graph: Graph, groups: list) -> list:
     return order
 
 
+def _modeled_traffic(scheduled: tvm.tirx.PrimFunc, spec: TargetSpec) -> tuple:
+    """(modeled traffic or None, note): of symbolic sizes, at their upper bounds where all have one."""
+    traffic = modeled_traffic(scheduled, spec)
+    if traffic is not None:
+        return traffic, ""
+    at_bounds, values = at_upper_bounds(scheduled)
+    traffic = modeled_traffic(at_bounds, spec) if at_bounds is not None else None
+    if traffic is None:
+        return None, ""
+    sizes = ", ".join(f"{name} = {value}" for name, value in sorted(values.items()))
+    return traffic, f"modeled traffic at the upper bounds of the symbolic sizes ({sizes})"
+
+
 class _Stitcher:
     def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, report: StitchReport,
                  spec: TargetSpec, choose=None):
@@ -197,14 +210,9 @@ class _Stitcher:
             self.report.notes.append(f"{name}: the cost model's choice did not build "
                                      f"({type(err).__name__}); the rule plan is used")
             plan, scheduled = rule, self._scheduled(fused, rule)
-        traffic = modeled_traffic(scheduled, self.spec)
-        if traffic is None:
-            at_bounds, values = at_upper_bounds(scheduled)
-            traffic = modeled_traffic(at_bounds, self.spec) if at_bounds is not None else None
-            if traffic is not None:
-                sizes = ", ".join(f"{name} = {value}" for name, value in sorted(values.items()))
-                plan = dataclasses.replace(plan, notes=plan.notes + (
-                    f"modeled traffic at the upper bounds of the symbolic sizes ({sizes})",))
+        traffic, note = _modeled_traffic(scheduled, self.spec)
+        if note:
+            plan = dataclasses.replace(plan, notes=plan.notes + (note,))
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
         self.count += 1

@@ -8,6 +8,10 @@ loops as a cross-thread all-reduce (warp shuffles plus one shared staging
 step, from TVM's LowerCrossThreadReduction). Intermediates the plan keeps on
 chip live in shared memory; cheap ones are inlined into their consumers.
 
+A row of symbolic length planned for its upper bound (plan.bounds) runs its
+loops to the bound under a guard, with what it keeps on chip sized for the
+bound (common.loops_to_bounds, regions_to_bounds).
+
 Applied for a non-CUDA target (llvm), the same schedule is built without
 thread bindings and with intermediates in ordinary memory: the loop
 structure, index arithmetic and reuse of the CUDA kernel then run, and are

@@ -11,6 +11,9 @@ row. Per block the planner chooses where its result lives:
   no aligned row cache serves) and is read more than once per element, or
   is a kernel output that other blocks also read;
 - kernel outputs are written to global memory.
+A row of symbolic length with an upper bound (analysis/size_bounds) is planned
+on CUDA as a static row of the bound, if some row-sized part of it stays on
+chip; otherwise, or without a bound, it streams (recomputed in every pass).
 Anything the scheme cannot express raises PlanError with the reason; the
 caller then leaves the group to TVM's default path.
 """
