@@ -548,9 +548,9 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                   f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
                   f"staging) exceed {limit} of shared memory")
         raise SharedMemoryError(excess, [i.name for i in demotable], rows.bounded)
-    if rows.bounded and not cached_inputs and not any(
+    if rows.bounded and rows.within_max > threads and not cached_inputs and not any(
             i.level == SHARED and i.bytes_per_row >= rows.within_max for i in intermediates):
-        # Loops to the bound then buy nothing: a short row would only idle through them.
+        # Each thread would loop to the bound, a short row idling through it, for nothing kept on chip.
         raise SharedMemoryError(f"nothing of a row of {rows.within_max} elements is kept on chip", [],
                                 rows.bounded)
     # A row of symbolic length runs under a guard: one row per block (no packing around it).
@@ -682,8 +682,8 @@ def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
                 sizes = ", ".join(f"{n} <= {u}" for n, u in err.bounded)
                 plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name)
                 return dataclasses.replace(plan, notes=plan.notes + (
-                    f"a row at the bound of its symbolic length ({sizes}) does not fit on chip ({err}): "
-                    "streamed instead",))
+                    f"planned for the bound of its symbolic length ({sizes}), no row-sized part stays on "
+                    f"chip ({err}): streamed instead",))
             try:
                 return plan_row_split(func, spec, name, few_long_rows_only=False)
             except SplitError as split_err:
