@@ -3,8 +3,9 @@
 Softmax over a key length `s <= 128` keeps its row on chip (cached input, exp in
 shared memory, sized for 128) with loops to 128 under a guard `i < s`: right at
 every length within the bound, one read and one write per element like the
-static build at s = 128. Without a bound, or with one too large for a row on
-chip, the row streams as before.
+static build at s = 128; RMSNorm, LayerNorm and masked softmax alike. Without a
+bound, or with one for which no row-sized part stays on chip, the row streams as
+before.
 """
 
 import re
@@ -39,9 +40,13 @@ def _softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
+def _attention_softmax(shape):
+    return make_module([tensor("x", shape)],
+                       lambda bb, x: relax.op.nn.softmax(bb.emit(relax.op.multiply(x, relax.const(0.125))), axis=-1))
+
+
 def _scaled_softmax_module(bound: int | None):
-    mod = make_module([tensor("x", [4, S, S])],
-                      lambda bb, x: relax.op.nn.softmax(bb.emit(relax.op.multiply(x, relax.const(0.125))), axis=-1))
+    mod = _attention_softmax([4, S, S])
     return _bounded(mod, {"s": 2}, {"s": bound}) if bound is not None else mod
 
 
@@ -141,12 +146,6 @@ def test_bounded_rows_match_numpy_at_lengths_within_the_bound(case, rng):
             args = case.inputs(rng, length)
             np.testing.assert_allclose(run_cpu(built.executable, args)[0], case.reference(*args), rtol=1e-4,
                                        atol=1e-5)
-
-
-def _attention_softmax(shape):
-    mod = make_module([tensor("x", shape)],
-                      lambda bb, x: relax.op.nn.softmax(bb.emit(relax.op.multiply(x, relax.const(0.125))), axis=-1))
-    return mod
 
 
 def test_bounded_softmax_moves_what_the_static_build_at_the_bound_moves(monkeypatch):
