@@ -133,13 +133,14 @@ def thread_factors(sch: s_tir.Schedule, loop, threads: int, plan: StitchPlan) ->
     return [None, threads] if upper is None else [-(-upper // threads), threads]
 
 
-def regions_to_bounds(sch: s_tir.Schedule, plan: StitchPlan, scopes: tuple) -> None:
+def regions_to_bounds(sch: s_tir.Schedule, plan: StitchPlan, scopes: tuple, row_axes: int) -> None:
     """Keep the static size loops_to_bounds gave the buffers of `scopes` when TVM compacts them.
 
     A row's accesses under the guard span `min(s, C)`, which TVM's buffer compaction would
     allocate (symbolic, which CUDA cannot); each reader's region is declared the whole row
     (a superset of what it reads: compaction takes a load's declared region, never a
-    store's), so the buffer compacts to the C elements of a row.
+    store's), so the buffer compacts to the C elements of a row. `row_axes`: the buffers' leading
+    axes that index rows (plan.rank, or 1 once packed rows are flattened into one axis).
     """
     if not plan.bounds:
         return
@@ -150,7 +151,7 @@ def regions_to_bounds(sch: s_tir.Schedule, plan: StitchPlan, scopes: tuple) -> N
                 continue
             ranges, widened = [], False
             for axis, (dim, rng) in enumerate(zip(buffer.shape, region.region)):
-                if axis >= plan.rank and isinstance(dim, tirx.IntImm):
+                if axis >= row_axes and isinstance(dim, tirx.IntImm):
                     ranges.append((tirx.IntImm(str(dim.ty), 0), dim))
                     widened = True
                 else:

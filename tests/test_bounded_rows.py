@@ -87,6 +87,11 @@ def _centred_over_a_sequence_module():
     return _bounded(make_module([tensor("x", [B, S, 64])], body), {"s": 1}, {"s": 64})
 
 
+def _short_rows_module():
+    # 64 x 64 static rows of at most 16 elements: packed 16 rows per block, as static rows of 16 are
+    return _bounded(_attention_softmax([64, 64, S]), {"s": 1}, {"s": 16})
+
+
 @dataclass(frozen=True)
 class Case:
     module: object  # () -> the Relax module, its sizes bounded
@@ -114,6 +119,8 @@ CASES = {
                      lambda rng, n: [rng.standard_normal((3, n)).astype("float32"),
                                      rng.standard_normal(n).astype("float32")],
                      lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g, (1, 7, 512)),
+    "short_rows": Case(_short_rows_module, 16, 16, lambda rng, n: [rng.standard_normal((64, 64, n)).astype("float32")],
+                       lambda x: _softmax(x * 0.125), (1, 7, 16)),
     "centred_over_a_sequence": Case(_centred_over_a_sequence_module, 64, 64 * 64,
                                     lambda rng, n: [rng.standard_normal((2, n, 64)).astype("float32")],
                                     lambda x: x - x.mean((1, 2), keepdims=True), (1, 9, 64)),
@@ -163,6 +170,12 @@ def test_bounded_softmax_moves_what_the_static_build_at_the_bound_moves(monkeypa
     assert not streamed.bounds and streamed.modeled_bytes >= elements * 4 * 3
 
 
+def test_short_bounded_rows_of_a_static_count_are_packed():
+    plan = build(_short_rows_module(), CUDA, stitched=True).report.plans[0]
+    assert plan.bounds == (("s", 16),) and plan.mapping.rows_per_task == 16 and plan.mapping.threads == 16
+    assert any("rows packed per block" in note for note in plan.notes)
+
+
 def test_unbounded_row_length_streams():
     plan = build(_scaled_softmax_module(None), CUDA, stitched=True).report.plans[0]
     assert not plan.bounds and not plan.cached_inputs and all(n <= 8 for n in plan.shared_rows)
@@ -179,7 +192,7 @@ def test_a_bound_too_large_for_a_row_on_chip_streams():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_bounded_rows_cuda_compiles_with_static_shared_memory(tmp_path):
-    for case in ("softmax", "layer_norm", "centred_over_a_sequence"):
+    for case in ("softmax", "layer_norm", "centred_over_a_sequence", "short_rows"):
         built = build(CASES[case].module(), CUDA, stitched=True)
         source = tmp_path / f"{case}.cu"
         source.write_text(cuda_source(built.executable))

@@ -165,8 +165,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
         # windows) needs barriers inside the predicate, which TVM's lowering rejects.
         stage = sch.cache_write(sch.get_sblock(name), 0, "local")
         sch.reverse_compute_at(stage, thread_loop)
-    if packed > 1 and threads > 1 and plan.rank > 1:
+    flattened = packed > 1 and threads > 1 and plan.rank > 1
+    if flattened:
         _flatten_row_axes(sch, plan.rank)
     if bind:
-        regions_to_bounds(sch, plan, ("shared", "local"))
+        regions_to_bounds(sch, plan, ("shared", "local"), 1 if flattened else plan.rank)
     return sch

@@ -553,8 +553,7 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
         # Each thread would loop to the bound, a short row idling through it, for nothing kept on chip.
         raise SharedMemoryError(f"nothing of a row of {rows.within_max} elements is kept on chip", [],
                                 rows.bounded)
-    # A row of symbolic length runs under a guard: one row per block (no packing around it).
-    rows_per_task = 1 if rows.bounded else _rows_per_block(rows.rows, threads, shared_at, rows.spatial_only, spec)
+    rows_per_task = _rows_per_block(rows.rows, threads, shared_at, rows.spatial_only, spec)
     if rows.rows is None and threads > 1:
         notes.append("symbolic row count: one row per block, grid from the runtime extent "
                      "(valid for every size; short rows are not packed, few long rows not split)")
