@@ -43,6 +43,8 @@ def test_transformers_model_with_symbolic_sizes_builds_once_and_matches_eager(na
         np.testing.assert_allclose(out, eager_outputs(model, (ids,))[0], rtol=1e-3, atol=1e-4)
     cuda = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
     assert not [g for g in cuda.report.fallbacks if "symbolic" in g.fallback or "well-formed" in g.fallback]
+    # the attention softmax, over a key length of at most 128, is planned for that bound
+    assert any(upper == 128 for plan in cuda.report.plans for _, upper in plan.bounds)
     # no more launches per call than the static build (whose masks and rotary tables are constants)
     static_mod, _, _ = import_model(name, "test")
     static = build(static_mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)

@@ -57,7 +57,8 @@ class StitchReport:
             elif plan.target == "cuda":
                 grid = m.grid if m.grid >= 0 else "x".join(plan.row_shape) + (
                     f"/{m.rows_per_task}" if m.rows_per_task > 1 else "")
-                mapping = f"{grid} blocks x {m.threads} thr, {m.rows_per_task} row/blk"
+                mapping = f"{grid} blocks x {m.threads} thr, {m.rows_per_task} row/blk" + "".join(
+                    f", for {name} <= {upper}" for name, upper in plan.bounds)
             else:
                 row_count = m.rows if m.rows >= 0 else "x".join(plan.row_shape)
                 mapping = f"{row_count} rows / {m.threads} cores, vec {m.vector}"

@@ -24,6 +24,7 @@ from tvm.target import Target
 
 from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
+from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import outline_group
@@ -133,6 +134,19 @@ def _topological_units(graph: Graph, groups: list) -> list:
     return order
 
 
+def _modeled_traffic(scheduled: tvm.tirx.PrimFunc, spec: TargetSpec) -> tuple:
+    """(modeled traffic or None, note): of symbolic sizes, at their upper bounds where all have one."""
+    traffic = modeled_traffic(scheduled, spec)
+    if traffic is not None:
+        return traffic, ""
+    at_bounds, values = at_upper_bounds(scheduled)
+    traffic = modeled_traffic(at_bounds, spec) if at_bounds is not None else None
+    if traffic is None:
+        return None, ""
+    sizes = ", ".join(f"{name} = {value}" for name, value in sorted(values.items()))
+    return traffic, f"modeled traffic at the upper bounds of the symbolic sizes ({sizes})"
+
+
 class _Stitcher:
     def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, report: StitchReport,
                  spec: TargetSpec, choose=None):
@@ -148,6 +162,7 @@ class _Stitcher:
         self.plans: dict = {}  # name -> StitchPlan
         self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, kernel name, plan)]
         self.count = 0
+        self.bounds: dict = {}  # bounds of the sizes of the function being rewritten (size_bounds)
 
     def stitch_group(self, func_name: str, graph: Graph, members: list, where: dict, recomputed: list = ()):
         """(PrimFunc name, outlined) for a stitched group, or None after recording why.
@@ -167,7 +182,8 @@ class _Stitcher:
         self.report.groups.append(record)
         try:
             outlined = outline_group(self.mod, graph, members, f"stitch_{self.count}", recomputed)
-            name, plan = self._kernel_for(outlined.func, record.ops)
+            fused = with_size_bounds(outlined.func, outlined.args, self.bounds)
+            name, plan = self._kernel_for(fused, record.ops)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
             if self.strict:
@@ -194,7 +210,9 @@ class _Stitcher:
             self.report.notes.append(f"{name}: the cost model's choice did not build "
                                      f"({type(err).__name__}); the rule plan is used")
             plan, scheduled = rule, self._scheduled(fused, rule)
-        traffic = modeled_traffic(scheduled, self.spec)
+        traffic, note = _modeled_traffic(scheduled, self.spec)
+        if note:
+            plan = dataclasses.replace(plan, notes=plan.notes + (note,))
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
         self.count += 1
@@ -330,6 +348,7 @@ def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
             continue
         blocks = []
         changed = False
+        stitcher.bounds = function_bounds(func)
         for i, block in enumerate(func.body.blocks):
             if isinstance(block, relax.DataflowBlock):
                 new_block = stitcher.rewrite_block(gv.name_hint, i, block, _used_after(func, i), calls)

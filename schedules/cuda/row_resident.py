@@ -8,6 +8,10 @@ loops as a cross-thread all-reduce (warp shuffles plus one shared staging
 step, from TVM's LowerCrossThreadReduction). Intermediates the plan keeps on
 chip live in shared memory; cheap ones are inlined into their consumers.
 
+A row of symbolic length planned for its upper bound (plan.bounds) runs its
+loops to the bound under a guard, with what it keeps on chip sized for the
+bound (common.loops_to_bounds, regions_to_bounds).
+
 Applied for a non-CUDA target (llvm), the same schedule is built without
 thread bindings and with intermediates in ordinary memory: the loop
 structure, index arithmetic and reuse of the CUDA kernel then run, and are
@@ -22,13 +26,14 @@ from tvm.target import Target
 from tvm_stitch.planning.common import rows_first_in_stage
 from tvm_stitch.planning.plan import REGISTER, SHARED, StitchPlan
 
-from ..common import blocks_by_name, inline_cheap_blocks, loops_extent, merge_row_loops, within_row_loops
+from ..common import (blocks_by_name, inline_cheap_blocks, loops_extent, loops_to_bounds, merge_row_loops,
+                      regions_to_bounds, thread_factors, within_row_loops)
 
 UNROLL = 64
 
 
-def _split_over_threads(sch: s_tir.Schedule, loop, threads: int, bind: bool):
-    outer, inner = sch.split(loop, [None, threads])
+def _split_over_threads(sch: s_tir.Schedule, loop, threads: int, bind: bool, plan: StitchPlan):
+    outer, inner = sch.split(loop, thread_factors(sch, loop, threads, plan))
     if bind:
         sch.bind(inner, "threadIdx.x")
     return outer, inner
@@ -94,6 +99,8 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             rows_first_in_stage(sch, block, stage, plan.rank)
     for name in plan.cached_inputs:
         _cache_input_row(sch, name, on_chip)
+    if plan.bounds:
+        sch = s_tir.Schedule(loops_to_bounds(sch.mod["main"], plan))
     row = merge_row_loops(sch, plan)
     threads = plan.mapping.threads
     packed = plan.mapping.rows_per_task
@@ -119,7 +126,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
             if spatial:
                 sch.reorder(*spatial, loop)
-            outer, inner = _split_over_threads(sch, loop, threads, bind)
+            outer, inner = _split_over_threads(sch, loop, threads, bind, plan)
             sch.reorder(inner, outer)
             if bind:  # on the CPU the thread loop is serial: unrolling around it only bloats the code
                 sch.annotate(outer, "pragma_auto_unroll_max_step", UNROLL)
@@ -132,11 +139,11 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             if not reduce and lanes > 1 and (spatial_extent or 0) % (threads * lanes) == 0:
                 loop, vector_loop = sch.split(loop, [None, lanes])
                 sch.vectorize(vector_loop)
-            _, thread_loop = _split_over_threads(sch, loop, threads, bind)
+            _, thread_loop = _split_over_threads(sch, loop, threads, bind, plan)
             if reduce and bind and name in kept_on_chip and name not in plan.outputs:
                 serial_reduced.append((name, thread_loop))
         else:
-            _split_over_threads(sch, sch.add_unit_loop(block), threads, bind)
+            _split_over_threads(sch, sch.add_unit_loop(block), threads, bind, plan)
     for inter in plan.intermediates:
         if not bind or inter.inlined or inter.name in plan.outputs:
             continue
@@ -158,6 +165,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
         # windows) needs barriers inside the predicate, which TVM's lowering rejects.
         stage = sch.cache_write(sch.get_sblock(name), 0, "local")
         sch.reverse_compute_at(stage, thread_loop)
-    if packed > 1 and threads > 1 and plan.rank > 1:
+    flattened = packed > 1 and threads > 1 and plan.rank > 1
+    if flattened:
         _flatten_row_axes(sch, plan.rank)
+    if bind:
+        regions_to_bounds(sch, plan, ("shared", "local"), 1 if flattened else plan.rank)
     return sch

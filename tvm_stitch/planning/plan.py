@@ -93,6 +93,9 @@ class StitchPlan:
     # quotient by k) per block, moved first before planning and scheduling (analysis/row_axes.py);
     # () when the rows are the leading axes.
     row_axes: tuple = ()
+    # Symbolic row lengths planned for their upper bound: (size, bound) pairs; the schedule runs the
+    # row's loops to the bound under a guard. () for static or streamed row lengths.
+    bounds: tuple = ()
     spec: TargetSpec | None = None  # the hardware the plan was made for
 
     def to_json(self) -> str:
@@ -111,6 +114,7 @@ class StitchPlan:
         data["variance"] = tuple(tuple(pair) for pair in data.get("variance", ()))
         data["row_axes"] = tuple((block, tuple(positions), tuple(factors))
                                  for block, positions, factors in data.get("row_axes", ()))
+        data["bounds"] = tuple(tuple(pair) for pair in data.get("bounds", ()))
         data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
         if data.get("spec") is not None:
             data["spec"] = TargetSpec.from_dict(data["spec"])

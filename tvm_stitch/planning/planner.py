@@ -11,6 +11,9 @@ row. Per block the planner chooses where its result lives:
   no aligned row cache serves) and is read more than once per element, or
   is a kernel output that other blocks also read;
 - kernel outputs are written to global memory.
+A row of symbolic length with an upper bound (analysis/size_bounds) is planned
+on CUDA as a static row of the bound, if some row-sized part of it stays on
+chip; otherwise, or without a bound, it streams (recomputed in every pass).
 Anything the scheme cannot express raises PlanError with the reason; the
 caller then leaves the group to TVM's default path.
 """
@@ -24,8 +27,9 @@ from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_axes import find_row_axes, rows_first
 from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows, walks_columns
+from tvm_stitch.analysis.size_bounds import ATTR as SIZE_BOUNDS, size_bounds, upper_bound
 from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, block_views, buffer_params,
-                                          static_int, static_product)
+                                          static_int, static_product, vars_in)
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
@@ -58,11 +62,13 @@ class SharedMemoryError(PlanError):
     """The row-resident plan needs more shared memory than a thread block has.
 
     `demotable`: its shared intermediates that could be recomputed instead, largest first.
+    `bounded`: the (size, upper bound) pairs the row was planned for, when its length is symbolic.
     """
 
-    def __init__(self, message: str, demotable: list):
+    def __init__(self, message: str, demotable: list, bounded: tuple = ()):
         super().__init__(message)
         self.demotable = demotable
+        self.bounded = bounded
 
 
 def _next_pow2(n: int) -> int:
@@ -110,8 +116,21 @@ def _evaluations(view, consumers: list, levels: dict, evaluations: dict) -> int:
     )
 
 
-def _row_bytes(buffer, rank: int) -> int | None:
-    per_row = static_product(buffer.shape[rank:])
+def _row_elements(extents, bounds: dict) -> int | None:
+    """Elements of a row of `extents`: their product, or its upper bound over the sizes' `bounds`
+    (None when a size is unbounded)."""
+    extents = list(extents)
+    static = static_product(extents)
+    if static is not None or not bounds:
+        return static
+    total = extents[0]
+    for extent in extents[1:]:
+        total = total * extent
+    return upper_bound(total, bounds)
+
+
+def _row_bytes(buffer, rank: int, bounds: dict) -> int | None:
+    per_row = _row_elements(buffer.shape[rank:], bounds)
     return None if per_row is None else per_row * max(1, buffer.dtype.bits // 8)
 
 
@@ -346,6 +365,10 @@ class _Rows:
     within_max: int | None  # the most elements a kept block has inside one row (None: a symbolic length)
     spatial_only: bool  # no kept block reduces
     columns: bool  # some block walks an input along a strided axis
+    # Symbolic row lengths planned for their upper bound: the sizes' bounds ({name: (lower, upper)})
+    # and the (size, upper bound) pairs inside a row; empty for static or unbounded lengths.
+    bounds: dict = dataclasses.field(default_factory=dict)
+    bounded: tuple = ()
 
 
 def _rows(analysis: Analysis, rank: int | None, spec: TargetSpec) -> _Rows:
@@ -362,16 +385,26 @@ def _rows(analysis: Analysis, rank: int | None, spec: TargetSpec) -> _Rows:
         raise PlanError(f"no row axis shared by all blocks ({analysis.depth_limit}), and one row task "
                         f"cannot hold {work}")
     within = [static_product(view.extents[rank:]) for view in kept]
-    # None: a symbolic row length (softmax over a symbolic key length); planned for any length.
+    bounds, bounded = {}, ()
+    if None in within and spec.family == "cuda":
+        # A symbolic row length with an upper bound (softmax over a key length of at most 128):
+        # planned as a static row of the bound, loops to the bound under a guard.
+        bounds = size_bounds(analysis.func)
+        within = [_row_elements(view.extents[rank:], bounds) for view in kept]
+        inside = {v.name for view in kept for e in view.extents[rank:] for v in vars_in(e)}
+        bounded = tuple(sorted((name, bounds[name][1]) for name in inside if name in bounds))
+        if None in within:
+            bounds, bounded = {}, ()
+    # None: a symbolic row length without an upper bound; planned for any length.
     within_max = None if None in within else max([1] + within)
     row_extents = kept[0].extents[:rank]
     return _Rows(rank, tuple(row_extents), static_product(row_extents), within_max, spatial_only,
-                 walks_columns(kept, buffer_params(analysis.func), rank))
+                 walks_columns(kept, buffer_params(analysis.func), rank), bounds, bounded)
 
 
-def _intermediates(analysis: Analysis, rank: int, thread_per_row: bool) -> tuple:
-    """(intermediates, bytes per row of each shared one, shared ones of symbolic size) for the
-    levels chosen, at `rank` row axes."""
+def _intermediates(analysis: Analysis, rank: int, thread_per_row: bool, bounds: dict) -> tuple:
+    """(intermediates, bytes per row of each shared one, shared ones of unbounded symbolic size) for
+    the levels chosen, at `rank` row axes; a row of symbolic length within `bounds` takes its bound."""
     kept_by_name = {v.name: v for v in analysis.kept}
     intermediates, shared_rows, symbolic = [], [], []
     for view in analysis.views:
@@ -381,7 +414,8 @@ def _intermediates(analysis: Analysis, rank: int, thread_per_row: bool) -> tuple
         per_row = 1
         if view.name in kept_by_name:
             kept_view = kept_by_name[view.name]
-            per_row = static_product(e for e, r in zip(kept_view.extents[rank:], kept_view.is_reduce[rank:]) if not r)
+            per_row = _row_elements((e for e, r in zip(kept_view.extents[rank:], kept_view.is_reduce[rank:]) if not r),
+                                    bounds)
         nbytes = (per_row or 1) * max(1, view.writes[0].buffer.dtype.bits // 8)
         if level == SHARED and thread_per_row:
             level, why = REGISTER, f"{why}; one thread per row: kept in that thread"
@@ -409,7 +443,10 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
         raise ValueError("the analysis passed was made for another function, family or demotion")
     rows = _rows(analysis, rank, spec)
     thread_per_row = spec.family == "cuda" and (rows.spatial_only or rows.columns)
-    intermediates, shared_rows, symbolic_shared = _intermediates(analysis, rows.rank, thread_per_row)
+    if thread_per_row and rows.bounded:
+        # A row in one thread keeps nothing shared: sized for the bound it would only grow.
+        rows = dataclasses.replace(rows, within_max=None, bounds={}, bounded=())
+    intermediates, shared_rows, symbolic_shared = _intermediates(analysis, rows.rank, thread_per_row, rows.bounds)
     if spec.family == "cuda":
         mapping, shared, cached_inputs, notes, shared_rows, reductions = _cuda_mapping(
             analysis, rows, intermediates, shared_rows, symbolic_shared, thread_per_row, spec)
@@ -440,6 +477,7 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
         reductions=sum(1 for v in views if v.has_reduction),
         notes=tuple(notes),
         aligned_depth=analysis.depth,
+        bounds=rows.bounded,
         spec=spec,
     )
 
@@ -460,12 +498,18 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                      "strided rows (column access): one thread per row, rows across threads")
     elif rows.within_max is None:
         threads = block_threads(spec)
-        notes.append(f"symbolic row length: {threads} threads per row for any length, "
+        notes.append(f"symbolic row length (no upper bound a row fits in): {threads} threads per row for any length, "
                      "per-row intermediates recomputed (streamed), not kept in shared memory")
     else:
         threads = max(CUDA_MIN_THREADS, min(block_threads(spec), _next_pow2(rows.within_max)))
+    if rows.bounded:
+        sizes = ", ".join(f"{name} <= {upper}" for name, upper in rows.bounded)
+        notes.append(f"symbolic row length planned for its bound ({sizes}): as a static row of "
+                     f"{rows.within_max} elements ({threads} threads, rows kept on chip sized for the bound), "
+                     "loops to the bound under a guard (valid for every length within it; no vector accesses)")
     vector = 1
-    if rows.within_max is not None and not thread_per_row and any(not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept):
+    if (rows.within_max is not None and not rows.bounded and not thread_per_row
+            and any(not v.has_reduction and static_product(v.extents[rank:]) > 1 for v in kept)):
         vector, threads = _vector_mapping(kept, rows.within_max, threads, spec)
         if vector > 1:
             notes.append(f"{vector * _widest_bytes(kept) * 8}-bit accesses: {vector} elements per thread "
@@ -473,7 +517,7 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
     # Each reduced value: (bytes, outputs per row); with fewer outputs than threads, threads share it.
     reductions = tuple(
         (max(1, w.buffer.dtype.bits // 8),
-         static_product(e for e, r in zip(v.extents[rank:], v.is_reduce[rank:]) if not r) or 0)
+         _row_elements((e for e, r in zip(v.extents[rank:], v.is_reduce[rank:]) if not r), rows.bounds) or 0)
         for v in kept if v.has_reduction for w in v.writes)
     shared_rows = list(shared_rows)
 
@@ -484,7 +528,7 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
 
     cached_inputs = []
     for buffer in _cacheable_inputs(kept, buffer_params(analysis.func), rank):
-        row_bytes = _row_bytes(buffer, rank)
+        row_bytes = _row_bytes(buffer, rank, rows.bounds)
         if thread_per_row:
             cached_inputs.append(buffer.name)
         elif row_bytes is not None and shared_at(1, shared_rows + [row_bytes]) <= limit:
@@ -503,7 +547,12 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                   if symbolic_shared else
                   f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
                   f"staging) exceed {limit} of shared memory")
-        raise SharedMemoryError(excess, [i.name for i in demotable])
+        raise SharedMemoryError(excess, [i.name for i in demotable], rows.bounded)
+    if rows.bounded and rows.within_max > threads and not cached_inputs and not any(
+            i.level == SHARED and i.bytes_per_row >= rows.within_max for i in intermediates):
+        # Each thread would loop to the bound, a short row idling through it, for nothing kept on chip.
+        raise SharedMemoryError(f"nothing of a row of {rows.within_max} elements is kept on chip", [],
+                                rows.bounded)
     rows_per_task = _rows_per_block(rows.rows, threads, shared_at, rows.spatial_only, spec)
     if rows.rows is None and threads > 1:
         notes.append("symbolic row count: one row per block, grid from the runtime extent "
@@ -623,6 +672,13 @@ def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
             if err.demotable:  # AStitch's demotion, one intermediate at a time, largest first
                 recompute += (err.demotable[0],)
                 continue
+            if err.bounded:
+                # Planned for the bound, no part of the row fits on chip: streamed, as for any length.
+                sizes = ", ".join(f"{n} <= {u}" for n, u in err.bounded)
+                plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name)
+                return dataclasses.replace(plan, notes=plan.notes + (
+                    f"planned for the bound of its symbolic length ({sizes}), no row-sized part stays on "
+                    f"chip ({err}): streamed instead",))
             try:
                 return plan_row_split(func, spec, name, few_long_rows_only=False)
             except SplitError as split_err:
