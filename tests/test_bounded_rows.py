@@ -274,3 +274,38 @@ def test_a_long_bound_keeps_what_fits_as_a_static_row_would(rng):
         np.testing.assert_allclose(run_cpu(emulated.executable, [x])[0], _softmax(x), rtol=1e-4, atol=1e-6)
     streamed = build(module(16384), CUDA, stitched=True).report.plans[0]
     assert not streamed.bounds and any("nothing of a row" in note for note in streamed.notes)
+
+
+def test_sizes_inside_composite_extents_are_set_through_the_plain_ones():
+    # BERT's head merge hands `2 * s` rows to a kernel that also reads an (s, 64) buffer: the size is
+    # set through the plain extent; where it occurs only as `2 * s`, there is no modeled traffic at the
+    # bound (it had made the group fall back).
+    from tvm.script import tirx as T
+
+    from tvm_stitch.analysis.size_bounds import ATTR, at_upper_bounds
+
+    @T.prim_func(private=True, s_tir=True)
+    def both(a: T.handle, b: T.handle, c: T.handle):
+        s = T.int64()
+        A = T.match_buffer(a, (2 * s, 64))
+        B = T.match_buffer(b, (s, 64))
+        C = T.match_buffer(c, (2 * s, 64))
+        for i, j in T.grid(2 * s, 64):
+            with T.sblock("add"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = A[vi, vj] + B[vi % s, vj]
+
+    @T.prim_func(private=True, s_tir=True)
+    def composite(a: T.handle, c: T.handle):
+        s = T.int64()
+        A = T.match_buffer(a, (2 * s, 64))
+        C = T.match_buffer(c, (2 * s, 64))
+        for i, j in T.grid(2 * s, 64):
+            with T.sblock("copy"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = A[vi, vj]
+
+    bounds = {"s": [2, 128]}
+    func, values = at_upper_bounds(both.with_attr(ATTR, bounds))
+    assert values == {"s": 128} and [int(d) for d in func.params[0].ty.shape] == [256, 64]
+    assert at_upper_bounds(composite.with_attr(ATTR, bounds)) == (None, {})

@@ -100,7 +100,8 @@ def _sizes(func: tirx.PrimFunc) -> dict:
 
 def at_sizes(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
     """`func` with its symbolic sizes set to `values` ({name: int}, every size of its buffer
-    parameters; sizes passed as scalar parameters are not supported)."""
+    parameters; sizes passed as scalar parameters, or found only inside composite extents such
+    as `2 * s`, are not supported: ValueError)."""
     sizes = _sizes(func)
     missing = sorted(set(sizes) - set(values))
     scalars = [str(p.name) for p in func.params if not isinstance(p.ty, tirx.BufferType)]
@@ -113,16 +114,25 @@ def at_sizes(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
         return tvm_ffi.structural_mutate(dim, [(tirx.Var, lambda v, _m: tirx.IntImm(str(v.ty), values[v.name])
                                                 if v.name in values else v)])
 
-    buffers = {p: tirx.decl_buffer([static(d) for d in p.ty.shape], p.ty.dtype, p.name) for p in func.params}
+    # TVM specialises a buffer whose extents are constants or sizes alone; the sizes it binds
+    # there are substituted in the other buffers too.
+    plain = [p for p in func.params if all(isinstance(d, (tirx.IntImm, tirx.Var)) for d in p.ty.shape)]
+    unbound = set(sizes) - {d.name for p in plain for d in p.ty.shape if isinstance(d, tirx.Var)}
+    if unbound:
+        raise ValueError(f"cannot set the kernel's sizes: {', '.join(sorted(unbound))} only inside composite extents")
+    buffers = {p: tirx.decl_buffer([static(d) for d in p.ty.shape], p.ty.dtype, p.name) for p in plain}
     return func.specialize(buffers)
 
 
 def at_upper_bounds(func: tirx.PrimFunc) -> tuple:
     """(func with every symbolic size of its parameters set to its upper bound, {name: bound}), or
-    (None, {}) when there is no size, some size has no upper bound, or one is a scalar parameter."""
+    (None, {}) when there is no size, some size has no upper bound, or `at_sizes` cannot set one."""
     bounds, sizes = size_bounds(func), _sizes(func)
     if (not sizes or any(bounds.get(name, (0, None))[1] is None for name in sizes)
             or any(not isinstance(p.ty, tirx.BufferType) for p in func.params)):
         return None, {}
     values = {name: bounds[name][1] for name in sizes}
-    return at_sizes(func, values), values
+    try:
+        return at_sizes(func, values), values
+    except ValueError:
+        return None, {}
