@@ -44,7 +44,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, sym, tirx
 
-from tvm_stitch.analysis.tir_view import static_product
+from tvm_stitch.analysis.tir_view import static_int, static_product, substitute
 
 MAX_NODES = 200  # the largest element expression kept as a closed form
 MAX_INSPECTED = 1 << 16  # constants of more elements are not read for a uniform or affine value
@@ -76,8 +76,7 @@ class ClosedForm:
 
     def at(self, indices) -> tirx.PrimExpr:
         """The element at `indices` (one PrimExpr per axis)."""
-        mapping = dict(zip(self.axes, indices))
-        return tvm_ffi.structural_mutate(self.element, [(tirx.Var, lambda v, _m: mapping.get(v, v))])
+        return substitute(self.element, dict(zip(self.axes, indices)))
 
 
 class Facts:
@@ -154,10 +153,6 @@ def _called(expr) -> list:
     return names
 
 
-def _is_one(extent) -> bool:
-    return isinstance(extent, tirx.IntImm) and extent.value == 1
-
-
 def _size(expr) -> int:
     count = [0]
     tvm_ffi.structural_walk(expr, lambda _node: count.__setitem__(0, count[0] + 1), order="pre")
@@ -169,7 +164,7 @@ def make(shape, dtype: str, facts: Facts, element_at) -> ClosedForm | None:
     axes = tuple(tirx.Var(f"i{k}", "int64") for k in range(len(shape)))
     zero = tirx.IntImm("int64", 0)
     with facts.over(axes, shape):
-        element = facts.simplify(element_at(tuple(zero if _is_one(d) else a for a, d in zip(axes, shape))))
+        element = facts.simplify(element_at(tuple(zero if static_int(d) == 1 else a for a, d in zip(axes, shape))))
     if _size(element) > MAX_NODES:
         return None
     return ClosedForm(tuple(shape), str(dtype), axes, element)
@@ -231,7 +226,7 @@ def _broadcast(form: ClosedForm, shape, facts: Facts):
         return None
     picks = []
     for k, dim in enumerate(form.shape):
-        if _is_one(dim):
+        if static_int(dim) == 1:
             picks.append(None)
         elif facts.equal(dim, shape[offset + k]):
             picks.append(offset + k)
@@ -293,7 +288,7 @@ def _divide(a, b, dtype):
     return a / b
 
 
-_BINARY = {
+_BINARY = MappingProxyType({
     "relax.add": lambda a, b, _d: a + b,
     "relax.subtract": lambda a, b, _d: a - b,
     "relax.multiply": lambda a, b, _d: a * b,
@@ -311,7 +306,7 @@ _BINARY = {
     "relax.logical_or": lambda a, b, _d: tirx.Or(a, b),
     "relax.bitwise_and": _bitwise(tirx.And, tirx.bitwise_and),
     "relax.bitwise_or": _bitwise(tirx.Or, tirx.bitwise_or),
-}
+})
 
 
 def _binary(call, forms, facts, shape, dtype):
@@ -378,7 +373,7 @@ def _squeeze(call, forms, facts, shape, dtype):
     x = _need(call.args[0], forms)
     rank = len(x.shape)
     if call.attrs.axis is None:
-        dropped = {k for k, d in enumerate(x.shape) if _is_one(d)}
+        dropped = {k for k, d in enumerate(x.shape) if static_int(d) == 1}
     else:
         dropped = {_axis(a, rank) for a in call.attrs.axis}
     zero = tirx.IntImm("int64", 0)

@@ -11,12 +11,11 @@ where the planner reads them.
 
 from __future__ import annotations
 
-import tvm_ffi
 from tvm import relax, sym, tirx
 from tvm.ir import PrimType, Range
 
 from tvm_stitch.analysis.closed_form import Facts
-from tvm_stitch.analysis.tir_view import vars_in
+from tvm_stitch.analysis.tir_view import substitute, vars_in
 
 ATTR = "tvm_stitch.size_bounds"
 UNBOUNDED = -1
@@ -111,8 +110,7 @@ def at_sizes(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
                             f"sizes passed as scalar parameters ({', '.join(scalars)})"))
 
     def static(dim):
-        return tvm_ffi.structural_mutate(dim, [(tirx.Var, lambda v, _m: tirx.IntImm(str(v.ty), values[v.name])
-                                                if v.name in values else v)])
+        return substitute(dim, {v: tirx.IntImm(str(v.ty), values[v.name]) for v in vars_in(dim) if v.name in values})
 
     # TVM specialises a buffer whose extents are constants or sizes alone; the sizes it binds
     # there are substituted in the other buffers too.

@@ -199,6 +199,11 @@ def vars_in(expr) -> set:
     return found
 
 
+def substitute(expr, mapping: dict):
+    """`expr` with each tirx.Var that `mapping` holds replaced by its value there."""
+    return tvm_ffi.structural_mutate(expr, [(tirx.Var, lambda v, _m: mapping.get(v, v))])
+
+
 ARITHMETIC_BUDGET = 12  # operations per element beyond which a block counts as expensive
 
 

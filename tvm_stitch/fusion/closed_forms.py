@@ -36,10 +36,10 @@ from __future__ import annotations
 import math
 
 import tvm
-import tvm_ffi
 from tvm import relax, te, tirx
 
 from tvm_stitch.analysis.closed_form import Facts, derive
+from tvm_stitch.analysis.tir_view import substitute
 from tvm_stitch.fusion.host_constants import MAX_BYTES, evaluate_on_host
 
 
@@ -82,8 +82,7 @@ def _at_bounds(expr, facts: Facts):
     sizes = tirx.analysis.undefined_vars(expr)
     if any(facts.bounds.get(v, (0, None))[1] is None for v in sizes):
         return None
-    mapping = {v: tirx.IntImm(str(v.ty), facts.bounds[v][1]) for v in sizes}
-    return tvm_ffi.structural_mutate(expr, [(tirx.Var, lambda v, _m: mapping.get(v, v))])
+    return substitute(expr, {v: tirx.IntImm(str(v.ty), facts.bounds[v][1]) for v in sizes})
 
 
 def _table_shape(form, facts: Facts, max_bytes: int):
