@@ -40,7 +40,7 @@ from tvm import relax, te, tirx
 
 from tvm_stitch.analysis.closed_form import Facts, derive
 from tvm_stitch.analysis.tir_view import substitute
-from tvm_stitch.fusion.host_constants import MAX_BYTES, evaluate_on_host
+from tvm_stitch.fusion.host_constants import MAX_BYTES, evaluate_bindings, read_outside, with_values
 
 
 def closed_forms(func: relax.Function, facts: Facts | None = None) -> dict:
@@ -60,14 +60,9 @@ def _replaced(func: relax.Function, forms: dict) -> list:
     """The closed-form vars read by a binding without one or by the function's result, that are not
     constants already, and are of a symbolic shape or cheap (a static mask too large for
     FoldHostConstants; other static values are FoldHostConstants' and FoldConstant's)."""
-    read = set(relax.analysis.free_vars(func.body.body))
-    constant = set()
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if binding.var not in forms:
-                read |= set(relax.analysis.free_vars(binding.value))
-            elif isinstance(binding.value, tvm.ir.Constant):
-                constant.add(binding.var)
+    read = read_outside(func, set(forms))
+    constant = {b.var for block in func.body.blocks for b in block.bindings
+                if b.var in forms and isinstance(b.value, tvm.ir.Constant)}
     return [v for v in forms if v in read and v not in constant
             and (forms[v].cheap or any(not isinstance(d, tirx.IntImm) for d in forms[v].shape))]
 
@@ -117,14 +112,9 @@ def _needed(func: relax.Function, outputs: list, forms: dict) -> list:
 def _tables(func: relax.Function, outputs: list, forms: dict, facts: Facts) -> list:
     """numpy values of `outputs` at the sizes' upper bounds, computed on the host by their bindings."""
     sizes = sorted(facts.bounds, key=lambda v: v.name)
-    param = relax.Var("sizes", relax.ShapeType(sizes))
-    result = relax.Var("tables", relax.TupleType([v.ty for v in outputs]))
-    body = relax.SeqExpr([relax.DataflowBlock(_needed(func, outputs, forms)
-                                              + [relax.VarBinding(result, relax.Tuple(outputs))])], result)
-    host = relax.Function([param], body, result.ty).with_attr("global_symbol", "main")
-    values = evaluate_on_host(tvm.IRModule({"main": host}), tvm.runtime.ShapeTuple(
-        [facts.bounds[v][1] if facts.bounds[v][1] is not None else facts.bounds[v][0] for v in sizes]))
-    return [values[i].numpy() for i in range(len(outputs))]
+    values = [facts.bounds[v][1] if facts.bounds[v][1] is not None else facts.bounds[v][0] for v in sizes]
+    return evaluate_bindings(_needed(func, outputs, forms), outputs, [relax.Var("sizes", relax.ShapeType(sizes))],
+                             (tvm.runtime.ShapeTuple(values),))
 
 
 def _slice_of(bb: relax.BlockBuilder, table, form) -> relax.Expr:
@@ -170,17 +160,8 @@ class ComputeClosedForms:
             if not isinstance(func, relax.Function):
                 continue
             replaced = self._replacements(bb, func)
-            if not replaced:
-                continue
-            blocks = []
-            for block in func.body.blocks:
-                bindings = [relax.VarBinding(b.var, replaced[b.var]) if b.var in replaced else b
-                            for b in block.bindings]
-                blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                              else relax.BindingBlock(bindings))
-            new = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
-                                 func.attrs)
-            updates[gv] = relax.analysis.remove_all_unused(new)
+            if replaced:
+                updates[gv] = with_values(func, replaced)
         if not updates:
             return mod
         out = bb.get()

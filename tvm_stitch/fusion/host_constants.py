@@ -67,6 +67,16 @@ def _foldable(value, folded: set, max_bytes: int) -> bool:
     return _fits(value.ty, max_bytes) and all(_constant_arg(a, folded) for a in value.args)
 
 
+def read_outside(func: relax.Function, inside: set) -> set:
+    """The vars of `inside` that a binding outside it, or the function's result, reads."""
+    read = set(relax.analysis.free_vars(func.body.body))
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if binding.var not in inside:
+                read |= set(relax.analysis.free_vars(binding.value))
+    return read & inside
+
+
 def constant_bindings(func: relax.Function, max_bytes: int = MAX_BYTES) -> tuple:
     """(bindings that depend on no parameter, in order; the vars among them read elsewhere)."""
     folded, bindings = set(), []
@@ -75,38 +85,29 @@ def constant_bindings(func: relax.Function, max_bytes: int = MAX_BYTES) -> tuple
             if isinstance(binding, relax.VarBinding) and _foldable(binding.value, folded, max_bytes):
                 folded.add(binding.var)
                 bindings.append(binding)
-    constant = {b.var for b in bindings}
-    read = set()
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if binding.var not in constant:
-                read |= set(relax.analysis.free_vars(binding.value)) & constant
-    read |= set(relax.analysis.free_vars(func.body.body)) & constant
+    read = read_outside(func, folded)
     return bindings, [b.var for b in bindings if b.var in read]
 
 
-def _evaluate(bindings: list, outputs: list) -> list:
-    """numpy values of `outputs`, computed by `bindings` built for the host CPU."""
-    result = relax.Var("constants", relax.TupleType([v.ty for v in outputs]))
+def evaluate_bindings(bindings: list, outputs: list, params: list = (), args: tuple = ()) -> list:
+    """numpy values of `outputs`, computed by `bindings` (reading only `params`, given `args`) in a
+    function built with TVM's default pipeline for the host CPU and run there."""
+    result = relax.Var("values", relax.TupleType([v.ty for v in outputs]))
     body = relax.SeqExpr([relax.DataflowBlock(list(bindings) + [relax.VarBinding(result, relax.Tuple(outputs))])],
                          result)
-    values = evaluate_on_host(tvm.IRModule({"main": relax.Function([], body, result.ty).with_attr("global_symbol",
-                                                                                                  "main")}))
+    main = relax.Function(list(params), body, result.ty).with_attr("global_symbol", "main")
+    host = tvm.target.Target("llvm")
+    executable = tvm.compile(tvm.IRModule({"main": main}), target=host, relax_pipeline=default_pipeline(host))
+    values = relax.VirtualMachine(executable, tvm.cpu())["main"](*args)
     return [values[i].numpy() for i in range(len(outputs))]
 
 
-def evaluate_on_host(mod: tvm.IRModule, *args):
-    """`mod["main"](*args)`, built with TVM's default pipeline for the host CPU and run there."""
-    host = tvm.target.Target("llvm")
-    executable = tvm.compile(mod, target=host, relax_pipeline=default_pipeline(host))
-    return relax.VirtualMachine(executable, tvm.cpu())["main"](*args)
-
-
-def _with_constants(func: relax.Function, values: dict) -> relax.Function:
+def with_values(func: relax.Function, values: dict) -> relax.Function:
+    """`func` with the bindings of the vars in `values` (var -> Relax expression) bound to those
+    expressions instead, and the bindings nothing reads any more dropped."""
     blocks = []
     for block in func.body.blocks:
-        bindings = [relax.VarBinding(b.var, relax.const(values[b.var], str(b.var.ty.dtype))) if b.var in values
-                    else b for b in block.bindings]
+        bindings = [relax.VarBinding(b.var, values[b.var]) if b.var in values else b for b in block.bindings]
         blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
                       else relax.BindingBlock(bindings))
     new = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
@@ -132,8 +133,9 @@ class FoldHostConstants:
             outputs = [v for v in outputs if isinstance(v.ty, relax.TensorType)]
             if not outputs or all(isinstance(b.value, tvm.ir.Constant) for b in bindings):
                 continue
-            values = dict(zip(outputs, _evaluate(bindings, outputs)))
-            updates[gv] = _with_constants(func, values)
+            values = {v: relax.const(value, str(v.ty.dtype))
+                      for v, value in zip(outputs, evaluate_bindings(bindings, outputs))}
+            updates[gv] = with_values(func, values)
             if self.report is not None:
                 self.report.notes.append(f"{gv.name_hint}: {len(bindings)} bindings of constants evaluated on the "
                                          f"host, {len(outputs)} kept as constants")
