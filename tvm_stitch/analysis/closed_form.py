@@ -79,6 +79,14 @@ class ClosedForm:
         return substitute(self.element, dict(zip(self.axes, indices)))
 
 
+def recorded_bounds(func: relax.Function) -> tuple:
+    """({size name: lower bound}, {size name: upper bound}) that a Relax function's
+    `tir_var_lower_bound` / `tir_var_upper_bound` attributes record (torch.export's `Dim(min, max)`)."""
+    attrs = func.attrs or {}
+    return tuple({str(k): int(v) for k, v in (attrs.get(key) or {}).items()}
+                 for key in ("tir_var_lower_bound", "tir_var_upper_bound"))
+
+
 class Facts:
     """What the analyzer may assume: the bounds of a function's sizes."""
 
@@ -89,9 +97,7 @@ class Facts:
     @classmethod
     def of_function(cls, func: relax.Function) -> "Facts":
         """Sizes in the parameters' shapes are >= 0, within the function's `tir_var_*_bound` attributes."""
-        attrs = func.attrs or {}
-        lower = {str(k): int(v) for k, v in (attrs.get("tir_var_lower_bound") or {}).items()}
-        upper = {str(k): int(v) for k, v in (attrs.get("tir_var_upper_bound") or {}).items()}
+        lower, upper = recorded_bounds(func)
         bounds = {}
         for param in func.params:
             shape = getattr(param.ty, "shape", None)

@@ -87,22 +87,22 @@ def size_bounds(func: tirx.PrimFunc) -> dict:
             for name, pair in recorded.items()}
 
 
-def _sizes(func: tirx.PrimFunc) -> dict:
-    """{name: Var} of the symbolic sizes in `func`'s parameters."""
-    sizes = {}
+def sizes(func: tirx.PrimFunc) -> dict:
+    """{name: Var} of the symbolic sizes of `func`'s parameter shapes and scalar parameters, in order."""
+    found = {}
     for param in func.params:
         dims = param.ty.shape if isinstance(param.ty, tirx.BufferType) else [param]
-        for var in (v for d in dims for v in vars_in(d)):
-            sizes[var.name] = var
-    return sizes
+        for var in (v for d in dims for v in tirx.analysis.undefined_vars(d)):
+            found.setdefault(var.name, var)
+    return found
 
 
 def at_sizes(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
     """`func` with its symbolic sizes set to `values` ({name: int}, every size of its buffer
     parameters; sizes passed as scalar parameters, or found only inside composite extents such
     as `2 * s`, are not supported: ValueError)."""
-    sizes = _sizes(func)
-    missing = sorted(set(sizes) - set(values))
+    found = sizes(func)
+    missing = sorted(set(found) - set(values))
     scalars = [str(p.name) for p in func.params if not isinstance(p.ty, tirx.BufferType)]
     if missing or scalars:
         raise ValueError("cannot set the kernel's sizes: "
@@ -115,7 +115,7 @@ def at_sizes(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
     # TVM specialises a buffer whose extents are constants or sizes alone; the sizes it binds
     # there are substituted in the other buffers too.
     plain = [p for p in func.params if all(isinstance(d, (tirx.IntImm, tirx.Var)) for d in p.ty.shape)]
-    unbound = set(sizes) - {d.name for p in plain for d in p.ty.shape if isinstance(d, tirx.Var)}
+    unbound = set(found) - {d.name for p in plain for d in p.ty.shape if isinstance(d, tirx.Var)}
     if unbound:
         raise ValueError(f"cannot set the kernel's sizes: {', '.join(sorted(unbound))} only inside composite extents")
     buffers = {p: tirx.decl_buffer([static(d) for d in p.ty.shape], p.ty.dtype, p.name) for p in plain}
@@ -125,11 +125,11 @@ def at_sizes(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
 def at_upper_bounds(func: tirx.PrimFunc) -> tuple:
     """(func with every symbolic size of its parameters set to its upper bound, {name: bound}), or
     (None, {}) when there is no size, some size has no upper bound, or `at_sizes` cannot set one."""
-    bounds, sizes = size_bounds(func), _sizes(func)
-    if (not sizes or any(bounds.get(name, (0, None))[1] is None for name in sizes)
+    bounds, found = size_bounds(func), sizes(func)
+    if (not found or any(bounds.get(name, (0, None))[1] is None for name in found)
             or any(not isinstance(p.ty, tirx.BufferType) for p in func.params)):
         return None, {}
-    values = {name: bounds[name][1] for name in sizes}
+    values = {name: bounds[name][1] for name in found}
     try:
         return at_sizes(func, values), values
     except ValueError:

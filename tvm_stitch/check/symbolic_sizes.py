@@ -16,37 +16,26 @@ from __future__ import annotations
 import tvm
 from tvm import relax, sym, tirx
 
+from tvm_stitch.analysis import closed_form
+from tvm_stitch.analysis.size_bounds import sizes
+
 ODD = 37
 UNBOUNDED_LARGE = 128
 
 
 def shape_vars(func: tirx.PrimFunc) -> list:
     """Names of the symbolic variables of `func`'s parameter shapes and scalar parameters, in order."""
-    names = []
-
-    def add(var):
-        if str(var.name) not in names:
-            names.append(str(var.name))
-
-    for param in func.params:
-        if isinstance(param.ty, tirx.BufferType):
-            for dim in param.ty.shape:
-                for var in tvm.tirx.analysis.undefined_vars(dim, []):
-                    add(var)
-        else:
-            add(param)
-    return names
+    return list(sizes(func))
 
 
 def recorded_bounds(mod: tvm.IRModule) -> tuple:
     """({name: lower bound}, {name: upper bound}) from the Relax functions of `mod`."""
     lower, upper = {}, {}
     for _, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or func.attrs is None:
-            continue
-        for key, into in (("tir_var_lower_bound", lower), ("tir_var_upper_bound", upper)):
-            if key in func.attrs:
-                into.update({str(k): int(v) for k, v in func.attrs[key].items()})
+        if isinstance(func, relax.Function):
+            low, high = closed_form.recorded_bounds(func)
+            lower.update(low)
+            upper.update(high)
     return lower, upper
 
 
