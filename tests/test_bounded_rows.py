@@ -19,7 +19,7 @@ import tvm
 from tvm import relax, tirx
 
 from tvm_stitch.analysis.size_bounds import at_sizes
-from tvm_stitch.planning import planner
+from tvm_stitch.planning import row_resident
 from tvm_stitch.planning.common import block_threads
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
@@ -165,7 +165,7 @@ def test_bounded_softmax_moves_what_the_static_build_at_the_bound_moves(monkeypa
     elements = 16 * 12 * 128 * 128
     assert bounded.modeled_bytes == static.modeled_bytes == bounded.ideal_bytes == elements * 4 * 2  # 1 read, 1 write
     # The same kernel planned as for an unbounded length streams: its row is read again in each pass.
-    monkeypatch.setattr(planner, "size_bounds", lambda func: {})
+    monkeypatch.setattr(row_resident, "size_bounds", lambda func: {})
     streamed = build(bounded_mod, CUDA, stitched=True).report.plans[0]
     assert not streamed.bounds and streamed.modeled_bytes >= elements * 4 * 3
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm_stitch.planning.planner import CPU_SPLIT_MIN_ROW, CPU_TASKS_PER_CORE
+from tvm_stitch.planning.cpu.tasks import CPU_SPLIT_MIN_ROW, CPU_TASKS_PER_CORE
 from tvm_stitch.planning.row_split import SPLIT_MIN_ROW
 from tvm_stitch.planning.spec import TargetSpec
 
@@ -39,7 +39,7 @@ def partition_limits(spec: TargetSpec, split_long_rows: bool = True) -> Partitio
         return PartitionLimits(row_bytes_limit=spec.shared_bytes_per_block,
                                long_rows_below=spec.sms if split_long_rows else 0, long_row=SPLIT_MIN_ROW)
     # On the CPU a row's intermediates live in L1/L2, not a scratchpad; too few long rows
-    # for the cores are cut into chunks (planner: _cpu_row_chunks), nothing kept per row.
+    # for the cores are cut into chunks (planning/cpu/tasks.py: row_chunks), nothing kept per row.
     return PartitionLimits(row_bytes_limit=CPU_ROW_BYTES, parallel_rows=CPU_PARTITION_ROWS,
                            long_rows_below=spec.cores * CPU_TASKS_PER_CORE if split_long_rows else 0,
                            long_row=CPU_SPLIT_MIN_ROW)
