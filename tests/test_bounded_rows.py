@@ -244,7 +244,8 @@ def test_a_kernel_output_read_again_stitches_with_a_bound(rng):
     # exp(x) is an output and the softmax's input: on CUDA kept in shared memory, which a row of
     # unbounded symbolic length cannot have (the group falls back); with a bound it is sized for it.
     unbounded = build(make_module([tensor("x", [4, S, S])], _exp_then_softmax), CUDA, stitched=True)
-    assert unbounded.report.fallbacks and "symbolic length" in unbounded.report.fallbacks[0].fallback
+    assert unbounded.report.fallbacks
+    assert unbounded.report.fallbacks[0].reason.params["row_resident"].code == "symbolic-shared-buffer"
     mod = _bounded(make_module([tensor("x", [4, S, S])], _exp_then_softmax), {"s": 1}, {"s": 128})
     bounded = build(mod, CUDA, stitched=True)
     assert not bounded.report.fallbacks and bounded.report.plans[0].bounds == (("s", 128),)

@@ -30,7 +30,12 @@ def test_unplannable_group_falls_back_with_reason_and_right_answer(rng):
     mod = _softmax_dynamic_rows()
     report = tvm_stitch.explain(mod, CUDA)
     assert report.fallbacks, report.table()
-    assert all("symbolic length" in group.fallback for group in report.fallbacks)
+    # A shared buffer of symbolic size: no row-resident plan, and no row-split plan of a symbolic row.
+    assert all(group.reason.code == "no-scheme" for group in report.fallbacks), report.table()
+    for group in report.fallbacks:
+        resident, split = group.reason.params["row_resident"], group.reason.params["row_split"]
+        assert (resident.code, split.code) == ("symbolic-shared-buffer", "split-symbolic-length"), group.fallback
+        assert group.fallback == group.reason.text and "symbolic length" in group.fallback
     assert "fallback" in report.table()
     built = build(mod, LLVM, stitched=True, emulate="cuda")  # the CUDA plans, run on the CPU
     assert built.report.fallbacks

@@ -76,7 +76,8 @@ def test_ill_formed_outlined_group_falls_back(monkeypatch, rng):
     monkeypatch.setattr(outline, "_bound_to_caller", lambda func, args: func)
     mod = make_module([tensor("x", [N, 256])], _layer_norm_softmax)
     built = build(mod, {"kind": "llvm"}, stitched=True)
-    assert built.report.fallbacks and "not well-formed" in built.report.fallbacks[0].fallback
+    assert built.report.fallbacks and built.report.fallbacks[0].reason.code == "error"
+    assert "not well-formed" in built.report.fallbacks[0].reason.params["message"]
     x = rng.standard_normal((5, 256)).astype("float32")
     np.testing.assert_allclose(run_cpu(built.executable, [x])[0], _np_layer_norm_softmax(x), rtol=1e-4, atol=1e-6)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.reasons import Reason
 from tvm_stitch.planning.spec import TargetSpec
 
 
@@ -16,13 +17,18 @@ class GroupRecord:
     op_kinds: tuple = ()  # their classification (elementwise, reduction, ...)
     kernel: str = ""  # name of the stitched PrimFunc ("" when it fell back)
     plan: StitchPlan | None = None
-    fallback: str = ""  # why the group took TVM's default path
+    reason: Reason | None = None  # why the group took TVM's default path (code and parameters)
     positions: tuple = ()  # (dataflow block index, binding index) of each binding (names may repeat)
     recomputed: tuple = ()  # ops of cheap producers the kernel computes again instead of reading
 
     @property
     def stitched(self) -> bool:
         return self.plan is not None
+
+    @property
+    def fallback(self) -> str:
+        """The reason rendered as prose ("" when the group was stitched)."""
+        return self.reason.text if self.reason is not None else ""
 
 
 @dataclass

@@ -33,6 +33,7 @@ from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_pro
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.planner import plan_kernel
+from tvm_stitch.planning.reasons import reason_of
 from tvm_stitch.planning.spec import DEFAULT_ARCH, TargetSpec
 from tvm_stitch.report import GroupRecord, StitchReport
 from tvm_stitch.target import as_target
@@ -185,10 +186,10 @@ class _Stitcher:
             fused = with_size_bounds(outlined.func, outlined.args, self.bounds)
             name, plan = self._kernel_for(fused, record.ops)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
-            reason = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}"
+            reason = reason_of(err)
             if self.strict:
-                raise StitchError(f"cannot stitch {list(record.ops)}: {reason}") from err
-            record.fallback = reason
+                raise StitchError(f"cannot stitch {list(record.ops)}: {reason.text}") from err
+            record.reason = reason
             return None
         record.kernel, record.plan = name, plan
         return name, outlined

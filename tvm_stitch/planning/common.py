@@ -13,14 +13,11 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.tir_view import REGION, block_views, buffer_params
+from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 
 BLOCK_THREADS = 256  # threads per CUDA block at most: enough warps per block, several blocks per SM
 BLOCKS_PER_SM = 2  # CUDA blocks wanted per SM, so one block's barrier leaves the SM busy
-
-
-class PlanError(Exception):
-    """The group cannot be stitched by the available schemes; the message says why."""
 
 
 def block_threads(spec: TargetSpec) -> int:
@@ -44,15 +41,14 @@ def check_describable(views: list, error: type = PlanError) -> None:
     at a point of its iterators, or through computed indices (gathers: whether such a read may
     cross rows is the row alignment's question)."""
     if not views:
-        raise error("no blocks")
+        raise error("no-blocks")
     for view in views:
         if not view.trivial_binding:
-            raise error(f"block {view.name}: loop nest is not one loop per iterator")
+            raise error("loop-nest", block=view.name)
         for access in view.reads + view.writes:
             if access.kind == REGION:
                 role = "writes" if any(access is w for w in view.writes) else "reads"
-                raise error(f"block {view.name} {role} a region of {access.buffer.name} that no element "
-                            "access of its body describes")
+                raise error("region-access", block=view.name, role=role, buffer=access.buffer.name)
 
 
 def inline_trial(func: tirx.PrimFunc, names: list, error: type = PlanError) -> tuple:
@@ -63,7 +59,7 @@ def inline_trial(func: tirx.PrimFunc, names: list, error: type = PlanError) -> t
         try:
             trial.compute_inline(trial.get_sblock(name))
         except Exception as err:  # noqa: BLE001 - s_tir refuses the inlining: say which block
-            raise error(f"block {name} cannot be inlined: {str(err).strip().splitlines()[-1][:120]}") from err
+            raise error("not-inlinable", block=name, detail=str(err).strip().splitlines()[-1][:120]) from err
     return trial, block_views(trial)
 
 

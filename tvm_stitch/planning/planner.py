@@ -90,7 +90,7 @@ def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
         try:
             return plan_row_split(func, spec, name, few_long_rows_only=False)
         except SplitError as split_err:
-            raise PlanError(f"{err}; and no row-split plan: {split_err}") from err
+            raise PlanError("no-scheme", row_resident=err.reason, row_split=split_err.reason) from err
 
 
 def _with_idle_note(plan: StitchPlan, spec: TargetSpec, not_split: SplitError) -> StitchPlan:

@@ -225,12 +225,10 @@ def choose_rows(analysis: Analysis, rank: int | None, choose_rank: Callable, use
     if rank is None:
         rank = choose_rank(kept, depth, spatial_only)
     elif not min(1, depth) <= rank <= depth:
-        raise PlanError(f"rank {rank} is outside the aligned depth 1..{depth}")
+        raise PlanError("rank-outside-depth", rank=rank, depth=depth)
     sizes = [static_product(v.extents) for v in kept]
     if rank == 0 and (None in sizes or max(sizes) >= LARGE_WORK):
-        work = "an unbounded number of elements" if None in sizes else f"{max(sizes)} elements"
-        raise PlanError(f"no row axis shared by all blocks ({analysis.depth_limit}), and one row task "
-                        f"cannot hold {work}")
+        raise PlanError("no-row-axis", limit=analysis.depth_limit, elements=None if None in sizes else max(sizes))
     within = [static_product(view.extents[rank:]) for view in kept]
     bounds, bounded = {}, ()
     if None in within and use_bounds:

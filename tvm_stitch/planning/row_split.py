@@ -68,7 +68,7 @@ STARVED_BLOCKS = 16  # below this many blocks, a launch that only combines parti
 
 
 class SplitError(PlanError):
-    """The group does not have the shape the row-split scheme handles; the message says why."""
+    """The group does not have the shape the row-split scheme handles; `reason` says why."""
 
 
 def wants_split(rows: int | None, row_length: int | None, spec: TargetSpec) -> bool:
@@ -117,10 +117,10 @@ def _kept_blocks(func: tirx.PrimFunc) -> tuple:
     check_describable(kept, SplitError)
     for view in kept:
         if len(view.writes) != 1:
-            raise SplitError(f"block {view.name} writes several buffers")
+            raise SplitError("split-writes-several", block=view.name)
     rank = analyze_rows(trial.mod["main"], kept).depth
     if rank == 0:
-        raise SplitError("no row axis shared by all blocks")
+        raise SplitError("split-no-row-axis")
     return (views, outputs, inlined, kept, rank, online_pairs(trial, kept, rank), variance_pairs(trial, kept),
             recomputed)
 
@@ -150,13 +150,13 @@ def _row_length(kept: list, rank: int) -> int:
     for view in kept:
         spatial, reduce = _within(view, rank)
         if spatial is None or reduce is None:
-            raise SplitError(f"block {view.name}: symbolic extent inside a row")
+            raise SplitError("split-symbolic-length", block=view.name)
         if view.has_reduction and spatial != 1:
-            raise SplitError(f"block {view.name}: reduction with {spatial} outputs per row")
+            raise SplitError("split-reduction-outputs", block=view.name, outputs=spatial)
         if view.has_reduction or spatial > 1:  # a per-row value (spatial 1) is computed whole by each block
             lengths.add(reduce if view.has_reduction else spatial)
     if len(lengths) != 1:
-        raise SplitError("blocks differ in row length")
+        raise SplitError("split-lengths-differ")
     return lengths.pop()
 
 
@@ -326,11 +326,10 @@ def _check_worth_splitting(kept: list, rank: int, kernels: _Kernels, unsplit_blo
     """For a split chosen for parallelism alone: few launches, and no launch that only combines
     unless the GPU is starved without the split."""
     if kernels.count > MAX_CHOSEN_KERNELS:
-        raise SplitError(f"{kernels.count} kernels: launches would cost more than idle SMs")
+        raise SplitError("split-too-many-kernels", kernels=kernels.count)
     chunked = {kernels.level[v.name] for v in kept if v.has_reduction or _within(v, rank)[0] > 1}
     if unsplit_blocks >= STARVED_BLOCKS and len(chunked) < kernels.count:
-        raise SplitError(f"{unsplit_blocks} blocks without a split: not starved enough to pay a launch "
-                         "that only combines")
+        raise SplitError("split-not-starved", blocks=unsplit_blocks)
 
 
 def _mapping(rows: int, length: int, columns: bool, dtype_bytes: int, spec: TargetSpec) -> ThreadMapping:
@@ -405,11 +404,11 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
                    few_long_rows_only: bool = False) -> StitchPlan:
     """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`."""
     if spec.family != "cuda":
-        raise SplitError("row-split is a CUDA scheme")
+        raise SplitError("split-cuda-only")
     views, outputs, inlined, kept, rank, online, variance, recomputed = _kept_blocks(func)
     rows = static_product(kept[0].extents[:rank])
     if rows is None:
-        raise SplitError("symbolic row count")
+        raise SplitError("split-symbolic-rows")
     length = _row_length(kept, rank)
     columns = walks_columns(kept, buffer_params(func), rank)
     # Column access (e.g. dgamma, BatchNorm over N): a thread per row walks its column;
@@ -418,9 +417,9 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
     kernels = _kernels(kept, online + variance)
     if few_long_rows_only:
         if columns and (unsplit_blocks >= spec.sms or length < MIN_COLUMN_WALK):
-            raise SplitError(f"{rows} column walks of {length}: enough blocks without a split")
+            raise SplitError("split-enough-columns", rows=rows, length=length)
         if not columns and not wants_split(rows, length, spec):
-            raise SplitError(f"{rows} rows of {length} elements: row-resident fits")
+            raise SplitError("split-resident-fits", rows=rows, length=length)
         _check_worth_splitting(kept, rank, kernels, unsplit_blocks)
     dtype_bytes = max(1, max(v.writes[0].buffer.dtype.bits for v in kept) // 8)
     mapping = _mapping(rows, length, columns, dtype_bytes, spec)

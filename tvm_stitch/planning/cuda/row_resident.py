@@ -35,8 +35,8 @@ class SharedMemoryError(PlanError):
     `bounded`: the (size, upper bound) pairs the row was planned for, when its length is symbolic.
     """
 
-    def __init__(self, message: str, demotable: list, bounded: tuple = ()):
-        super().__init__(message)
+    def __init__(self, code: str, demotable: list, bounded: tuple = (), **params):
+        super().__init__(code, **params)
         self.demotable = demotable
         self.bounded = bounded
 
@@ -175,18 +175,16 @@ def _check_fits(analysis: Analysis, rows: Rows, inter: list, symbolic_shared: li
                             and not view_of[i.name].has_reduction and len(view_of[i.name].writes) == 1
                             and (not symbolic_shared or i.name in symbolic_shared)),
                            key=lambda i: -i.bytes_per_row)
-        ends = analysis.depth_limit and rows.rank == analysis.depth
-        stop = f" (rows end at axis {rows.rank}: {analysis.depth_limit})" if ends else ""
-        excess = (f"{', '.join(symbolic_shared)}: a row of symbolic length cannot have a static shared buffer{stop}"
-                  if symbolic_shared else
-                  f"{shared} bytes of shared memory per row (intermediates, cached inputs, reduction "
-                  f"staging) exceed {limit} of shared memory")
-        raise SharedMemoryError(excess, [i.name for i in demotable], rows.bounded)
+        names = [i.name for i in demotable]
+        if symbolic_shared:
+            ends = analysis.depth_limit and rows.rank == analysis.depth
+            raise SharedMemoryError("symbolic-shared-buffer", names, rows.bounded, blocks=tuple(symbolic_shared),
+                                    rank=rows.rank, limit=analysis.depth_limit if ends else "")
+        raise SharedMemoryError("shared-memory-exceeded", names, rows.bounded, bytes=shared, limit=limit)
     if rows.bounded and rows.within_max > threads and not cached_inputs and not any(
             i.level == SHARED and i.bytes_per_row >= rows.within_max for i in inter):
         # Each thread would loop to the bound, a short row idling through it, for nothing kept on chip.
-        raise SharedMemoryError(f"nothing of a row of {rows.within_max} elements is kept on chip", [],
-                                rows.bounded)
+        raise SharedMemoryError("bound-keeps-nothing", [], rows.bounded, elements=rows.within_max)
 
 
 def mapping(analysis: Analysis, rows: Rows, inter: list, shared_rows: list, symbolic_shared: list,

@@ -1,0 +1,100 @@
+"""Why a group is not stitched: a code with parameters, rendered to prose here and only here.
+
+A planner raises PlanError (or a subclass: SplitError, SharedMemoryError)
+with a code of `MESSAGES` and the code's parameters; the stitch pass keeps
+the `Reason` of a group that falls back, and the report prints its `text`.
+An error that is not a PlanError (TVM refusing a schedule, a build failing)
+becomes the reason `error`, with the exception's type and last line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+def _work(elements) -> str:
+    return "an unbounded number of elements" if elements is None else f"{elements} elements"
+
+
+def _rows_end(rank: int, limit: str) -> str:
+    return f" (rows end at axis {rank}: {limit})" if limit else ""
+
+
+# code -> the prose of its parameters
+MESSAGES = MappingProxyType({
+    # what every scheme needs of a block
+    "no-blocks": lambda p: "no blocks",
+    "loop-nest": lambda p: f"block {p['block']}: loop nest is not one loop per iterator",
+    "region-access": lambda p: (f"block {p['block']} {p['role']} a region of {p['buffer']} that no element "
+                                "access of its body describes"),
+    "not-inlinable": lambda p: f"block {p['block']} cannot be inlined: {p['detail']}",
+    # row-resident
+    "rank-outside-depth": lambda p: f"rank {p['rank']} is outside the aligned depth 1..{p['depth']}",
+    "no-row-axis": lambda p: (f"no row axis shared by all blocks ({p['limit']}), and one row task "
+                              f"cannot hold {_work(p['elements'])}"),
+    "shared-memory-exceeded": lambda p: (f"{p['bytes']} bytes of shared memory per row (intermediates, cached "
+                                         f"inputs, reduction staging) exceed {p['limit']} of shared memory"),
+    "symbolic-shared-buffer": lambda p: (f"{', '.join(p['blocks'])}: a row of symbolic length cannot have a "
+                                         f"static shared buffer{_rows_end(p['rank'], p['limit'])}"),
+    "bound-keeps-nothing": lambda p: f"nothing of a row of {p['elements']} elements is kept on chip",
+    "no-scheme": lambda p: f"{p['row_resident'].text}; and no row-split plan: {p['row_split'].text}",
+    # row-split
+    "split-cuda-only": lambda p: "row-split is a CUDA scheme",
+    "split-writes-several": lambda p: f"block {p['block']} writes several buffers",
+    "split-no-row-axis": lambda p: "no row axis shared by all blocks",
+    "split-symbolic-rows": lambda p: "symbolic row count",
+    "split-symbolic-length": lambda p: f"block {p['block']}: symbolic extent inside a row",
+    "split-reduction-outputs": lambda p: f"block {p['block']}: reduction with {p['outputs']} outputs per row",
+    "split-lengths-differ": lambda p: "blocks differ in row length",
+    "split-enough-columns": lambda p: f"{p['rows']} column walks of {p['length']}: enough blocks without a split",
+    "split-resident-fits": lambda p: f"{p['rows']} rows of {p['length']} elements: row-resident fits",
+    "split-too-many-kernels": lambda p: f"{p['kernels']} kernels: launches would cost more than idle SMs",
+    "split-not-starved": lambda p: (f"{p['blocks']} blocks without a split: not starved enough to pay a launch "
+                                    "that only combines"),
+    # anything else that stopped a group
+    "error": lambda p: f"{p['type']}: {p['message']}",
+})
+
+
+@dataclass(frozen=True)
+class Reason:
+    """A code of MESSAGES with its parameters."""
+
+    code: str
+    params: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.code not in MESSAGES:
+            raise ValueError(f"unknown reason code {self.code!r}")
+
+    @property
+    def text(self) -> str:
+        return MESSAGES[self.code](self.params)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class PlanError(Exception):
+    """The group cannot be stitched by the available schemes; `reason` (code, params) says why."""
+
+    def __init__(self, code: str, **params):
+        self.reason = Reason(code, params)
+        super().__init__(self.reason.text)
+
+    @property
+    def code(self) -> str:
+        return self.reason.code
+
+    @property
+    def params(self) -> dict:
+        return self.reason.params
+
+
+def reason_of(err: Exception) -> Reason:
+    """The reason a failure gives: a PlanError's own, else `error` with the type and last line."""
+    if isinstance(err, PlanError):
+        return err.reason
+    lines = str(err).strip().splitlines()
+    return Reason("error", {"type": type(err).__name__, "message": lines[-1][:200] if lines else ""})
