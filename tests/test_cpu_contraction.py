@@ -7,6 +7,7 @@ import tvm
 from tvm import relax, tirx
 
 from tvm_stitch.pipeline import pipeline  # before schedules: tvm_stitch's import order breaks the cycle
+from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import host_target
 from tvm_stitch.tools.build import run_cpu
 
@@ -15,6 +16,7 @@ from schedules.cpu import contraction
 from conftest import make_module, tensor
 
 HOST = host_target()
+HOST_SPEC = TargetSpec.from_target(HOST)
 
 
 def _build(mod):
@@ -102,7 +104,7 @@ def test_strided_convolution_keeps_tvms_loop_nest(rng):
     mod = make_module([x, w], lambda bb, x, w: bb.emit(relax.op.nn.conv2d(x, w, strides=2)))
     with HOST:
         funcs = [f for gv, f in relax.transform.LegalizeOps()(mod).functions_items() if "conv" in gv.name_hint]
-    assert funcs and contraction.apply(funcs[0], HOST) is None
+    assert funcs and contraction.apply(funcs[0], HOST, HOST_SPEC) is None
     _, ex = _build(mod)
     a, wt = rng.standard_normal((1, 4, 16, 16)).astype("float32"), rng.standard_normal((8, 4, 2, 2)).astype("float32")
     (out,) = run_cpu(ex, [a, wt])
@@ -115,8 +117,8 @@ def test_rule_declines_what_is_not_a_contraction():
     mod = make_module([x], lambda bb, x: bb.emit(relax.op.sum(relax.op.exp(x), axis=1)))
     with HOST:
         funcs = [f for _, f in relax.transform.LegalizeOps()(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
-    assert funcs and all(contraction.apply(f, HOST) is None for f in funcs)
-    assert contraction.apply(funcs[0], tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) is None
+    assert funcs and all(contraction.apply(f, HOST, HOST_SPEC) is None for f in funcs)
+    assert contraction.apply(funcs[0], tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), HOST_SPEC) is None
 
 
 def test_symbolic_rows_and_columns_are_tiled_with_short_last_tiles(rng):

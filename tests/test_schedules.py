@@ -239,6 +239,7 @@ def test_last_resort_schedule_uses_the_targets_thread_limit():
     from tvm import relax
 
     from schedules.cuda import per_block
+    from tvm_stitch import TargetSpec
     from tvm_stitch.check.builds import check_builds
 
     mod = relax.transform.LegalizeOps()(make_module([tensor("x", (64, 96))],
@@ -246,7 +247,7 @@ def test_last_resort_schedule_uses_the_targets_thread_limit():
     (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     for limit, threads in ((1024, 256), (128, 128)):
         target = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": limit})
-        scheduled = per_block.apply(func, target).mod["main"]
+        scheduled = per_block.apply(func, TargetSpec.from_target(target)).mod["main"]
         extents = []
         tvm_ffi.structural_walk(scheduled.body, (tvm.tirx.For, lambda l: extents.append(int(l.extent))
                                                  if l.thread_binding is not None

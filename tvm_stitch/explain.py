@@ -7,7 +7,8 @@ import tvm
 from tvm_stitch.pipeline import grouping_passes, guarded
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
-from tvm_stitch.target import as_target, warn_if_generic_cpu
+from tvm_stitch.stitch_target import StitchTarget
+from tvm_stitch.target import warn_if_generic_cpu
 
 
 def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
@@ -15,13 +16,14 @@ def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
     """(report, grouped module): `explain`'s report and the graph StitchFusion grouped (FuseOps' output)."""
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"explain expects a Relax IRModule, got {type(mod).__name__}")
-    target = as_target(target)
+    made = StitchTarget.make(target)
+    target = made.target
     warn_if_generic_cpu(target)
     report = StitchReport()
     with target:
         grouped = tvm.transform.Sequential(grouping_passes(target, fast_math=fast_math, report=report))(
             tvm.IRModule(mod.functions, attrs=mod.attrs))
-        stitch = StitchFusion(target, strict=strict, report=report)
+        stitch = StitchFusion(made, strict=strict, report=report)
         (stitch if strict else guarded(stitch, report))(tvm.IRModule(grouped.functions, attrs=grouped.attrs))
     return report, grouped
 

@@ -52,7 +52,8 @@ from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
-from tvm_stitch.target import as_target, backend_passes, warn_if_generic_cpu
+from tvm_stitch.stitch_target import StitchTarget
+from tvm_stitch.target import backend_passes, warn_if_generic_cpu
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -65,16 +66,18 @@ class GuardedDefaultSchedule:
 
     Each scheduled function records the rule that scheduled it (the dlight
     rule's class name, or "per_block") in its `tvm_stitch.schedule_rule`
-    attribute.
+    attribute. `spec`: the target's TargetSpec, for the per-block schedule
+    (default: made from the current target).
     """
 
-    def __init__(self, report: StitchReport | None = None):
-        self.report = report
+    def __init__(self, spec: TargetSpec | None = None):
+        self.spec = spec
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from tvm.s_tir import dlight as dl
 
         target = Target.current(allow_none=False)
+        spec = self.spec if self.spec is not None else TargetSpec.from_target(target)
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
                  dl.gpu.Fallback()]
         updates = {}
@@ -93,7 +96,7 @@ class GuardedDefaultSchedule:
                     name = type(rule).__name__
                     break
             if sch is None:
-                sch = per_block.apply(func, target)
+                sch = per_block.apply(func, spec)
             updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_stitch.schedule_rule": name})
         for gv, func in updates.items():
             mod[gv] = func
@@ -123,12 +126,17 @@ class GuardedCpuSchedule:
 
     dlight 0.27 has CPU rules for GEMV and reductions only, TVM's topi no x86
     schedules. A rule that does not apply, or raises, leaves the function as
-    it was (TVM's unscheduled loop nest).
+    it was (TVM's unscheduled loop nest). `spec`: the target's TargetSpec
+    (default: made from the current target, once: it reads the host's caches
+    and thread count).
     """
+
+    def __init__(self, spec: TargetSpec | None = None):
+        self.spec = spec
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = Target.current(allow_none=False)
-        spec = TargetSpec.from_target(target)  # once: it reads the host's caches and thread count
+        spec = self.spec if self.spec is not None else TargetSpec.from_target(target)
         updates = {}
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
@@ -203,13 +211,17 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
     )
 
 
-def stitch_passes(target: Target, *, strict: bool = False, report: StitchReport | None = None,
+def stitch_passes(target, *, strict: bool = False, report: StitchReport | None = None,
                   emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True,
                   spec=None) -> list:
-    """The passes up to and including StitchFusion (shared by `pipeline` and `explain`)."""
-    stitch = StitchFusion(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec)
+    """The passes up to and including StitchFusion (shared by `pipeline` and `explain`); `target`: a
+    StitchTarget, or a target it is made from with `emulate` and `spec`."""
+    if not isinstance(target, StitchTarget):
+        target = StitchTarget.make(target, emulate, spec)
+    stitch = StitchFusion(target, strict=strict, report=report, cost_model=cost_model)
     # Groups fall back one by one; a failure of the pass as a whole (a bug) leaves TVM's path.
-    return grouping_passes(target, fast_math=fast_math, report=report) + [stitch if strict else guarded(stitch, report)]
+    return (grouping_passes(target.target, fast_math=fast_math, report=report)
+            + [stitch if strict else guarded(stitch, report)])
 
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
@@ -232,14 +244,14 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     for the target's `TargetSpec`, or for `spec` where given (see `StitchFusion`).
     An llvm target without `mcpu` warns (GenericCpuWarning): see `target.host_target()`.
     """
-    target = as_target(target)
+    made = StitchTarget.make(target, emulate, spec)
+    target = made.target
     warn_if_generic_cpu(target)
     passes = (
-        stitch_passes(target, strict=strict, report=report, emulate=emulate, fast_math=fast_math,
-                      cost_model=cost_model, spec=spec)
+        stitch_passes(made, strict=strict, report=report, fast_math=fast_math, cost_model=cost_model)
         + [relax.transform.FuseTIR()]
-        + ([GuardedDefaultSchedule(), guarded(VectorSelectsAsBranches(), report)] if target.kind.name == "cuda"
-           else [GuardedCpuSchedule()])
+        + ([GuardedDefaultSchedule(made.target_spec), guarded(VectorSelectsAsBranches(), report)]
+           if target.kind.name == "cuda" else [GuardedCpuSchedule(made.target_spec)])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)
     )

@@ -2,13 +2,16 @@
 
 Runs after FuseOps. Per dataflow block: build the graph, partition it into
 convex memory-bound groups, and for each group outline -> FuseTIR -> plan ->
-schedule, everything for the TargetSpec read once per run from the target
-(or given). A group that succeeds becomes one `call_tir` of a scheduled
-PrimFunc (attribute `tirx.is_scheduled`, so dlight leaves it alone, and
-`tvm_stitch.plan` holding its plan). A group that fails at any step keeps
-its original bindings — TVM's default path — and the reason is recorded.
-Finally, independent barrier-free kernels of a block share launches
-(packing.py).
+schedule, everything for the StitchTarget made once (stitch_target.py). Each
+stage returns a value, and each group's try is an `Attempt`: scheduled (a
+`Kernel`), or a fallback with the stage it stopped after and its `Reason`.
+A group that succeeds becomes one `call_tir` of a scheduled PrimFunc
+(attribute `tirx.is_scheduled`, so dlight leaves it alone, and
+`tvm_stitch.plan` holding its plan); one that fails keeps its original
+bindings — TVM's default path. A group retried (in parts, or without the
+producers it recomputes) leaves a note instead of its attempt. Finally,
+independent barrier-free kernels of a block share launches (packing.py).
+The report is made from the attempts, notes and packs at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
@@ -27,15 +31,17 @@ from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
 from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion.outline import outline_group
+from tvm_stitch.fusion.outline import Outlined, outline_group
 from tvm_stitch.fusion.packing import pack_block
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
+from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.planner import plan_kernel
-from tvm_stitch.planning.reasons import reason_of
-from tvm_stitch.planning.spec import DEFAULT_ARCH, TargetSpec
+from tvm_stitch.planning.reasons import Reason, reason_of
+from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import GroupRecord, StitchReport
+from tvm_stitch.stitch_target import StitchTarget, check_spec, emulated
 from tvm_stitch.target import as_target
 
 
@@ -67,13 +73,13 @@ def _defined(node) -> list:
 
 
 def _still_read(graph: Graph, recomputed: frozenset, stitched: list) -> frozenset:
-    """The recomputed producers read from memory — by a node outside the stitched groups (a group that
-    fell back, a reshape left to TVM) or by a group stitched without its copies — directly or through
-    each other: they are computed once, in memory."""
-    inside = {m for members, _ in stitched for m in members}
+    """The recomputed producers read from memory — by a node outside the `stitched` groups (attempts;
+    a group that fell back, a reshape left to TVM) or by a group stitched without its copies —
+    directly or through each other: they are computed once, in memory."""
+    inside = {m for attempt in stitched for m in attempt.group.members}
     read = {p for node in graph.nodes if node.index not in inside and node.index not in recomputed
             for p in graph.producers[node.index] if p in recomputed}
-    args = {arg for _, (_, outlined) in stitched for arg in outlined.args if isinstance(arg, relax.Var)}
+    args = {arg for attempt in stitched for arg in attempt.outlined.args if isinstance(arg, relax.Var)}
     read.update(p for p in recomputed if any(v in args for v in _defined(graph.nodes[p])))
     stack = list(read)
     while stack:
@@ -148,157 +154,229 @@ def _modeled_traffic(scheduled: tvm.tirx.PrimFunc, spec: TargetSpec) -> tuple:
     return traffic, f"modeled traffic at the upper bounds of the symbolic sizes ({sizes})"
 
 
+@dataclass(frozen=True)
+class Group:
+    """A group of bindings the partition chose, as the report names it."""
+
+    function: str  # the Relax function holding the group
+    members: tuple  # graph node indices
+    bindings: tuple  # names of the Relax variables the group computes
+    positions: tuple  # (dataflow block index, binding index) of each binding
+    ops: tuple  # names of the legalized operators in the group
+    op_kinds: tuple  # their classification
+    recomputed: tuple  # graph nodes of the producers the kernel computes again
+    recomputed_ops: tuple  # their operators
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A scheduled stitched PrimFunc and its plan."""
+
+    name: str
+    plan: StitchPlan
+    func: tvm.tirx.PrimFunc  # scheduled, with its plan attached
+    notes: tuple = ()  # what the report says of how it was made
+
+
+OUTLINED, PLANNED, SCHEDULED = "outlined", "planned", "scheduled"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try at stitching a group: `reached` is the last stage that succeeded ("" when outlining
+    failed); a scheduled attempt has its `kernel` and `outlined` call, a fallback its `reason`."""
+
+    group: Group
+    reached: str
+    outlined: Outlined | None = None
+    kernel: Kernel | None = None
+    reason: Reason | None = None
+
+    @property
+    def stitched(self) -> bool:
+        return self.kernel is not None
+
+    def record(self) -> GroupRecord:
+        g = self.group
+        return GroupRecord(function=g.function, bindings=g.bindings, positions=g.positions, ops=g.ops,
+                           op_kinds=g.op_kinds, recomputed=g.recomputed_ops,
+                           kernel=self.kernel.name if self.kernel else "",
+                           plan=self.kernel.plan if self.kernel else None, reason=self.reason)
+
+
+@dataclass
+class _Outcome:
+    """What the pass has made so far, in order: the report is built from it at the end."""
+
+    attempts: list = field(default_factory=list)  # the final Attempt of every group
+    opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
+    packs: list = field(default_factory=list)  # (packed kernel, member kernels)
+    notes: list = field(default_factory=list)
+
+    def into(self, report: StitchReport) -> None:
+        report.groups.extend(a.record() for a in self.attempts)
+        report.opaque.extend(self.opaque)
+        report.packs.extend(self.packs)
+        report.notes.extend(self.notes)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A dataflow block being rewritten: its graph, where each binding is, its sizes' bounds."""
+
+    function: str
+    graph: Graph
+    where: dict  # binding variable -> (dataflow block index, binding index)
+    bounds: dict  # bounds of the function's symbolic sizes (size_bounds)
+    recomputed: frozenset  # producers the groups reading them compute again
+
+
+def _group(block: _Block, members: list, recomputed: tuple = ()) -> Group:
+    graph = block.graph
+    nodes = [graph.nodes[m] for m in members]
+    return Group(
+        function=block.function,
+        members=tuple(members),
+        bindings=tuple(n.var.name for n in nodes),
+        positions=tuple(block.where[n.var] for n in nodes),
+        ops=tuple(graph.ops[i].name for n in nodes for i in n.ops),
+        op_kinds=tuple(graph.ops[i].cls.describe() for n in nodes for i in n.ops),
+        recomputed=tuple(recomputed),
+        recomputed_ops=tuple(graph.ops[i].name for m in recomputed for i in graph.nodes[m].ops),
+    )
+
+
 class _Stitcher:
-    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, report: StitchReport,
-                 spec: TargetSpec, choose=None):
+    """The stages of the pass for one module: outline, plan, schedule per group; groups per block."""
+
+    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, spec: TargetSpec, choose=None):
         self.mod = mod
         self.choose = choose  # (fused, rule plan, spec) -> the plan to use; None: the rule plan
         self.target = target
         self.spec = spec
         self.limits = partition_limits(spec)  # what the partition may group, for every block
+        # CUDA: the partition that keeps every row on chip, whose groups are the parts of a split one
+        self.on_chip_limits = partition_limits(spec, split_long_rows=False) if spec.family == "cuda" else None
         self.strict = strict
-        self.report = report
         self.analyses = analyses_for(mod)
-        self.new_funcs: dict = {}  # name -> scheduled PrimFunc
-        self.plans: dict = {}  # name -> StitchPlan
-        self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, kernel name, plan)]
-        self.count = 0
-        self.bounds: dict = {}  # bounds of the sizes of the function being rewritten (size_bounds)
+        self.kernels: dict = {}  # name -> Kernel
+        self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, Kernel)]
+        self.outcome = _Outcome()
 
-    def stitch_group(self, func_name: str, graph: Graph, members: list, where: dict, recomputed: list = ()):
-        """(PrimFunc name, outlined) for a stitched group, or None after recording why.
+    # --- the stages of one group
 
-        `where`: binding variable -> (dataflow block index, binding index) in the function.
-        `recomputed`: producer nodes the kernel computes again (partition.recomputed_in).
-        """
-        nodes = [graph.nodes[m] for m in members]
-        record = GroupRecord(
-            function=func_name,
-            bindings=tuple(n.var.name for n in nodes),
-            positions=tuple(where[n.var] for n in nodes),
-            ops=tuple(graph.ops[i].name for n in nodes for i in n.ops),
-            op_kinds=tuple(graph.ops[i].cls.describe() for n in nodes for i in n.ops),
-            recomputed=tuple(graph.ops[i].name for m in recomputed for i in graph.nodes[m].ops),
-        )
-        self.report.groups.append(record)
+    def attempt(self, block: _Block, members: list, recomputed: tuple = ()) -> Attempt:
+        """Outline, plan and schedule a group; a fallback attempt with the reason where a stage fails."""
+        group = _group(block, members, recomputed)
+        reached = ""
         try:
-            outlined = outline_group(self.mod, graph, members, f"stitch_{self.count}", recomputed)
-            fused = with_size_bounds(outlined.func, outlined.args, self.bounds)
-            name, plan = self._kernel_for(fused, record.ops)
+            outlined = outline_group(self.mod, block.graph, members, f"stitch_{len(self.kernels)}", recomputed)
+            reached = OUTLINED
+            fused = with_size_bounds(outlined.func, outlined.args, block.bounds)
+            kernel = self._kernel_for(fused, group.ops)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = reason_of(err)
             if self.strict:
-                raise StitchError(f"cannot stitch {list(record.ops)}: {reason.text}") from err
-            record.reason = reason
-            return None
-        record.kernel, record.plan = name, plan
-        return name, outlined
+                raise StitchError(f"cannot stitch {list(group.ops)}: {reason.text}") from err
+            return Attempt(group, reached, reason=reason)
+        return Attempt(group, SCHEDULED, outlined=outlined, kernel=kernel)
 
-    def _kernel_for(self, fused, ops: tuple) -> tuple:
-        """(name, plan) of the scheduled kernel for a fused PrimFunc; identical groups share one."""
+    def _kernel_for(self, fused: tvm.tirx.PrimFunc, ops: tuple) -> Kernel:
+        """The scheduled kernel of a fused PrimFunc; identical groups share one."""
         key = tvm_ffi.structural_hash(fused)
-        for other, name, plan in self.done.get(key, []):
+        for other, kernel in self.done.get(key, []):
             if tvm_ffi.structural_equal(other, fused):
-                return name, plan
-        name = f"stitch_{self.count}_{'_'.join(ops[:3])}"[:60]
+                return kernel
+        name = f"stitch_{len(self.kernels)}_{'_'.join(ops[:3])}"[:60]
         rule = plan_kernel(fused, self.spec, name)
         plan = self.choose(fused, rule, self.spec) if self.choose is not None else rule
+        kernel = self._scheduled(fused, name, rule, plan)
+        self.kernels[name] = kernel
+        self.done.setdefault(key, []).append((fused, kernel))
+        self.outcome.notes.extend(kernel.notes)
+        return kernel
+
+    def _scheduled(self, fused: tvm.tirx.PrimFunc, name: str, rule: StitchPlan, plan: StitchPlan) -> Kernel:
+        """The kernel of `plan` (the rule plan where the cost model's choice does not build), with
+        its modeled traffic."""
+        notes = ()
         try:
-            scheduled = self._scheduled(fused, plan)
+            scheduled = self._schedule(fused, plan)
         except Exception as err:  # noqa: BLE001 - the model's choice failed: the rules' plan is the fallback
             if plan is rule:
                 raise
-            self.report.notes.append(f"{name}: the cost model's choice did not build "
-                                     f"({type(err).__name__}); the rule plan is used")
-            plan, scheduled = rule, self._scheduled(fused, rule)
+            notes = (f"{name}: the cost model's choice did not build ({type(err).__name__}); the rule plan is used",)
+            plan, scheduled = rule, self._schedule(fused, rule)
         traffic, note = _modeled_traffic(scheduled, self.spec)
         if note:
             plan = dataclasses.replace(plan, notes=plan.notes + (note,))
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
-        self.count += 1
-        self.new_funcs[name] = scheduled.with_attr("tvm_stitch.plan", plan.to_json())
-        self.plans[name] = plan
-        self.done.setdefault(key, []).append((fused, name, plan))
-        return name, plan
+        return Kernel(name, plan, scheduled.with_attr("tvm_stitch.plan", plan.to_json()), notes)
 
-    def _scheduled(self, fused, plan):
+    def _schedule(self, fused: tvm.tirx.PrimFunc, plan: StitchPlan) -> tvm.tirx.PrimFunc:
         sch = schedule_for(fused, plan, self.target)
         scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
         check_builds(scheduled, self.target)
         return scheduled
 
-    def rewrite_block(self, func_name: str, block_index: int, block: relax.DataflowBlock, used_after: set,
-                      calls: dict) -> relax.DataflowBlock:
+    # --- the groups of one block
+
+    def rewrite_block(self, function: str, block_index: int, block: relax.DataflowBlock, used_after: set,
+                      calls: dict, bounds: dict) -> relax.DataflowBlock:
         graph = build_graph(self.mod, block, used_after, self.analyses)
-        where = {b.var: (block_index, k) for k, b in enumerate(block.bindings)}
-        for node in graph.nodes:
-            if not node.stitchable:
-                self.report.opaque.append((node.var.name, node.reason))
-        recomputed = recomputed_producers(graph, self.limits)
-        stitched = []
-        for members, parts in self._groups(graph):
-            if _only_reshapes(graph, members):
-                continue  # TVM turns these into views that launch nothing
-            result = self._stitch_recomputing(func_name, graph, members, where, recomputed)
-            if result is not None:
-                stitched.append((members, result))
-                continue
-            if parts:
-                failed = self.report.groups.pop()
-                self.report.notes.append(f"[{','.join(failed.ops)}] stitched as {len(parts)} groups with rows "
-                                         f"kept on chip: {failed.fallback}")
-                for part in parts:
-                    part_result = self._stitch_recomputing(func_name, graph, part, where, recomputed)
-                    if part_result is not None:
-                        stitched.append((part, part_result))
-        for members in partition(graph, self.limits, among=_still_read(graph, recomputed, stitched)):
+        self.outcome.opaque.extend((node.var.name, node.reason) for node in graph.nodes if not node.stitchable)
+        scope = _Block(function, graph, {b.var: (block_index, k) for k, b in enumerate(block.bindings)}, bounds,
+                       recomputed_producers(graph, self.limits))
+        stitched = self._stitched_groups(scope)
+        still_read = _still_read(graph, scope.recomputed, stitched)
+        for members in partition(graph, self.limits, among=still_read):
             if not _only_reshapes(graph, members):
-                result = self.stitch_group(func_name, graph, members, where)
-                if result is not None:
-                    stitched.append((members, result))
+                stitched += self._kept([self.attempt(scope, members)])
         if not stitched:
             return block
-        by_first = {members[0]: (members, result) for members, result in stitched}
-        bindings = []
-        for unit in _topological_units(graph, [m for m, _ in stitched]):
-            if unit[0] in by_first and by_first[unit[0]][0] == unit:
-                name, outlined = by_first[unit[0]][1]
-                bindings.extend(self._call_bindings(name, outlined, calls))
-                continue
-            node = graph.nodes[unit[0]]
-            bindings.append(node.binding)
-            bindings.extend(node.aliases)
-        bindings = _without_unused(bindings, {v for r in recomputed for v in _defined(graph.nodes[r])}, used_after)
-        kernels = {name: (self.new_funcs[name], plan) for name, plan in self.plans.items()}
-        try:
-            bindings = pack_block(bindings, kernels, calls, self.report,
-                                  lambda func: check_builds(func, self.target))
-        except Exception as err:  # noqa: BLE001 - packing is an optimisation: keep the kernels apart
-            if self.strict:
-                raise StitchError(f"cannot pack independent kernels: {err}") from err
-            self.report.notes.append(f"independent kernels left unpacked: {type(err).__name__}: {err}")
-        return relax.DataflowBlock(bindings)
+        return relax.DataflowBlock(self._bindings(scope, stitched, used_after, calls))
 
-    def _stitch_recomputing(self, func_name: str, graph: Graph, members: list, where: dict, recomputed):
-        """`stitch_group` with the recomputed producers the group reads; where that fails, the group
-        alone (the producers then keep their own launch)."""
-        copies = recomputed_in(graph, members, recomputed)
-        result = self.stitch_group(func_name, graph, members, where, copies)
-        if result is None and copies:
-            failed = self.report.groups.pop()
-            self.report.notes.append(f"[{','.join(failed.ops)}] stitched reading [{','.join(failed.recomputed)}] "
-                                     f"instead of recomputing it: {failed.fallback}")
-            result = self.stitch_group(func_name, graph, members, where)
-        return result
+    def _kept(self, attempts: list) -> list:
+        """Record the final attempts of groups; the stitched ones."""
+        self.outcome.attempts.extend(attempts)
+        return [a for a in attempts if a.stitched]
+
+    def _stitched_groups(self, scope: _Block) -> list:
+        """The stitched attempts of the partition's groups; a group that fails and whose rows may be
+        split is retried as its parts that keep rows on chip (see `_groups`)."""
+        stitched = []
+        for members, parts in self._groups(scope.graph):
+            if _only_reshapes(scope.graph, members):
+                continue  # TVM turns these into views that launch nothing
+            whole = self._recomputing(scope, members)
+            if whole.stitched or not parts:
+                stitched += self._kept([whole])
+                continue
+            self.outcome.notes.append(f"[{','.join(whole.group.ops)}] stitched as {len(parts)} groups with rows "
+                                      f"kept on chip: {whole.reason.text}")
+            stitched += self._kept([self._recomputing(scope, part) for part in parts])
+        return stitched
+
+    def _recomputing(self, scope: _Block, members: list) -> Attempt:
+        """The attempt of a group with the recomputed producers it reads; where that fails, of the
+        group alone (the producers then keep their own launch)."""
+        copies = recomputed_in(scope.graph, members, scope.recomputed)
+        attempt = self.attempt(scope, members, copies)
+        if attempt.stitched or not copies:
+            return attempt
+        self.outcome.notes.append(f"[{','.join(attempt.group.ops)}] stitched reading "
+                                  f"[{','.join(attempt.group.recomputed_ops)}] instead of recomputing it: "
+                                  f"{attempt.reason.text}")
+        return self.attempt(scope, members)
 
     def _groups(self, graph: Graph) -> list:
         """(group, parts) pairs: a group whose rows may be split (see partition_limits) has as parts the
         groups that keep rows on chip, tried when the group itself cannot be stitched."""
         groups = partition(graph, self.limits)
-        if self.spec.family != "cuda":
+        if self.on_chip_limits is None:
             return [(g, []) for g in groups]
-        on_chip = partition(graph, partition_limits(self.spec, split_long_rows=False))
+        on_chip = partition(graph, self.on_chip_limits)
         out = []
         for members in groups:
             parts = [p for p in on_chip if set(p) <= set(members)]
@@ -306,23 +384,73 @@ class _Stitcher:
             out.append((members, parts if complete else []))
         return out
 
-    def _call_bindings(self, name: str, outlined, calls: dict) -> list:
-        out_ty = outlined.out_types if len(outlined.out_types) > 1 else outlined.out_types[0]
-        call = relax.call_tir(calls[name], relax.Tuple(list(outlined.args)), out_ty)
-        fields = outlined.fields or (0,) * len(outlined.outputs)
-        if len(outlined.outputs) == 1 and not fields[0]:
-            return [relax.VarBinding(outlined.outputs[0], call)]
-        tmp = relax.DataflowVar(f"{name}_out", relax.TupleType(list(outlined.out_types)))
-        bindings = [relax.VarBinding(tmp, call)]
-        k = 0
-        for var, count in zip(outlined.outputs, fields):
-            if count:  # a tuple result: rebuilt from its fields
-                value = relax.Tuple([relax.TupleGetItem(tmp, k + i) for i in range(count)])
-            else:
-                value = relax.TupleGetItem(tmp, k)
-            bindings.append(relax.VarBinding(var, value))
-            k += max(1, count)
-        return bindings
+    def _bindings(self, scope: _Block, stitched: list, used_after: set, calls: dict) -> list:
+        """The block's bindings with each stitched group one call, in an order that respects every
+        dependence, less the recomputed producers nothing reads, with independent kernels packed."""
+        graph = scope.graph
+        by_first = {a.group.members[0]: a for a in stitched}
+        bindings = []
+        for unit in _topological_units(graph, [list(a.group.members) for a in stitched]):
+            attempt = by_first.get(unit[0])
+            if attempt is not None and list(attempt.group.members) == unit:
+                bindings.extend(_call_bindings(attempt.kernel.name, attempt.outlined, calls))
+                continue
+            node = graph.nodes[unit[0]]
+            bindings.append(node.binding)
+            bindings.extend(node.aliases)
+        droppable = {v for r in scope.recomputed for v in _defined(graph.nodes[r])}
+        bindings = _without_unused(bindings, droppable, used_after)
+        kernels = {name: (kernel.func, kernel.plan) for name, kernel in self.kernels.items()}
+        try:
+            return pack_block(bindings, kernels, calls, self.outcome.packs, lambda func: check_builds(func, self.target))
+        except Exception as err:  # noqa: BLE001 - packing is an optimisation: keep the kernels apart
+            if self.strict:
+                raise StitchError(f"cannot pack independent kernels: {err}") from err
+            self.outcome.notes.append(f"independent kernels left unpacked: {type(err).__name__}: {err}")
+            return bindings
+
+
+def _call_bindings(name: str, outlined: Outlined, calls: dict) -> list:
+    """The bindings of a stitched group: its call, and its outputs taken from the call's result."""
+    out_ty = outlined.out_types if len(outlined.out_types) > 1 else outlined.out_types[0]
+    call = relax.call_tir(calls[name], relax.Tuple(list(outlined.args)), out_ty)
+    fields = outlined.fields or (0,) * len(outlined.outputs)
+    if len(outlined.outputs) == 1 and not fields[0]:
+        return [relax.VarBinding(outlined.outputs[0], call)]
+    tmp = relax.DataflowVar(f"{name}_out", relax.TupleType(list(outlined.out_types)))
+    bindings = [relax.VarBinding(tmp, call)]
+    k = 0
+    for var, count in zip(outlined.outputs, fields):
+        if count:  # a tuple result: rebuilt from its fields
+            value = relax.Tuple([relax.TupleGetItem(tmp, k + i) for i in range(count)])
+        else:
+            value = relax.TupleGetItem(tmp, k)
+        bindings.append(relax.VarBinding(var, value))
+        k += max(1, count)
+    return bindings
+
+
+def _rewritable(func) -> bool:
+    """A Relax function of dataflow blocks the pass rewrites (not a primitive one)."""
+    return (isinstance(func, relax.Function) and not (func.attrs is not None and func.attrs.get("Primitive"))
+            and isinstance(func.body, relax.SeqExpr))
+
+
+def _rewrite_function(stitcher: _Stitcher, name: str, func: relax.Function, calls: dict) -> relax.Function | None:
+    """`func` with each dataflow block's groups stitched (None when nothing changed)."""
+    bounds = function_bounds(func)
+    blocks, changed = [], False
+    for i, block in enumerate(func.body.blocks):
+        if isinstance(block, relax.DataflowBlock):
+            new_block = stitcher.rewrite_block(name, i, block, _used_after(func, i), calls, bounds)
+            changed |= new_block is not block
+            blocks.append(new_block)
+        else:
+            blocks.append(block)
+    if not changed:
+        return None
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs, func.span)
 
 
 def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
@@ -337,30 +465,15 @@ def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
     spec = spec if spec is not None else TargetSpec.from_target(target)
     report.target = "cuda" if spec.family == "cuda" else "llvm"
     report.spec = spec
-    stitcher = _Stitcher(mod, target, strict, report, spec, choose)
+    stitcher = _Stitcher(mod, target, strict, spec, choose)
     bb = relax.BlockBuilder(mod)
-    calls = _LazyGlobals(bb, stitcher.new_funcs)
+    calls = _LazyGlobals(bb, stitcher.kernels)
     for gv, func in list(mod.functions_items()):
-        if not isinstance(func, relax.Function):
-            continue
-        if func.attrs is not None and func.attrs.get("Primitive"):
-            continue
-        if not isinstance(func.body, relax.SeqExpr):
-            continue
-        blocks = []
-        changed = False
-        stitcher.bounds = function_bounds(func)
-        for i, block in enumerate(func.body.blocks):
-            if isinstance(block, relax.DataflowBlock):
-                new_block = stitcher.rewrite_block(gv.name_hint, i, block, _used_after(func, i), calls)
-                changed |= new_block is not block
-                blocks.append(new_block)
-            else:
-                blocks.append(block)
-        if changed:
-            new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body),
-                                      func.ret_ty, func.is_pure, func.attrs, func.span)
-            bb.update_func(gv, new_func)
+        if _rewritable(func):
+            new_func = _rewrite_function(stitcher, gv.name_hint, func, calls)
+            if new_func is not None:
+                bb.update_func(gv, new_func)
+    stitcher.outcome.into(report)
     out = bb.get()
     out = relax.transform.Normalize()(out)
     return relax.transform.DeadCodeElimination()(out)
@@ -369,13 +482,13 @@ def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
 class _LazyGlobals(dict):
     """GlobalVars of stitched PrimFuncs, added to the module on first use."""
 
-    def __init__(self, bb: relax.BlockBuilder, funcs: dict):
+    def __init__(self, bb: relax.BlockBuilder, kernels: dict):
         super().__init__()
         self.bb = bb
-        self.funcs = funcs
+        self.kernels = kernels  # name -> Kernel
 
     def __missing__(self, name: str):
-        gv = self.bb.add_func(self.funcs[name], name)
+        gv = self.bb.add_func(self.kernels[name].func, name)
         self[name] = gv
         return gv
 
@@ -386,14 +499,15 @@ class _LazyGlobals(dict):
         return gv
 
 
-def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = False,
+def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, strict: bool = False,
                  report: StitchReport | None = None, emulate=None,
                  cost_model=True, spec: TargetSpec | None = None) -> tvm.transform.Pass:
     """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
 
     `target` defaults to the current target scope; plans are made for its
     `TargetSpec` (SMs, shared memory, cores, vector width...), read once per
-    run. With `strict=True` a group that cannot be stitched raises
+    pass (a `StitchTarget` holds both, made once by `pipeline`). With
+    `strict=True` a group that cannot be stitched raises
     StitchError instead of falling back. A `StitchReport` passed as `report`
     receives the plan or the fallback reason of every group.
     `emulate="cuda"` with an llvm target plans and schedules every kernel as
@@ -409,26 +523,26 @@ def StitchFusion(target: Target | dict | str | None = None, *, strict: bool = Fa
     SM count no target attribute sets); its family must be the one planned
     for.
     """
-    fixed = as_target(target) if target is not None else None
-    emulated = _emulated(emulate)
-    if spec is not None and not isinstance(spec, TargetSpec):
-        raise TypeError(f"spec must be a TargetSpec, not {type(spec).__name__}")
+    if isinstance(target, StitchTarget):
+        if emulate is not None or spec is not None:
+            raise TypeError("a StitchTarget already holds what emulate and spec would set")
+        fixed, emulation = target, None
+    else:
+        emulation = emulated(emulate)
+        check_spec(spec)
+        fixed = StitchTarget.checked(as_target(target), emulation, spec) if target is not None else None
     if not (isinstance(cost_model, bool) or callable(getattr(cost_model, "costs", None))):
         raise TypeError(f"cost_model must be True, False or a model with costs(rows), not {cost_model!r}")
 
     @tvm.transform.module_pass(opt_level=0, name="StitchFusion")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        tgt = fixed if fixed is not None else Target.current(allow_none=True)
-        if tgt is None:
-            raise ValueError("StitchFusion needs a target: pass one or run it inside `with target:`")
-        tgt = as_target(tgt)
-        if emulated is not None and tgt.kind.name != "llvm":
-            raise ValueError(f"emulate={emulate!r} needs an llvm target, not {tgt.kind.name!r}")
-        planned = TargetSpec.from_target(emulated if emulated is not None else tgt)
-        if spec is not None and spec.family != planned.family:
-            raise ValueError(f"spec is for {spec.family}, but the plans are for {planned.family}")
-        used = spec if spec is not None else planned
-        return stitch_module(mod, tgt, strict, report, used, _chooser(cost_model, used.family))
+        made = fixed
+        if made is None:
+            current = Target.current(allow_none=True)
+            if current is None:
+                raise ValueError("StitchFusion needs a target: pass one or run it inside `with target:`")
+            made = StitchTarget.checked(as_target(current), emulation, spec)
+        return stitch_module(mod, made.target, strict, report, made.spec, _chooser(cost_model, made.spec.family))
 
     return _pass
 
@@ -440,19 +554,3 @@ def _chooser(model, family: str):
     if model is True:
         model = _cost_model.SHIPPED.get(family)
     return functools.partial(_cost_model.choose, model) if model is not None else None
-
-
-def _emulated(emulate) -> Target | None:
-    """The cuda Target that `emulate` asks plans for (None: no emulation)."""
-    if emulate is None:
-        return None
-    if isinstance(emulate, str) and emulate == "cuda":
-        return Target({"kind": "cuda", "arch": DEFAULT_ARCH})
-    try:
-        target = as_target(emulate)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"emulate must be None, 'cuda' or a cuda target, not {emulate!r}") from err
-    if target.kind.name != "cuda":
-        raise ValueError(f"emulate must be None, 'cuda' or a cuda target, not {emulate!r}")
-    return target
-

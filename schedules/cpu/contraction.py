@@ -131,13 +131,12 @@ def _schedule_at_root(sch: s_tir.Schedule, block, lanes: int) -> None:
     _vectorise_inner(sch, block, lanes)
 
 
-def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec | None = None) -> s_tir.Schedule | None:
+def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec) -> s_tir.Schedule | None:
     """A register-blocked, parallel, vectorised schedule of a contraction and its epilogue; None
     when `func` is not a single contraction with element-wise or injective neighbours, its
     innermost output axis is not contiguous in its operands. Rows, columns, batch axes and the
     reduction may be symbolic (rows = batch x sequence, attention scores' columns = sequence).
-    `spec`: the target's TargetSpec (made from `target` where not given: a caller scheduling
-    many functions makes it once)."""
+    `spec`: the target's TargetSpec (vector width and registers)."""
     if target.kind.name != "llvm":
         return None
     sch = s_tir.Schedule(func)
@@ -160,7 +159,6 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec | None = None) -
     spatial_vars = [iv.var for iv in node.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     if not _contiguous_along(node, spatial_vars[-1]):
         return None  # TVM's loop nest beat gathered vectors (ConvNeXt's stride-4 stem: 0.5x)
-    spec = TargetSpec.from_target(target) if spec is None else spec
     out_bits = node.writes[0].source.dtype.bits if node.writes else 32
     lanes = max(1, spec.vector_bytes * 8 // max(32, out_bits))
 

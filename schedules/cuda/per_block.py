@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
-from tvm.target import Target
 
 from tvm_stitch.planning.common import block_threads
 from tvm_stitch.planning.spec import TargetSpec
@@ -30,8 +29,10 @@ def _loop_kinds(sch: s_tir.Schedule, block) -> list:
     return out
 
 
-def apply(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule:
-    threads = block_threads(TargetSpec.from_target(target))
+def apply(func: tirx.PrimFunc, spec: TargetSpec) -> s_tir.Schedule:
+    """A schedule every PrimFunc gets: per block, its spatial loops fused over blocks of threads
+    (at most `block_threads(spec)`), its reductions serial in each thread."""
+    threads = block_threads(spec)
     sch = s_tir.Schedule(func)
     for block in sch.get_child_blocks(get_root_block(sch)):
         kinds = _loop_kinds(sch, block)

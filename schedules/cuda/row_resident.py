@@ -120,7 +120,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             continue  # one thread per row: the row's loops run in that thread
         spatial_extent = loops_extent(sch, spatial)
         if reduce and (spatial_extent is None or spatial_extent < threads):
-            if threads <= int(target.attrs.get("thread_warp_size", 1)) and name in kept_on_chip:
+            if threads <= plan.spec.warp_size and name in kept_on_chip:
                 warp_reduced.append(name)
             # Few outputs per row: the threads share each output's reduction.
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]

@@ -65,12 +65,12 @@ def _path_masks(bindings: list) -> list:
     return masks
 
 
-def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
+def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify) -> list:
     """`bindings` with independent packable kernel calls merged into packed calls.
 
     `kernels` maps a stitched kernel's name to (PrimFunc, plan); `calls` gives
     (and creates) GlobalVars by name; `verify(func)` raises if a packed kernel
-    does not build; packs are recorded in `report.packs`.
+    does not build; each pack is appended to `recorded` as (packed kernel, member kernels).
     """
     candidates = []
     for i, binding in enumerate(bindings):
@@ -107,10 +107,10 @@ def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
         func = pack([kernels[n][0] for n in names], n_outputs)
         verify(func)
         built[k] = (names, func)
-    return _rewrite(bindings, packs, built, calls, report, depends)
+    return _rewrite(bindings, packs, built, calls, recorded, depends)
 
 
-def _rewrite(bindings: list, packs: list, built: dict, calls, report, depends: list) -> list:
+def _rewrite(bindings: list, packs: list, built: dict, calls, recorded: list, depends: list) -> list:
     member_of = {i: k for k, members in enumerate(packs) for i in members}
     emitted_pack = set()
     out = []
@@ -129,7 +129,7 @@ def _rewrite(bindings: list, packs: list, built: dict, calls, report, depends: l
             if needed & ~done:
                 continue
             if k is not None and k not in emitted_pack:
-                out.extend(_packed_call(bindings, group, built[k], calls, report))
+                out.extend(_packed_call(bindings, group, built[k], calls, recorded))
                 emitted_pack.add(k)
             elif k is None:
                 out.append(bindings[i])
@@ -144,7 +144,7 @@ def _rewrite(bindings: list, packs: list, built: dict, calls, report, depends: l
     return out
 
 
-def _packed_call(bindings: list, group: list, built: tuple, calls, report) -> list:
+def _packed_call(bindings: list, group: list, built: tuple, calls, recorded: list) -> list:
     names, func = built
     gv = calls.add("pack_" + "_".join(n.split("_")[1] for n in names)[:40], func)
     args, out_types, outputs = [], [], []
@@ -155,7 +155,7 @@ def _packed_call(bindings: list, group: list, built: tuple, calls, report) -> li
         ty = call.ty_args[0]
         out_types.extend(_out_types(call))
         outputs.append((bindings[i].var, ty))
-    report.packs.append((gv.name_hint, tuple(names)))
+    recorded.append((gv.name_hint, tuple(names)))
     tmp = relax.DataflowVar(f"{gv.name_hint}_out", relax.TupleType(out_types))
     new = [relax.VarBinding(tmp, relax.call_tir(gv, relax.Tuple(args), out_types))]
     k = 0
