@@ -287,98 +287,128 @@ class FoldProloguesIntoMatmuls:
         self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        composed: dict = {}  # _wiring key -> (GlobalVar, argument order), or why it does not fold
-        noted: set = set()  # the keys whose reason the report has
-        tried: dict = {}  # structural hash -> [(PrimFunc, GlobalVar or None)]: one trial per composition
-        outputs: dict = {}  # (split PrimFunc, output index) -> GlobalVar of that output's copy, or None
-        kinds = _Kinds(mod)
-
-        def output_call(split: relax.Call, index: int):
-            nonlocal mod
-            key = (split.args[0], index)
-            if key not in outputs:
-                outputs[key] = None
-                sliced = split_output(mod[split.args[0]], index)
-                if sliced is not None:
-                    builder = relax.BlockBuilder(mod)
-                    outputs[key] = builder.add_func(sliced, f"{split.args[0].name_hint}_{index}")
-                    mod = kinds.mod = builder.get()
-            if outputs[key] is None:
-                return None
-            return relax.Call(split.op, [outputs[key], split.args[1]], split.attrs, [split.ty_args[0].fields[index]])
-
-        def scheduled(prim: tirx.PrimFunc, name: str):
-            """The GlobalVar of `prim` where dlight's Matmul rule schedules it, else None."""
-            nonlocal mod
-            same = tried.setdefault(tvm_ffi.structural_hash(prim), [])
-            for other, other_gv in same:
-                if tvm_ffi.structural_equal(prim, other):
-                    return other_gv
-            new_gv = None
-            if defines_its_sizes(prim) and matmul_rule_applies(prim, self.target):
-                builder = relax.BlockBuilder(mod)
-                new_gv = builder.add_func(prim, name)
-                mod = kinds.mod = builder.get()
-            same.append((prim, new_gv))
-            return new_gv
-
-        def fold(matmul: relax.Call, chain: list, note: bool):
-            """The call of `matmul` reading through `chain`, or None (the reason noted in the report
-            if `note`, once per composition)."""
-            key, leaves = _wiring(matmul, chain)
-            if key not in composed:
-                try:
-                    prim, order = _composed(mod, matmul, chain, leaves)
-                    callee = scheduled(prim, f"{matmul.args[0].name_hint}_prologue")
-                    composed[key] = (callee, order) if callee is not None else \
-                        "dlight's Matmul rule does not schedule the two as one"
-                except (tvm.error.TVMError, ValueError) as err:  # FuseTIR refused the composition
-                    composed[key] = f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}"
-            if isinstance(composed[key], str):
-                if note and key not in noted and self.report is not None:
-                    noted.add(key)
-                    self.report.notes.append(f"{', '.join(p.args[0].name_hint for _, p in chain)} stays a kernel "
-                                             f"before {matmul.args[0].name_hint}: {composed[key]}")
-                return None
-            callee, order = composed[key]
-            return relax.Call(matmul.op, [callee, relax.Tuple([leaves[i] for i in order])], matmul.attrs,
-                              matmul.ty_args)
-
+        folder = PrologueFolder(mod, self.target, self.report)
         for gv, func in list(mod.functions_items()):
-            if not isinstance(func, relax.Function):
+            if isinstance(func, relax.Function):
+                folder.fold_function(gv, func)
+        return folder.module()
+
+
+class PrologueFolder:
+    """The folds of one module. `mod` grows by the PrimFuncs the folds add (each composition, each
+    split output's own copy) and takes each rewritten function; the caches make each composition,
+    trial and split output once."""
+
+    def __init__(self, mod: tvm.IRModule, target: Target, report=None):
+        self.mod = mod
+        self.target = target
+        self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
+        self.kinds = _Kinds(mod)
+        self.composed: dict = {}  # _wiring key -> (GlobalVar, argument order), or why it does not fold
+        self.noted: set = set()  # the keys whose reason the report has
+        self.tried: dict = {}  # structural hash -> [(PrimFunc, GlobalVar or None)]: one trial per composition
+        self.outputs: dict = {}  # (split PrimFunc, output index) -> GlobalVar of that output's copy, or None
+
+    def _add(self, prim: tirx.PrimFunc, name: str) -> tvm.ir.GlobalVar:
+        builder = relax.BlockBuilder(self.mod)
+        gv = builder.add_func(prim, name)
+        self.mod = self.kinds.mod = builder.get()
+        return gv
+
+    def output_call(self, split: relax.Call, index: int) -> relax.Call | None:
+        """A call of output `index` of the `split` call as a copy of its own (None where it is not one)."""
+        key = (split.args[0], index)
+        if key not in self.outputs:
+            sliced = split_output(self.mod[split.args[0]], index)
+            self.outputs[key] = self._add(sliced, f"{split.args[0].name_hint}_{index}") if sliced is not None else None
+        if self.outputs[key] is None:
+            return None
+        return relax.Call(split.op, [self.outputs[key], split.args[1]], split.attrs, [split.ty_args[0].fields[index]])
+
+    def scheduled(self, prim: tirx.PrimFunc, name: str) -> tvm.ir.GlobalVar | None:
+        """The GlobalVar of `prim` where dlight's Matmul rule schedules it, else None."""
+        same = self.tried.setdefault(tvm_ffi.structural_hash(prim), [])
+        for other, other_gv in same:
+            if tvm_ffi.structural_equal(prim, other):
+                return other_gv
+        new_gv = None
+        if defines_its_sizes(prim) and matmul_rule_applies(prim, self.target):
+            new_gv = self._add(prim, name)
+        same.append((prim, new_gv))
+        return new_gv
+
+    def _composition(self, matmul: relax.Call, chain: list, leaves: list):
+        """(callee, argument order) of `chain` composed with `matmul`, or why it does not fold."""
+        try:
+            prim, order = _composed(self.mod, matmul, chain, leaves)
+            callee = self.scheduled(prim, f"{matmul.args[0].name_hint}_prologue")
+        except (tvm.error.TVMError, ValueError) as err:  # FuseTIR refused the composition
+            return f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}"
+        return (callee, order) if callee is not None else "dlight's Matmul rule does not schedule the two as one"
+
+    def fold(self, matmul: relax.Call, chain: list, note: bool) -> relax.Call | None:
+        """The call of `matmul` reading through `chain`, or None (the reason noted in the report
+        if `note`, once per composition)."""
+        key, leaves = _wiring(matmul, chain)
+        if key not in self.composed:
+            self.composed[key] = self._composition(matmul, chain, leaves)
+        if isinstance(self.composed[key], str):
+            if note and key not in self.noted and self.report is not None:
+                self.noted.add(key)
+                self.report.notes.append(f"{', '.join(p.args[0].name_hint for _, p in chain)} stays a kernel "
+                                         f"before {matmul.args[0].name_hint}: {self.composed[key]}")
+            return None
+        callee, order = self.composed[key]
+        return relax.Call(matmul.op, [callee, relax.Tuple([leaves[i] for i in order])], matmul.attrs,
+                          matmul.ty_args)
+
+    def fold_chains(self, func: relax.Function, gathered: set) -> tuple:
+        """(func with every matmul's whole chain folded where dlight schedules it, whether some chain
+        was refused). A chain sharing a var with a refused one waits for `fold_round`: that var may stay."""
+        chains = _chains(self.kinds, func, self.output_call, gathered)
+        calls = _call_tir_bindings(func)
+        folds = {var: self.fold(calls[var], chain, note=False) for var, chain in chains.items()}
+        refused = {v for var, chain in chains.items() if folds[var] is None for v, _ in chain}
+        new_values = {var: call for var, call in folds.items()
+                      if call is not None and not any(v in refused for v, _ in chains[var])}
+        if not new_values:
+            return func, bool(refused)
+        index_of = {b.var: i for i, b in enumerate(b for block in func.body.blocks for b in block.bindings)}
+        folded_vars = sorted({v for var in new_values for v, _ in chains[var]}, key=index_of.get)
+        return _replace_bindings(func, new_values, folded_vars), bool(refused)
+
+    def fold_round(self, func: relax.Function, gathered: set) -> relax.Function | None:
+        """`func` with at most one more producer folded into each matmul (None when nothing folds)."""
+        calls = _call_tir_bindings(func)
+        new_values, old_args = {}, []
+        for var, position, producer in list(_fold_sites(self.kinds, func, self.output_call, gathered)):
+            arg = calls[var].args[1].fields[position]
+            if var in new_values or arg in old_args:
                 continue
-            gathered = gather_regions(kinds, func)
-            chains = _chains(kinds, func, output_call, gathered)
-            calls = _call_tir_bindings(func)
-            folds = {var: fold(calls[var], chain, note=False) for var, chain in chains.items()}
-            refused = {v for var, chain in chains.items() if folds[var] is None for v, _ in chain}
-            # A chain sharing a var with a refused one waits for the rounds below: that var may stay.
-            new_values = {var: call for var, call in folds.items()
-                          if call is not None and not any(v in refused for v, _ in chains[var])}
-            if new_values:
-                index_of = {b.var: i for i, b in enumerate(b for block in func.body.blocks for b in block.bindings)}
-                folded_vars = sorted({v for var in new_values for v, _ in chains[var]}, key=index_of.get)
-                func = _replace_bindings(func, new_values, folded_vars)
-                mod[gv] = func
-            folded = bool(refused)
-            while folded:  # one round folds at most one producer into each matmul
-                calls = _call_tir_bindings(func)
-                new_values, old_args = {}, []
-                for var, position, producer in list(_fold_sites(kinds, func, output_call, gathered)):
-                    arg = calls[var].args[1].fields[position]
-                    if var in new_values or arg in old_args:
-                        continue
-                    call = fold(calls[var], [(arg, producer)], note=True)
-                    if call is not None:
-                        new_values[var] = call
-                        old_args.append(arg)
-                folded = bool(new_values)
-                if folded:
-                    func = _replace_bindings(func, new_values, old_args)
-                    mod[gv] = func
+            call = self.fold(calls[var], [(arg, producer)], note=True)
+            if call is not None:
+                new_values[var] = call
+                old_args.append(arg)
+        return _replace_bindings(func, new_values, old_args) if new_values else None
+
+    def fold_function(self, gv: tvm.ir.GlobalVar, func: relax.Function) -> None:
+        """Fold the prologues of `func`'s matmuls: whole chains, then, where dlight refused one,
+        one producer per round until nothing folds; the module takes each rewritten function."""
+        gathered = gather_regions(self.kinds, func)
+        folded, refused = self.fold_chains(func, gathered)
+        if folded is not func:
+            self.mod[gv] = func = folded
+        if not refused:
+            return
+        while (rounded := self.fold_round(func, gathered)) is not None:
+            self.mod[gv] = func = rounded
+
+    def module(self) -> tvm.IRModule:
+        """The module, less the split outputs' copies no call uses."""
+        mod = self.mod
         called = {call.args[0] for f in mod.functions.values() if isinstance(f, relax.Function)
                   for call in _call_tir_bindings(f).values()}
-        unused = [gv for gv in outputs.values() if gv is not None and gv not in called]
+        unused = [gv for gv in self.outputs.values() if gv is not None and gv not in called]
         return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv not in unused}, attrs=mod.attrs) \
             if unused else mod
 
