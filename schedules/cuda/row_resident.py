@@ -86,10 +86,31 @@ def _flatten_row_axes(sch: s_tir.Schedule, rank: int) -> None:
 
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     bind = target.kind.name == "cuda"
-    one_thread_per_row = plan.mapping.threads == 1
-    on_chip = ("local" if one_thread_per_row else "shared") if bind else "global"
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
+    _stage_on_chip(sch, plan, ("local" if plan.mapping.threads == 1 else "shared") if bind else "global")
+    if plan.bounds:
+        sch = s_tir.Schedule(loops_to_bounds(sch.mod["main"], plan))
+    row = _bind_rows(sch, merge_row_loops(sch, plan), plan, bind)
+    warp_reduced, serial_reduced = _map_within_rows(sch, row, plan, bind)
+    if bind:
+        _set_scopes(sch, plan, warp_reduced)
+    for name, thread_loop in serial_reduced:
+        # Accumulated in a register, stored to shared memory once: a sum updated in shared memory
+        # under a thread predicate (a row length the threads do not divide: average pooling's
+        # windows) needs barriers inside the predicate, which TVM's lowering rejects.
+        stage = sch.cache_write(sch.get_sblock(name), 0, "local")
+        sch.reverse_compute_at(stage, thread_loop)
+    flattened = plan.mapping.rows_per_task > 1 and plan.mapping.threads > 1 and plan.rank > 1
+    if flattened:
+        _flatten_row_axes(sch, plan.rank)
+    if bind:
+        regions_to_bounds(sch, plan, ("shared", "local"), 1 if flattened else plan.rank)
+    return sch
+
+
+def _stage_on_chip(sch: s_tir.Schedule, plan: StitchPlan, on_chip: str) -> None:
+    """Copies in `on_chip` scope of the kernel outputs kept on chip and of each cached input's row."""
     on_chip_outputs = [i.name for i in plan.intermediates if not i.inlined and i.name in plan.outputs]
     for name in on_chip_outputs:
         block = sch.get_sblock(name)
@@ -99,11 +120,12 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             rows_first_in_stage(sch, block, stage, plan.rank)
     for name in plan.cached_inputs:
         _cache_input_row(sch, name, on_chip)
-    if plan.bounds:
-        sch = s_tir.Schedule(loops_to_bounds(sch.mod["main"], plan))
-    row = merge_row_loops(sch, plan)
-    threads = plan.mapping.threads
-    packed = plan.mapping.rows_per_task
+
+
+def _bind_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool):
+    """The row loop, split into blocks of `rows_per_task` rows where packed, bound to blocks (and
+    the packed rows to threads); the loop of one row."""
+    threads, packed = plan.mapping.threads, plan.mapping.rows_per_task
     if packed > 1:
         block_loop, row = sch.split(row, [None, packed])
         if bind:
@@ -111,9 +133,15 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             sch.bind(row, "threadIdx.x" if threads == 1 else "threadIdx.y")
     elif bind:
         sch.bind(row, "blockIdx.x")
+    return row
+
+
+def _map_within_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool) -> tuple:
+    """Each block's loops inside a row over the row's threads; (intermediates reduced across the
+    threads of one warp, (intermediate, its thread loop) of those reduced serially in each thread)."""
+    threads = plan.mapping.threads
     kept_on_chip = {i.name for i in plan.intermediates if not i.inlined}
-    warp_reduced = []  # intermediates reduced across the threads of one warp
-    serial_reduced = []  # (intermediate, its thread loop): reduced serially in each thread
+    warp_reduced, serial_reduced = [], []
     for name, block in blocks_by_name(sch).items():
         spatial, reduce = within_row_loops(sch, block, row)
         if threads == 1:
@@ -144,8 +172,13 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
                 serial_reduced.append((name, thread_loop))
         else:
             _split_over_threads(sch, sch.add_unit_loop(block), threads, bind, plan)
+    return warp_reduced, serial_reduced
+
+
+def _set_scopes(sch: s_tir.Schedule, plan: StitchPlan, warp_reduced: list) -> None:
+    """Each intermediate kept on chip (not an output) in the scope of its level."""
     for inter in plan.intermediates:
-        if not bind or inter.inlined or inter.name in plan.outputs:
+        if inter.inlined or inter.name in plan.outputs:
             continue
         scope = {SHARED: "shared", REGISTER: "local"}.get(inter.level)
         if scope == "shared" and inter.name in warp_reduced:
@@ -159,15 +192,3 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             block = sch.get_sblock(inter.name)
             for index in range(len(sch.get(block).writes)):
                 sch.set_scope(block, index, scope)
-    for name, thread_loop in serial_reduced:
-        # Accumulated in a register, stored to shared memory once: a sum updated in shared memory
-        # under a thread predicate (a row length the threads do not divide: average pooling's
-        # windows) needs barriers inside the predicate, which TVM's lowering rejects.
-        stage = sch.cache_write(sch.get_sblock(name), 0, "local")
-        sch.reverse_compute_at(stage, thread_loop)
-    flattened = packed > 1 and threads > 1 and plan.rank > 1
-    if flattened:
-        _flatten_row_axes(sch, plan.rank)
-    if bind:
-        regions_to_bounds(sch, plan, ("shared", "local"), 1 if flattened else plan.rank)
-    return sch

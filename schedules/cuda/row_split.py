@@ -53,9 +53,7 @@ def _row_loop(sch: s_tir.Schedule, block, rank: int):
 
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     bind = target.kind.name == "cuda"
-    rank, split = plan.rank, plan.mapping.split
-    threads, vector = plan.mapping.threads, plan.mapping.vector
-    columns = threads == 1
+    columns = plan.mapping.threads == 1
     compute_level = plan.phase_kernels(PhaseRole.COMPUTE)
     combine_level = plan.phase_kernels(PhaseRole.COMBINE)
     # The kernel each block runs in: a reduction's block (after rfactor, its combine) in its
@@ -64,23 +62,11 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     sch = s_tir.Schedule(func)
     recompute_in_readers(sch, plan.recomputed_outputs)
     inline_cheap_blocks(sch, plan)
-
-    chunked = []  # (block name, is a partial reduction)
-    partial_of = {}  # reduction -> its partial (rf) block
-    for name, block in blocks_by_name(sch).items():
-        if name in combine_level:
-            partial = sch.get(_split_reduction(sch, block, rank, split)).name_hint
-            kernel_of[partial] = compute_level[name]
-            chunked.append((partial, True))
-            partial_of[name] = partial
-        elif loops_extent(sch, sch.get_loops(block)[rank:]) != 1:
-            within = sch.get_loops(block)[rank:]
-            sch.split(_fuse(sch, within), [split, None])
-            chunked.append((name, False))
+    chunked, partial_of = _chunked(sch, plan, kernel_of, compute_level, combine_level)
 
     # Root loop nests in kernel order, then each kernel's row loops merged into one.
     rewrites = _online_rewrites(sch, plan.online, partial_of)
-    rewrites.update(_variance_rewrites(sch, plan.variance, partial_of, split))
+    rewrites.update(_variance_rewrites(sch, plan.variance, partial_of, plan.mapping.split))
     sch = _in_kernel_order(sch, kernel_of, rewrites)
     if bind and not columns:
         for total, peak in plan.online + tuple((squares, total) for squares, total in plan.variance):
@@ -90,45 +76,8 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             chunk_max = sch.get_sblock(partial_of[peak])
             copy = sch.cache_write(chunk_max, 0, "shared", consumer_blocks=[sch.get_sblock(partial_of[total])])
             sch.reverse_compute_at(copy, sch.get_loops(chunk_max)[-2])
-    kernels = [[] for _ in range(plan.kernels)]
-    for name, block in blocks_by_name(sch).items():
-        if name in kernel_of:  # not a copy placed inside another block's loops
-            kernels[kernel_of[name]].append(_row_loop(sch, block, rank))
-    rows = [loops[0] if len(loops) == 1 else sch.merge(*loops) for loops in kernels]
-    row_block = "blockIdx.y" if split > 1 else "blockIdx.x"
-    if columns:
-        # A thread per row (column walk): rows across the threads of a block.
-        anchors = []
-        for row in rows:
-            outer, inner = sch.split(row, [None, plan.mapping.rows_per_task])
-            if bind:
-                sch.bind(outer, row_block)
-                sch.bind(inner, "threadIdx.x")
-            anchors.append(inner)
-        rows = anchors
-    elif bind:
-        for row in rows:
-            sch.bind(row, row_block)
-
-    for name, partial in chunked:
-        block = sch.get_sblock(name)
-        loops = sch.get_loops(block)
-        chunk_loop, inner = loops[-2], loops[-1]
-        if bind and split > 1:
-            sch.bind(chunk_loop, "blockIdx.x")
-        if columns:
-            continue  # the thread walks its chunk of the column serially
-        if partial:
-            outer, thread = sch.split(inner, [None, threads])
-            sch.reorder(thread, outer)
-        elif vector > 1:
-            _, thread, lanes = sch.split(inner, [None, threads, vector])
-            sch.vectorize(lanes)
-        else:
-            _, thread = sch.split(inner, [None, threads])
-        if bind:
-            sch.bind(thread, "threadIdx.x")
-
+    rows = _bind_kernel_rows(sch, plan, kernel_of, bind)
+    _bind_chunks(sch, plan, chunked, bind)
     if bind:
         global_combines = {i.name for i in plan.intermediates if i.level == GLOBAL}
         for name, lvl in combine_level.items():
@@ -141,6 +90,74 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             else:
                 sch.set_scope(block, 0, "local")
     return sch
+
+
+def _chunked(sch: s_tir.Schedule, plan: StitchPlan, kernel_of: dict, compute_level: dict,
+             combine_level: dict) -> tuple:
+    """Every block's row cut into `split` chunks, a reduction's as partials (rfactor) whose kernel
+    `kernel_of` gets; ((block name, is a partial reduction) of each chunked block, reduction -> its
+    partial block)."""
+    rank, split = plan.rank, plan.mapping.split
+    chunked, partial_of = [], {}
+    for name, block in blocks_by_name(sch).items():
+        if name in combine_level:
+            partial = sch.get(_split_reduction(sch, block, rank, split)).name_hint
+            kernel_of[partial] = compute_level[name]
+            chunked.append((partial, True))
+            partial_of[name] = partial
+        elif loops_extent(sch, sch.get_loops(block)[rank:]) != 1:
+            within = sch.get_loops(block)[rank:]
+            sch.split(_fuse(sch, within), [split, None])
+            chunked.append((name, False))
+    return chunked, partial_of
+
+
+def _bind_kernel_rows(sch: s_tir.Schedule, plan: StitchPlan, kernel_of: dict, bind: bool) -> list:
+    """Each kernel's row loops merged into one, bound to blocks (column walks: rows across the
+    threads of a block); the row loop of each kernel."""
+    kernels = [[] for _ in range(plan.kernels)]
+    for name, block in blocks_by_name(sch).items():
+        if name in kernel_of:  # not a copy placed inside another block's loops
+            kernels[kernel_of[name]].append(_row_loop(sch, block, plan.rank))
+    rows = [loops[0] if len(loops) == 1 else sch.merge(*loops) for loops in kernels]
+    row_block = "blockIdx.y" if plan.mapping.split > 1 else "blockIdx.x"
+    if plan.mapping.threads == 1:
+        # A thread per row (column walk): rows across the threads of a block.
+        anchors = []
+        for row in rows:
+            outer, inner = sch.split(row, [None, plan.mapping.rows_per_task])
+            if bind:
+                sch.bind(outer, row_block)
+                sch.bind(inner, "threadIdx.x")
+            anchors.append(inner)
+        return anchors
+    if bind:
+        for row in rows:
+            sch.bind(row, row_block)
+    return rows
+
+
+def _bind_chunks(sch: s_tir.Schedule, plan: StitchPlan, chunked: list, bind: bool) -> None:
+    """Each chunk over blocks, its elements over the block's threads (in vector lanes where the
+    plan has them; a column walk's chunk serially in its thread)."""
+    split, threads, vector = plan.mapping.split, plan.mapping.threads, plan.mapping.vector
+    for name, partial in chunked:
+        loops = sch.get_loops(sch.get_sblock(name))
+        chunk_loop, inner = loops[-2], loops[-1]
+        if bind and split > 1:
+            sch.bind(chunk_loop, "blockIdx.x")
+        if threads == 1:
+            continue  # the thread walks its chunk of the column serially
+        if partial:
+            outer, thread = sch.split(inner, [None, threads])
+            sch.reorder(thread, outer)
+        elif vector > 1:
+            _, thread, lanes = sch.split(inner, [None, threads, vector])
+            sch.vectorize(lanes)
+        else:
+            _, thread = sch.split(inner, [None, threads])
+        if bind:
+            sch.bind(thread, "threadIdx.x")
 
 
 def _with_reads(block, body, loads: list):

@@ -256,10 +256,8 @@ def _evaluate(args) -> int:
     return 0 if result["done"] else 1
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_bench(sub) -> None:
+    """The `bench` command's arguments."""
     bench = sub.add_parser("bench", help="run the graph suite with TVM's default pipeline and with tvm-stitch")
     bench.add_argument("--target", choices=["llvm", "cuda"], default="llvm",
                        help="llvm (default): CPU timings; cuda: also time on a GPU where one is present")
@@ -281,6 +279,9 @@ def main(argv=None) -> int:
     bench.add_argument("--machine", default="", help="folder name of this machine (default: cpu-<cores>core)")
     bench.set_defaults(func=_bench)
 
+
+def _add_explain(sub) -> None:
+    """The `explain` command's arguments."""
     exp = sub.add_parser("explain", help="print the stitch plan of a suite graph, a model or a script")
     exp.add_argument("graph", help="a suite graph (layernorm, ...), a model (bert, gpt2, llama, convnext; "
                                    "MODEL:backward or MODEL:adam for training steps), or a .py file defining "
@@ -294,6 +295,9 @@ def main(argv=None) -> int:
     exp.add_argument("--size", choices=["bench", "test"], default="bench")
     exp.set_defaults(func=_explain)
 
+
+def _add_simt(sub) -> None:
+    """The `simt` command's arguments."""
     sm = sub.add_parser("simt", help="run every stitched CUDA kernel with SIMT semantics on the CPU "
                                      "(OpenCL on pocl, or Oclgrind: races, bounds, uninitialised reads)")
     sm.add_argument("graph", help="a suite graph, a model (MODEL[:backward|:adam]) or a .py file, as for explain")
@@ -309,6 +313,9 @@ def main(argv=None) -> int:
                          "an odd value and its upper bound, 1, 37 and 128 where unbounded)")
     sm.set_defaults(func=_simt)
 
+
+def _add_fuzz(sub) -> None:
+    """The `fuzz` command's arguments."""
     fz = sub.add_parser("fuzz", help="check random memory-intensive graphs: stitched vs TVM's default")
     fz.add_argument("--n", type=int, default=100, help="number of graphs")
     fz.add_argument("--seed", type=int, default=0, help="first seed (graph i uses seed + i)")
@@ -321,6 +328,9 @@ def main(argv=None) -> int:
     fz.add_argument("--save", default="", help="folder for the shrunk specs of failing graphs")
     fz.set_defaults(func=_fuzz)
 
+
+def _add_gpu_kit(sub) -> None:
+    """The `gpu-kit` command's arguments."""
     kit = sub.add_parser("gpu-kit", help="build and pack the GPU check kit (no GPU needed to build it)")
     kit.add_argument("--out", default="benchmarks/gpu/pack")
     kit.add_argument("--size", choices=["bench", "test"], default="bench")
@@ -330,6 +340,9 @@ def main(argv=None) -> int:
     kit.add_argument("--no-hbm", action="store_true", help="leave out the HBM-sized entries (bench size only)")
     kit.set_defaults(func=_gpu_kit)
 
+
+def _add_tune(sub) -> None:
+    """The `tune` command's arguments."""
     tn = sub.add_parser("tune", help="time every candidate configuration of the suite's groups (CPU), "
                                      "writing JSON-lines records; resumes an interrupted run")
     tn.add_argument("--shapes", choices=["train", "held-out", "all"], default="all")
@@ -340,11 +353,17 @@ def main(argv=None) -> int:
     tn.add_argument("--fresh", action="store_true", help="delete the records first instead of resuming")
     tn.set_defaults(func=_tune)
 
+
+def _add_train(sub) -> None:
+    """The `train` command's arguments."""
     tr = sub.add_parser("train", help="train the CPU cost model from tune records")
     tr.add_argument("--records", default=f"{RESULTS}/records-cpu.jsonl")
     tr.add_argument("--out", default="", help="model file (default: the shipped planning/cost_models/cpu.json)")
     tr.set_defaults(func=_train)
 
+
+def _add_evaluate(sub) -> None:
+    """The `evaluate` command's arguments."""
     ev = sub.add_parser("evaluate", help="the model's choices on held-out shapes vs the best and the rules; "
                                          "compile time with and without the model")
     ev.add_argument("--held-out", default=f"{RESULTS}/held-out-cpu.jsonl")
@@ -354,6 +373,18 @@ def main(argv=None) -> int:
                     help="skip timing the suite at bench shapes with the model and with rules")
     ev.set_defaults(func=_evaluate)
 
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_bench(sub)
+    _add_explain(sub)
+    _add_simt(sub)
+    _add_fuzz(sub)
+    _add_gpu_kit(sub)
+    _add_tune(sub)
+    _add_train(sub)
+    _add_evaluate(sub)
     args = parser.parse_args(argv)
     args.argv = argv
     for dtype in getattr(args, "dtype", "float32").split(","):
