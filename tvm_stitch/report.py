@@ -20,6 +20,7 @@ class GroupRecord:
     reason: Reason | None = None  # why the group took TVM's default path (code and parameters)
     positions: tuple = ()  # (dataflow block index, binding index) of each binding (names may repeat)
     recomputed: tuple = ()  # ops of cheap producers the kernel computes again instead of reading
+    stage: str = ""  # the last stage the group passed: "outlined", "planned" or "scheduled" ("": none)
 
     @property
     def stitched(self) -> bool:

@@ -201,7 +201,7 @@ class Attempt:
         return GroupRecord(function=g.function, bindings=g.bindings, positions=g.positions, ops=g.ops,
                            op_kinds=g.op_kinds, recomputed=g.recomputed_ops,
                            kernel=self.kernel.name if self.kernel else "",
-                           plan=self.kernel.plan if self.kernel else None, reason=self.reason)
+                           plan=self.kernel.plan if self.kernel else None, reason=self.reason, stage=self.reached)
 
 
 @dataclass
@@ -266,14 +266,19 @@ class _Stitcher:
     # --- the stages of one group
 
     def attempt(self, block: _Block, members: list, recomputed: tuple = ()) -> Attempt:
-        """Outline, plan and schedule a group; a fallback attempt with the reason where a stage fails."""
+        """Outline, plan and schedule a group (identical groups share one kernel); a fallback attempt
+        with the reason where a stage fails."""
         group = _group(block, members, recomputed)
         reached = ""
         try:
             outlined = outline_group(self.mod, block.graph, members, f"stitch_{len(self.kernels)}", recomputed)
             reached = OUTLINED
             fused = with_size_bounds(outlined.func, outlined.args, block.bounds)
-            kernel = self._kernel_for(fused, group.ops)
+            kernel = self._known(fused)
+            if kernel is None:
+                name, rule, plan = self._plan(fused, group.ops)
+                reached = PLANNED
+                kernel = self._add(fused, self._scheduled(fused, name, rule, plan))
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = reason_of(err)
             if self.strict:
@@ -281,18 +286,22 @@ class _Stitcher:
             return Attempt(group, reached, reason=reason)
         return Attempt(group, SCHEDULED, outlined=outlined, kernel=kernel)
 
-    def _kernel_for(self, fused: tvm.tirx.PrimFunc, ops: tuple) -> Kernel:
-        """The scheduled kernel of a fused PrimFunc; identical groups share one."""
-        key = tvm_ffi.structural_hash(fused)
-        for other, kernel in self.done.get(key, []):
+    def _known(self, fused: tvm.tirx.PrimFunc) -> Kernel | None:
+        """The kernel already made of a fused PrimFunc structurally equal to `fused`, if any."""
+        for other, kernel in self.done.get(tvm_ffi.structural_hash(fused), []):
             if tvm_ffi.structural_equal(other, fused):
                 return kernel
+        return None
+
+    def _plan(self, fused: tvm.tirx.PrimFunc, ops: tuple) -> tuple:
+        """(kernel name, rule plan, the plan to build: the rule plan or the cost model's choice)."""
         name = f"stitch_{len(self.kernels)}_{'_'.join(ops[:3])}"[:60]
         rule = plan_kernel(fused, self.spec, name)
-        plan = self.choose(fused, rule, self.spec) if self.choose is not None else rule
-        kernel = self._scheduled(fused, name, rule, plan)
-        self.kernels[name] = kernel
-        self.done.setdefault(key, []).append((fused, kernel))
+        return name, rule, self.choose(fused, rule, self.spec) if self.choose is not None else rule
+
+    def _add(self, fused: tvm.tirx.PrimFunc, kernel: Kernel) -> Kernel:
+        self.kernels[kernel.name] = kernel
+        self.done.setdefault(tvm_ffi.structural_hash(fused), []).append((fused, kernel))
         self.outcome.notes.extend(kernel.notes)
         return kernel
 
