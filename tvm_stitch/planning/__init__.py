@@ -1,1 +1,1 @@
-"""The plan (plain data) and the rules that make it from a fused PrimFunc: row-resident and row-split mappings, resources, candidates, features, the cost model."""
+"""The plan (plain data) and the rules that make it from a fused PrimFunc: planner.py tries the schemes per target; row_resident.py holds the row-resident rules every target shares, cuda/ and cpu/ each target's own (typed mapping records), row_split.py the CUDA row-split scheme, reasons.py the codes of what no scheme handles; then resources, candidates, features, the cost model."""
