@@ -279,7 +279,7 @@ def test_a_long_bound_keeps_what_fits_as_a_static_row_would(rng):
 def test_sizes_inside_composite_extents_are_set_through_the_plain_ones():
     # BERT's head merge hands `2 * s` rows to a kernel that also reads an (s, 64) buffer: the size is
     # set through the plain extent; where it occurs only as `2 * s`, there is no modeled traffic at the
-    # bound (it had made the group fall back).
+    # bound, and the group still stitches.
     from tvm.script import tirx as T
 
     from tvm_stitch.analysis.size_bounds import ATTR, at_upper_bounds

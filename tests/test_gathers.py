@@ -217,7 +217,7 @@ def test_gather_kernels_compile_with_nvcc(name, tmp_path):
 
 def test_bert_embedding_with_symbolic_sequence_is_one_launch():
     """BERT's token, type and position lookups + LayerNorm over a symbolic sequence: one CUDA launch
-    (it fell back as 10 when the position ids' two reads merged into a region)."""
+    (the position ids' two reads stay two gathers: merged into one region they would not stitch)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tvm_stitch.tools.launches import cuda_source, kernels_per_primfunc, primfunc_calls

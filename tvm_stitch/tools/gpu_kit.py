@@ -72,8 +72,8 @@ def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = 
     return work
 
 
-# The duration model (expected_seconds). Copy bandwidth: about 4.3 TB/s was seen on the H200 here
-# (KINDS.md); per launch a device-side gap, per VM call host work; the L2 flush writes 120 MB;
+# The duration model (expected_seconds). Copy bandwidth: about 4.3 TB/s on an H200 (taken as 4.0);
+# per launch a device-side gap, per VM call host work; the L2 flush writes 120 MB;
 # numpy makes inputs and float64 references at 7-58 s per GB of work on this (shared) machine;
 # torch.compile took 30 s for its first graph on the CPU here, later shapes are a guess.
 _BANDWIDTH = 4.0e12
