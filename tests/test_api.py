@@ -14,7 +14,7 @@ from tvm import relax
 import tvm_stitch
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.tools.launches import cuda_source
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
 from conftest import CUDA, LLVM
 

@@ -8,7 +8,7 @@ import pytest
 
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import cuda_source
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")

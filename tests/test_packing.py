@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
-from tvm_stitch.tools.suite import SUITE, dims, reference
+from tvm_stitch.tools.workloads import SUITE, dims, reference
 from tvm_stitch.tools.tolerance import tolerance
 
 from conftest import LLVM

@@ -11,7 +11,7 @@ from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import cuda_source
 from tvm_stitch.planning.resources import cuda_shared_bytes, occupancy
 from tvm_stitch.planning.spec import TargetSpec
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
 from conftest import CUDA
 

@@ -18,7 +18,7 @@ from tvm_stitch import PhaseRole, StitchPlan, TargetSpec
 from tvm_stitch.planning.row_split import MAX_CHOSEN_KERNELS, SplitError, choose_split, plan_row_split
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
-from tvm_stitch.tools.suite import SUITE, reference
+from tvm_stitch.tools.workloads import SUITE, reference
 from tvm_stitch.tools.tune import fused_groups
 
 from conftest import CUDA, LLVM
