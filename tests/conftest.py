@@ -1,6 +1,9 @@
-"""Shared helpers: small Relax graphs, targets, and running a build on the CPU."""
+"""Shared helpers: small Relax graphs, targets, and compiling CUDA source with nvcc."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -9,6 +12,24 @@ from tvm import relax
 
 LLVM = tvm.target.Target({"kind": "llvm"})
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+
+
+def nvcc(source: str, tmp_path, *, arch: str = "sm_90", ptx: bool = False, name: str = "kernels",
+         timeout: int = 300) -> str:
+    """Compile CUDA `source` with nvcc to a cubin for `arch` (to PTX with `ptx`), asserting that it
+    compiles; returns nvcc's output, for a cubin with ptxas's report (-v: registers, shared memory,
+    spills per kernel)."""
+    path = tmp_path / f"{name}.cu"
+    path.write_text(source)
+    if ptx:
+        command = [NVCC, "--ptx", f"-arch={arch}", "-w", "-o", str(tmp_path / f"{name}.ptx"), str(path)]
+    else:
+        command = [NVCC, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(tmp_path / f"{name}.cubin"), str(path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout + result.stderr
 
 
 def make_module(params: list, body) -> tvm.IRModule:

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 
 from tvm_stitch.tools.cli import main
 
@@ -36,6 +37,19 @@ def test_bench_rejects_unknown_graphs(capsys):
 
 
 def test_explain_prints_plans(capsys):
+    """The decomposed LayerNorm at the test size (64 rows of 96) is one row-resident CUDA kernel: a block
+    of 128 threads per row, both means kept in shared memory, the cheap element-wise ops in registers."""
     assert main(["explain", "layernorm", "--size", "test"]) == 0
     out = capsys.readouterr().out
-    assert "row-resident" in out and "register" in out
+    (row,) = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
+              if line.startswith("stitch_") and ": " not in line]
+    kernel, _ops, scheme, dominant, mapping, reuse, _mb = row
+    assert re.fullmatch(r"stitch_0_mean_\w+", kernel), kernel
+    assert (scheme, dominant, mapping) == ("row-resident", "x_red,x_red1", "64 blocks x 128 thr, 1 row/blk")
+    assert "1 stitched kernels, 0 fallbacks" in out
+    assert f"{kernel}: row-resident, rows ('64',)" in out and "inputs loaded once into shared memory: x" in out
+    levels = dict(re.findall(r"^  (\w+) {2,}(register|shared|global) ", out, re.M))
+    assert {name for name, level in levels.items() if level == "shared"} == {"x_red", "x_red1", "T_divide"}
+    assert {levels[name] for name in ("T_subtract", "T_multiply", "T_add", "compute")} == {"register"}
+    counts = [sum(level == kind for level in levels.values()) for kind in ("register", "shared", "global")]
+    assert reuse == "/".join(map(str, counts)) == "7/3/0"

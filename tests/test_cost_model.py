@@ -15,7 +15,7 @@ from tvm_stitch.planning.candidates import candidates, knobs
 from tvm_stitch.tools.cli import main
 from tvm_stitch.tools.evaluate import evaluate
 from tvm_stitch.planning.features import FEATURES, features, group_facts
-from tvm_stitch.tools.suite import SUITE, dims, reference
+from tvm_stitch.tools.workloads import SUITE, dims, reference
 from tvm_stitch.tools.tune import fused_groups, read_records, tune
 
 from conftest import CUDA, LLVM

@@ -1,31 +1,22 @@
 """The generated CUDA compiles with nvcc for sm_90 (and sm_80), without spills."""
 
 import re
-import shutil
-import subprocess
 
 import pytest
 
+from conftest import needs_nvcc, nvcc
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import cuda_source
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
-NVCC = shutil.which("nvcc")
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+pytestmark = needs_nvcc
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 @pytest.mark.parametrize("name", ["layernorm_softmax", "cross_entropy", "residual_layernorm"])
 def test_stitched_cuda_compiles_without_spills(name, arch, tmp_path):
     built = build(SUITE[name].build("float32", dims("bench")), {"kind": "cuda", "arch": arch}, stitched=True)
-    source = tmp_path / "kernels.cu"
-    source.write_text(cuda_source(built.executable))
-    result = subprocess.run(
-        [NVCC, "-cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = result.stdout + result.stderr
+    report = nvcc(cuda_source(built.executable), tmp_path, arch=arch)
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
     assert spills and max(spills) == 0, report
     shared = [int(n) for n in re.findall(r"(\d+) bytes smem", report)]
@@ -39,8 +30,4 @@ def test_llama_backward_cuda_compiles(tmp_path):
 
     mod, _, _ = import_step("llama", "backward", "test")
     built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
-    source = tmp_path / "kernels.cu"
-    source.write_text(cuda_source(built.executable))
-    result = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-w", "-o", str(tmp_path / "k.ptx"), str(source)],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
+    nvcc(cuda_source(built.executable), tmp_path, ptx=True, timeout=600)

@@ -134,7 +134,7 @@ def test_split_group_that_cannot_be_stitched_is_retried_in_parts(rng):
 
 def test_kernels_stay_apart_when_their_packed_kernel_does_not_build(monkeypatch, rng):
     from tvm_stitch import stitch_pass
-    from tvm_stitch.tools.suite import SUITE, dims, reference
+    from tvm_stitch.tools.workloads import SUITE, dims, reference
 
     graph = SUITE["adam_update"]
     mod = graph.build("float32", dims("test"))

@@ -137,7 +137,7 @@ def test_control_flow_module_builds_where_a_pipeline_pass_fails_and_explain_repo
     import tvm
 
     tvm.compile(mod, target=LLVM, relax_pipeline=default_pipeline(LLVM))  # TVM's own pipeline builds it
-    built = build(mod, LLVM, stitched=True)  # TVM's FastMathTransform crashed on its branch functions
+    built = build(mod, LLVM, stitched=True)  # TVM's FastMathTransform raises on its branch functions
     for sign in (1, -1):
         (got,) = run_cpu(built.executable, [sign * np.abs(x.numpy())])
         np.testing.assert_allclose(got, Branches()(sign * x.abs()).numpy(), rtol=1e-5, atol=1e-6)

@@ -161,7 +161,7 @@ def _load_data(entry):
 
 
 def test_runner_isolates_failures_and_writes_after_every_graph(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(TOOLS)  # tolerance.py, shipped beside run_kit.py in the pack
+    monkeypatch.syspath_prepend(TOOLS)  # tolerance.py and workloads/, shipped beside run_kit.py in the pack
     out = str(tmp_path)
     seen_on_disk = []
 
@@ -254,17 +254,40 @@ def test_prefetch_serves_every_use_and_reports_errors():
 
 def test_torch_graphs_match_the_numpy_references():
     torch = pytest.importorskip("torch")
-    from tvm_stitch.tools import suite_data as data
-    from tvm_stitch.tools.gpu_runner import torch_graphs
+    from tvm_stitch.tools.workloads import SUITE, dims, reference
 
-    for name, fn in torch_graphs.GRAPHS.items():
-        inputs = data.DATA[name].inputs(np.random.default_rng(0), "float32", data.dims("test"))
-        refs = data.reference_of(data.DATA[name].reference, inputs)
-        out = fn(*[torch.from_numpy(a) for a in inputs])
+    for name, graph in SUITE.items():
+        inputs = graph.inputs(np.random.default_rng(0), "float32", dims("test"))
+        refs = reference(graph, inputs)
+        out = graph.torch(*[torch.from_numpy(a) for a in inputs])
         out = out if isinstance(out, tuple) else (out,)
         assert len(out) == len(refs), name
         for got, want in zip(out, refs):
             np.testing.assert_allclose(got.numpy(), want, rtol=2e-4, atol=2e-4, err_msg=name)
+
+
+# The runner's machine has TVM's runtime only: the pack's workloads must make inputs and references
+# without importing tvm (nor the Relax builders, which are left out of the pack).
+_WORKLOADS_WITHOUT_TVM = """
+import sys
+sys.path.insert(0, sys.argv[1])
+sys.modules["tvm"] = None  # any import of tvm raises ImportError
+import numpy as np
+import workloads
+for name, graph in workloads.SUITE.items():
+    inputs = graph.inputs(np.random.default_rng(0), "float32", workloads.dims("test"))
+    assert workloads.reference(graph, inputs), name
+print(len(workloads.SUITE))
+"""
+
+
+def test_pack_workloads_need_no_tvm(kit):
+    out, _ = kit
+    assert not os.path.exists(os.path.join(out, "workloads", "relax_blocks.py"))
+    done = subprocess.run([sys.executable, "-c", _WORKLOADS_WITHOUT_TVM, out], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=""), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) == 17
 
 
 def test_a_crash_is_recorded_beside_the_results(tmp_path, monkeypatch):

@@ -142,7 +142,7 @@ def test_symbolic_sequence_fuses_the_same_matmul_epilogues_as_the_static_build()
 
 def test_gpt2_final_layer_norm_stitches_under_a_symbolic_sequence():
     # The reshape after the last LayerNorm indexes (b * s + t) // s % 2: rewritten in the proven
-    # form, the LayerNorm's row stays on chip at a static size (it had failed to lower).
+    # form (unrewritten it does not lower), the LayerNorm's row stays on chip at a static size.
     mod, _, _ = import_model("gpt2-hf", "test", dynamic_shapes=(SEQUENCE,))
     built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
     final = [g for g in built.report.groups if g.ops and g.ops[-1].startswith("reshape") and "layer_norm" in g.ops]

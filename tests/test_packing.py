@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
-from tvm_stitch.tools.suite import SUITE, dims, reference
+from tvm_stitch.tools.workloads import SUITE, dims, reference
 from tvm_stitch.tools.tolerance import tolerance
 
-from conftest import LLVM
+from conftest import LLVM, NVCC, nvcc
 
 
 def _repeats(report) -> bool:
@@ -49,20 +49,13 @@ def _two_symbolic_maps():
 
 def test_independent_kernels_of_a_symbolic_size_share_a_launch(rng, tmp_path):
     # Task ranges of symbolic length: the second member's tasks start at the first's runtime count.
-    import shutil
-    import subprocess
-
     from tvm_stitch.tools.launches import count_launches, cuda_source
 
     mod = _two_symbolic_maps()
     cuda = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
     assert cuda.report.packs and count_launches(cuda.lowered, cuda.executable) == 1
-    nvcc = shutil.which("nvcc")
-    if nvcc is not None:
-        (tmp_path / "k.cu").write_text(cuda_source(cuda.executable))
-        result = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-2000:]
+    if NVCC is not None:
+        nvcc(cuda_source(cuda.executable), tmp_path)
     for emulate in (None, "cuda"):
         cpu = build(mod, LLVM, stitched=True, emulate=emulate)
         for length in (1, 7, 300):

@@ -6,7 +6,7 @@ from tvm_stitch.analysis.graph import analyses_for, build_graph
 from tvm_stitch.fusion.partition import partition
 from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.spec import TargetSpec
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
 from conftest import CUDA, fused, make_module, tensor
 

@@ -9,7 +9,7 @@ import tvm_stitch
 from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 from tvm_stitch.tools.launches import cuda_source, kernels_per_primfunc, primfunc_calls
-from tvm_stitch.tools.suite import SUITE, dims, reference
+from tvm_stitch.tools.workloads import SUITE, dims, reference
 
 from conftest import CUDA, LLVM, make_module, static_shape, tensor
 

@@ -1,8 +1,6 @@
 """Register and occupancy estimates of CUDA plans, checked against ptxas."""
 
 import re
-import shutil
-import subprocess
 
 import pytest
 import tvm
@@ -11,9 +9,9 @@ from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import cuda_source
 from tvm_stitch.planning.resources import cuda_shared_bytes, occupancy
 from tvm_stitch.planning.spec import TargetSpec
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
-from conftest import CUDA
+from conftest import CUDA, needs_nvcc, nvcc
 
 
 def test_occupancy_limits():
@@ -41,12 +39,7 @@ PACKED_ROWS = {**dims("test"), "seq": 128}
 
 def _ptxas(built, tmp_path) -> str:
     """ptxas's report (-v) on the CUDA source of a build."""
-    path = tmp_path / "k.cu"
-    path.write_text(cuda_source(built.executable))
-    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                             str(path)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout + result.stderr
+    return nvcc(cuda_source(built.executable), tmp_path)
 
 
 def _static_shared(report: str) -> dict:
@@ -59,7 +52,7 @@ def _static_shared(report: str) -> dict:
     return shared
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@needs_nvcc
 @pytest.mark.parametrize("name, dtype, size", [
     ("attention_softmax", "float16", PACKED_ROWS),  # rows packed over several row axes
     ("attention_softmax", "float32", PACKED_ROWS),
@@ -81,7 +74,7 @@ def test_shared_estimate_bounds_ptxas(name, dtype, size, tmp_path):
         assert max(shared.values()) > 0
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@needs_nvcc
 @pytest.mark.parametrize("name", ["layernorm_softmax", "layernorm_backward", "bias_gelu", "softmax"])
 def test_register_estimate_close_to_ptxas(name, tmp_path):
     built = build(SUITE[name].build("float32", dims("test")), CUDA, stitched=True, strict=True)

@@ -11,7 +11,7 @@ from tvm_stitch.analysis.row_axes import find_row_axes, rows_first
 from tvm_stitch.analysis.tir_view import block_views, static_int
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
 from conftest import CUDA, LLVM, make_module, tensor
 

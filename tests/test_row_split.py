@@ -5,8 +5,6 @@ against numpy; the CUDA build is counted and compiled with nvcc.
 """
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -18,10 +16,10 @@ from tvm_stitch import PhaseRole, StitchPlan, TargetSpec
 from tvm_stitch.planning.row_split import MAX_CHOSEN_KERNELS, SplitError, choose_split, plan_row_split
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
-from tvm_stitch.tools.suite import SUITE, reference
+from tvm_stitch.tools.workloads import SUITE, reference
 from tvm_stitch.tools.tune import fused_groups
 
-from conftest import CUDA, LLVM
+from conftest import CUDA, LLVM, needs_nvcc, nvcc
 
 LONG = {"rows": 16, "cols": 20000}  # 16 rows: far fewer than SMs; 80 KB rows: more than shared memory
 SM90 = TargetSpec.from_target(CUDA)
@@ -138,7 +136,7 @@ def test_row_split_plan_round_trips_through_json_with_its_spec():
     assert again.phase_kernels(PhaseRole.COMBINE) == plan.phase_kernels(PhaseRole.COMBINE) != {}
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@needs_nvcc
 def test_online_softmax_float16_takes_two_launches_and_compiles(tmp_path):
     """float16: exp and its sum in float32 around float16 maxima; the combine rescales in float32.
     Numerics of this form: tests/test_simt.py (pocl runs the CUDA kernels)."""
@@ -146,26 +144,17 @@ def test_online_softmax_float16_takes_two_launches_and_compiles(tmp_path):
     (plan,) = built.report.plans
     assert plan.scheme == "row-split" and plan.kernels == 2 and len(plan.online) == 1
     assert count_launches(built.lowered, built.executable) == 2
-    path = tmp_path / "k.cu"
-    path.write_text(cuda_source(built.executable))
-    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"), str(path)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    nvcc(cuda_source(built.executable), tmp_path)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@needs_nvcc
 def test_split_cuda_compiles_with_vector_accesses(tmp_path):
     mod = SUITE["softmax"].build("float32", {"rows": 64, "cols": 32768})
     built = build(mod, CUDA, stitched=True, strict=True)
     assert built.report.plans[0].mapping.vector == 4
     source = cuda_source(built.executable)
     assert "float4" in source
-    path = tmp_path / "k.cu"
-    path.write_text(source)
-    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                             str(path)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", nvcc(source, tmp_path))]
     assert spills and max(spills) == 0
 
 

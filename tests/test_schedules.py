@@ -8,7 +8,7 @@ import tvm_ffi
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.planning.plan import StitchPlan
-from tvm_stitch.tools.suite import SUITE, dims, reference
+from tvm_stitch.tools.workloads import SUITE, dims, reference
 from tvm_stitch.analysis.tir_view import expensive_ops
 
 from conftest import CUDA, LLVM, make_module, tensor

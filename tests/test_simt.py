@@ -20,7 +20,7 @@ from tvm_stitch.check.simt_kernel import Reference, check_kernel  # noqa: E402
 from tvm_stitch.tools.cli import main  # noqa: E402
 from tvm_stitch.tools.fuzz import (OCLGRIND_MAX_ELEMENTS, Spec, _concrete_spec, _elements, build_module,  # noqa: E402
                                    random_spec, simt_check)
-from tvm_stitch.tools.suite import SUITE, dims  # noqa: E402
+from tvm_stitch.tools.workloads import SUITE, dims  # noqa: E402
 
 REGRESSIONS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "regressions", "*.json")))
 

@@ -2,8 +2,6 @@
 squares of TVM's legalized group_norm and instance_norm) stitch on CUDA: every buffer the block
 writes lives on chip, as CUDA lowering requires."""
 
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ from tvm import relax
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import cuda_source, launches_by_kind
 
-from conftest import CUDA, LLVM, make_module, static_shape, tensor
+from conftest import CUDA, LLVM, NVCC, make_module, nvcc, static_shape, tensor
 
 N, C, H, W = 2, 8, 4, 6
 EPS = 1e-5
@@ -50,13 +48,8 @@ def test_tuple_reduction_is_one_stitched_cuda_kernel(name, tmp_path):
     built = build(_module(name), CUDA, stitched=True, strict=True)
     assert built.report.plans and not built.report.fallbacks
     assert launches_by_kind(built.lowered, built.executable)[0] == 1
-    nvcc = shutil.which("nvcc")
-    if nvcc is not None:
-        source = tmp_path / "kernels.cu"
-        source.write_text(cuda_source(built.executable))
-        result = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-o", str(tmp_path / "k.cubin"), str(source)],
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-2000:]
+    if NVCC is not None:
+        nvcc(cuda_source(built.executable), tmp_path)
 
 
 @pytest.mark.parametrize("name", list(CASES))

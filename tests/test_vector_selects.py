@@ -1,8 +1,5 @@
 """A select under a vectorised loop (a slice_scatter folded into dlight's matmul load) compiles for CUDA."""
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 import tvm
@@ -17,7 +14,8 @@ from tvm_stitch.target import as_target
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import cuda_source, launches_by_kind
 
-NVCC = shutil.which("nvcc")
+from conftest import needs_nvcc, nvcc
+
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 
 
@@ -57,16 +55,12 @@ def _relu_of_scatter_matmul():
     return Module
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@needs_nvcc
 @pytest.mark.parametrize("graph", [_row_scatter_matmul, _relu_of_scatter_matmul])
 def test_select_folded_into_matmul_compiles_with_nvcc(graph, tmp_path):
     built = build(graph(), CUDA, stitched=True)
     assert launches_by_kind(built.lowered, built.executable) == (0, 1)  # the scatter stays folded
-    source = tmp_path / "kernels.cu"
-    source.write_text(cuda_source(built.executable))
-    result = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-w", "-o", str(tmp_path / "k.ptx"), str(source)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    nvcc(cuda_source(built.executable), tmp_path, ptx=True)
 
 
 @pytest.mark.parametrize("graph", [_row_scatter_matmul, _relu_of_scatter_matmul])

@@ -18,7 +18,7 @@ rejects fails the user's `tvm.compile` instead of falling back. No cheap
 guard exists inside the pipeline: the code generation runs in
 `tvm.compile`, after it, and running it here for each stitched kernel (or
 once for all of them) pays their code generation twice. The suite's
-graphs and the models build, so no such kernel is known; one found later
+graphs and the models build, so no such kernel is known; one that appears
 is a case for this check to catch before code generation.
 """
 

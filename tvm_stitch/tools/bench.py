@@ -24,7 +24,7 @@ import numpy as np
 
 from tvm_stitch.tools.build import alternating_times, build, python_round, run_cpu, vm_round
 from tvm_stitch.tools.launches import count_launches, program_traffic
-from tvm_stitch.tools.suite import SUITE, dims, reference
+from tvm_stitch.tools.workloads import SUITE, dims, reference
 from tvm_stitch.target import host_target
 from tvm_stitch.threads import cpu_threads
 from tvm_stitch.tools.tolerance import tolerance
@@ -146,11 +146,9 @@ def _torch_rounds(name: str, inputs: list) -> dict:
         import torch
     except ImportError:
         return {}
-    from tvm_stitch.tools.gpu_runner.torch_graphs import GRAPHS
-
     torch.set_num_threads(cpu_threads())
     args = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
-    fn, compiled = GRAPHS[name], torch.compile(GRAPHS[name])
+    fn, compiled = SUITE[name].torch, torch.compile(SUITE[name].torch)
 
     def call(f):
         def run():

@@ -10,7 +10,7 @@ import sys
 def _bench(args) -> int:
     from tvm_stitch.tools.bench import bench_metadata, copy_bandwidth, format_table, results_folder, run_bench, save_results, write_json
     from tvm_stitch.tools.model_bench import format_models, run_models
-    from tvm_stitch.tools.suite import SUITE
+    from tvm_stitch.tools.workloads import SUITE
 
     graphs = args.graphs.split(",") if args.graphs else list(SUITE)
     unknown = [g for g in graphs if g not in SUITE]
@@ -200,7 +200,7 @@ RESULTS = "benchmarks/results/cost-model"
 def _tune(args) -> int:
     from pathlib import Path
 
-    from tvm_stitch.tools.suite import SUITE
+    from tvm_stitch.tools.workloads import SUITE
     from tvm_stitch.target import host_target
     from tvm_stitch.tools.tune import GRAPHS, HELD_OUT_SHAPES, TRAIN_SHAPES, tune
 

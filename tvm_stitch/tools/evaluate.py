@@ -58,7 +58,7 @@ def compile_times(graphs: list, dims: dict, repeats: int = 2, progress=print) ->
     """Seconds to compile each suite graph (float32) with and without the model, alternating; min of repeats."""
 
     from tvm_stitch.tools.build import build
-    from tvm_stitch.tools.suite import SUITE
+    from tvm_stitch.tools.workloads import SUITE
     from tvm_stitch.target import host_target
 
     target = host_target()
@@ -81,7 +81,7 @@ def bench_times(graphs: list, rounds: int = 7, progress=print) -> list:
     alternating rounds; milliseconds are medians over the rounds. Where the model kept every
     rule plan the two builds are the same kernels: timed once, ratio 1."""
     from tvm_stitch.tools.build import alternating_times, build, vm_round
-    from tvm_stitch.tools.suite import SUITE, dims
+    from tvm_stitch.tools.workloads import SUITE, dims
     from tvm_stitch.target import host_target
 
     target = host_target()
@@ -146,7 +146,7 @@ def evaluate(held_out: Path, out: Path, compile_graphs: bool = True, bench_graph
     summary["done"] = done
     bench_rows = []
     if bench_graphs:
-        from tvm_stitch.tools.suite import SUITE
+        from tvm_stitch.tools.workloads import SUITE
 
         bench_rows = bench_times(list(SUITE), progress=progress)
         ratios = [r["model_over_rule"] for r in bench_rows]

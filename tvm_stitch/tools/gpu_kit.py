@@ -9,7 +9,8 @@
 - site/tvm: the installed `tvm` package without its compiler library (TVM's
   runtime-only mode, `TVM_USE_RUNTIME_LIB=1`);
 - wheels/: the `apache-tvm-ffi` wheel for CPython 3.12 (the GPU machine's Python);
-- run_kit.py and torch_graphs.py (from gpu_runner/), suite_data.py,
+- run_kit.py (from gpu_runner/), the workloads package (inputs, numpy
+  references and PyTorch versions of the suite graphs; it imports no TVM),
   tolerance.py and manifest.json.
 The entries: the suite at its bench size, and (at that size) the HBM set,
 shapes whose working set is several times the H200's 60 MB L2. Inputs are
@@ -48,14 +49,13 @@ HBM = {
     "adam_update": ({"cols": 2360}, ("float32",)),
 }
 _SKIP_IN_RUNTIME = ("libtvm_compiler.so", "3rdparty", "src", "include", "web", "__pycache__")
-_KIT_FILES = ("run_kit.py", "torch_graphs.py")
 _DRY_GRAPH = "layernorm_softmax"
 
 
 def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = True) -> list:
     """The kit's entries: {name, graph, dtype, dims, seed}; the suite at `size`, then (when `hbm`)
     the HBM set, each named `<graph>_hbm`."""
-    from tvm_stitch.tools.suite import SUITE, dims
+    from tvm_stitch.tools.workloads import SUITE, dims
 
     names = graphs or list(SUITE)
     unknown = [n for n in names if n not in SUITE]
@@ -72,8 +72,8 @@ def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = 
     return work
 
 
-# The duration model (expected_seconds). Copy bandwidth: about 4.3 TB/s was seen on the H200 here
-# (KINDS.md); per launch a device-side gap, per VM call host work; the L2 flush writes 120 MB;
+# The duration model (expected_seconds). Copy bandwidth: about 4.3 TB/s on an H200 (taken as 4.0);
+# per launch a device-side gap, per VM call host work; the L2 flush writes 120 MB;
 # numpy makes inputs and float64 references at 7-58 s per GB of work on this (shared) machine;
 # torch.compile took 30 s for its first graph on the CPU here, later shapes are a guess.
 _BANDWIDTH = 4.0e12
@@ -136,10 +136,10 @@ def build_kit(out: str, size: str = "bench", graphs=None, dtypes=("float32", "fl
     _copy_runtime(os.path.join(out, "site"))
     wheel_note = _download_ffi_wheel(os.path.join(out, "wheels")) if wheel else "skipped"
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in _KIT_FILES:
-        shutil.copy(os.path.join(here, "gpu_runner", name), os.path.join(out, name))
-    for name in ("suite_data.py", "tolerance.py"):
-        shutil.copy(os.path.join(here, name), os.path.join(out, name))
+    shutil.copy(os.path.join(here, "gpu_runner", "run_kit.py"), os.path.join(out, "run_kit.py"))
+    shutil.copy(os.path.join(here, "tolerance.py"), os.path.join(out, "tolerance.py"))
+    shutil.copytree(os.path.join(here, "workloads"), os.path.join(out, "workloads"),
+                    ignore=shutil.ignore_patterns("__pycache__", "relax_blocks.py"))
     manifest.update(size=size, dry_run=dry, ffi_wheel=wheel_note or "ok",
                     expected_seconds=expected_seconds(manifest["entries"]))
     with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
@@ -151,7 +151,7 @@ def build_kit(out: str, size: str = "bench", graphs=None, dtypes=("float32", "fl
 
 
 def _dims(size: str) -> dict:
-    from tvm_stitch.tools.suite import dims
+    from tvm_stitch.tools.workloads import dims
 
     return dict(dims(size))
 
@@ -223,7 +223,7 @@ def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict
     from tvm_stitch.tools import device_code
     from tvm_stitch.tools.build import build
     from tvm_stitch.tools.launches import count_launches, cuda_source, program_traffic
-    from tvm_stitch.tools.suite import SUITE
+    from tvm_stitch.tools.workloads import SUITE
 
     built = build(SUITE[item["graph"]].build(item["dtype"], item["dims"]), PLAN_TARGET, stitched)
     built.executable.export_library(path)
@@ -240,7 +240,7 @@ def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict
 
 def _export_dry_run(path: str) -> None:
     from tvm_stitch.tools.build import build
-    from tvm_stitch.tools.suite import SUITE
+    from tvm_stitch.tools.workloads import SUITE
 
     cpu = build(SUITE[_DRY_GRAPH].build("float32", _dims("test")), {"kind": "llvm"}, stitched=True)
     cpu.executable.export_library(path)

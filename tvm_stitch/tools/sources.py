@@ -40,7 +40,7 @@ def _from_script(path: str):
 
 def load_module(spec: str, dtype: str = "float32", size: str = "bench"):
     """(Relax module, one-line description) named by `spec` (see the module docstring)."""
-    from tvm_stitch.tools.suite import SUITE, dims
+    from tvm_stitch.tools.workloads import SUITE, dims
 
     if spec.endswith(".py") or os.sep in spec:
         return _from_script(spec), f"script {spec}"

@@ -29,8 +29,7 @@ from tvm_stitch.planning.features import features, group_facts
 from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.stitch_pass import stitch_module
-from tvm_stitch.tools.suite import SUITE
-from tvm_stitch.tools.suite_data import VARIANTS
+from tvm_stitch.tools.workloads import SUITE, VARIANTS
 from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.threads import cpu_threads
 from tvm_stitch.analysis.tir_view import block_views

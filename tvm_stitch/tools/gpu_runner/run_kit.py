@@ -2,8 +2,8 @@
 
 Runs from inside a pack made by `tvm-stitch gpu-kit` (the pack holds this
 file, the exported libraries with sm_90a cubins, a runtime-only `tvm`, the
-`apache-tvm-ffi` wheel for CPython 3.12, suite_data.py, tolerance.py and
-torch_graphs.py). Needs numpy; PyTorch for CUDA-event timing, the copy
+`apache-tvm-ffi` wheel for CPython 3.12, the suite's `workloads` package and
+tolerance.py). Needs numpy; PyTorch for CUDA-event timing, the copy
 bandwidth and the eager / torch.compile baselines. No compiler is needed.
 
     python3 run_kit.py --out $OUT                 # quick: correctness + TVM default vs stitched
@@ -139,11 +139,11 @@ def _agree(outs, refs, dtype) -> tuple:
 def _data(entry: dict):
     """(inputs, float64 references) of an entry, regenerated from its seed and dims."""
     import numpy as np
-    import suite_data
+    import workloads
 
-    data = suite_data.DATA[entry["graph"]]
-    inputs = data.inputs(np.random.default_rng(entry["seed"]), entry["dtype"], entry["dims"])
-    return inputs, suite_data.reference_of(data.reference, inputs)
+    graph = workloads.SUITE[entry["graph"]]
+    inputs = graph.inputs(np.random.default_rng(entry["seed"]), entry["dtype"], entry["dims"])
+    return inputs, workloads.reference(graph, inputs)
 
 
 def _key(entry: dict) -> str:
@@ -227,14 +227,14 @@ class TVMContender:
 
 
 class TorchContender:
-    """A torch_graphs function, eager or through `torch.compile(dynamic=False)` after a dynamo reset
+    """A suite graph's PyTorch version (workloads), eager or through `torch.compile(dynamic=False)` after a dynamo reset
     (a fresh compile for every shape)."""
 
     def __init__(self, graph: str, inputs: list, compiled: bool):
         import torch
-        import torch_graphs
+        import workloads
 
-        base = torch_graphs.GRAPHS[graph]
+        base = workloads.SUITE[graph].torch
         self.args = [torch.from_numpy(a).cuda() for a in inputs]
         if compiled:
             torch._dynamo.reset()  # noqa: SLF001 - no cache or recompile limit shared between shapes
