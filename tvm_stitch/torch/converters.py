@@ -1,0 +1,35 @@
+"""Converters for ATen ops of aot_autograd's graphs that TVM 0.27's exported-program importer gets wrong.
+
+`frontend.converters()` (bool cumsum, slices under symbolic sizes) apply
+as they are. One more trap is met in training graphs: the importer maps
+all three outputs of `aten.native_layer_norm` to the normalised output,
+while the forward saves its mean and rstd for the backward. Here the
+normalised output stays TVM's layer_norm, and mean and rstd are their own
+reductions (what no reader uses, dead-code elimination drops).
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+
+from tvm_stitch.frontend import converters as frontend_converters
+
+
+def converters() -> dict:
+    """The importer's converters replaced for aot_autograd's graphs (ExportedProgram op names)."""
+    return {**frontend_converters(), "native_layer_norm.default": _native_layer_norm}
+
+
+def _native_layer_norm(node, importer) -> tuple:
+    """(normalised output, mean, rstd), the last two keeping the reduced axes as size 1, as PyTorch's."""
+    x = importer.env[node.args[0]]
+    shape, weight, bias = node.args[1], *(importer.env.get(a) if a is not None else None for a in node.args[2:4])
+    eps = node.args[4] if len(node.args) > 4 else 1e-5
+    out = importer._layer_norm_impl(x, weight, bias, eps, shape)
+    axes = list(range(len(x.ty.shape) - len(shape), len(x.ty.shape)))
+    emit = importer.block_builder.emit
+    mean = emit(relax.op.mean(x, axes, keepdims=True))
+    centred = emit(relax.op.subtract(x, mean))
+    variance = emit(relax.op.mean(relax.op.multiply(centred, centred), axes, keepdims=True))
+    rstd = emit(relax.op.rsqrt(relax.op.add(variance, relax.const(eps, x.ty.dtype))))
+    return out, mean, rstd
