@@ -22,9 +22,9 @@ import tvm
 
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
-from tvm_stitch.torch.eager import EagerFallback, split_unsupported
+from tvm_stitch.torch.eager import EagerFallback, split_unsupported, warn_eager
 from tvm_stitch.torch.errors import BuildFailed, CannotBuild
-from tvm_stitch.torch.graph_import import import_graph, unsupported_nodes
+from tvm_stitch.torch.graph_import import graph_module_path, import_graph, unsupported_nodes
 from tvm_stitch.torch.runner import BuiltGraph
 
 CACHE_DIR_VARIABLE = "TVM_STITCH_CACHE_DIR"
@@ -74,10 +74,24 @@ class Backend:
         compiler = aot_autograd(fw_compiler=self.compile_graph, bw_compiler=self.compile_graph,
                                 partition_fn=min_cut_rematerialization_partition,
                                 decompositions=core_aten_decompositions())
-        return compiler(gm, example_inputs)
+        try:
+            return compiler(gm, example_inputs)
+        except Exception as err:  # noqa: BLE001 - aot_autograd failing on a graph: dynamo's graph runs on eager
+            if self.options.strict:
+                raise
+            self.counters.eager_fallbacks += 1
+            warn_eager(f"aot_autograd failed on a graph of {graph_module_path(gm)}, which runs on PyTorch eager "
+                       f"({type(err).__name__}: {str(err).strip().splitlines()[-1][:300] if str(err).strip() else ''})")
+            return gm.forward
 
     def compile_graph(self, gm, example_inputs):
         """A boxed callable running the ATen graph `gm` on TVM, or on eager (parts of it) where TVM cannot."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # aot_autograd calls compilers under its fake mode; constants are real
+            return self._compile_graph(gm, example_inputs)
+
+    def _compile_graph(self, gm, example_inputs):
         try:
             device = input_device(example_inputs)
             target = target_for(device, self.options.target)

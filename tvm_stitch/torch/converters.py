@@ -6,18 +6,38 @@ all three outputs of `aten.native_layer_norm` to the normalised output,
 while the forward saves its mean and rstd for the backward. Here the
 normalised output stays TVM's layer_norm, and mean and rstd are their own
 reductions (what no reader uses, dead-code elimination drops).
+
+And transformers' KV cache starts each layer's keys and values as
+`torch.tensor([])` and concatenates onto it: PyTorch's `cat` skips a
+1-d tensor of size 0 (its legacy rule), the importer refuses the mixed
+ranks; here such inputs are skipped as PyTorch skips them.
 """
 
 from __future__ import annotations
 
-from tvm import relax
+from tvm import relax, tirx
 
 from tvm_stitch.frontend import converters as frontend_converters
 
 
 def converters() -> dict:
     """The importer's converters replaced for aot_autograd's graphs (ExportedProgram op names)."""
-    return {**frontend_converters(), "native_layer_norm.default": _native_layer_norm}
+    return {**frontend_converters(), "native_layer_norm.default": _native_layer_norm, "cat.default": _cat}
+
+
+def _cat(node, importer):
+    tensors = [importer.env[a] for a in node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    kept = [t for t in tensors if not _legacy_empty(t)] or tensors[:1]
+    if len(kept) == 1:
+        return kept[0]
+    return importer.block_builder.emit(relax.op.concat(kept, axis=dim))
+
+
+def _legacy_empty(tensor) -> bool:
+    shape = tensor.ty.shape if isinstance(tensor.ty, relax.TensorType) else None
+    return (isinstance(shape, relax.ShapeExpr) and len(shape.values) == 1
+            and isinstance(shape.values[0], tirx.IntImm) and shape.values[0].value == 0)
 
 
 def _native_layer_norm(node, importer) -> tuple:

@@ -18,7 +18,7 @@ class EagerFallbackWarning(UserWarning):
     """A graph, or part of one, runs on PyTorch eager instead of TVM."""
 
 
-def _warn(message: str) -> None:
+def warn_eager(message: str) -> None:
     warnings.warn(f"tvm_stitch: {message}", EagerFallbackWarning, stacklevel=2)
 
 
@@ -46,7 +46,7 @@ class EagerFallback(Boxed):
 
     def __init__(self, gm, reason):
         super().__init__(gm)
-        _warn(_describe(reason))
+        warn_eager(_describe(reason))
 
 
 def split_unsupported(gm, example_inputs, build, fallback):
@@ -75,7 +75,7 @@ def split_unsupported(gm, example_inputs, build, fallback):
     failed = _build_parts(split, build)
     if failed == _part_count(split):
         return fallback(gm, CannotBuild(f"TVM's importer has no converter for: {listed}"))
-    _warn(f"{listed} runs on PyTorch eager (TVM's importer has no converter for it); the rest of the graph "
+    warn_eager(f"{listed} runs on PyTorch eager (TVM's importer has no converter for it); the rest of the graph "
           f"runs on TVM" + (f" but {failed} part(s) that failed to build" if failed else ""))
     return Boxed(split)
 

@@ -64,6 +64,11 @@ def module_path(node) -> str:
     return f"{path or 'the top module'} ({kind})"
 
 
+def graph_module_path(gm) -> str:
+    """The module path of a graph's first node that records one."""
+    return next((module_path(n) for n in gm.graph.nodes if n.meta.get("nn_module_stack")), "the model's forward")
+
+
 def _importer():
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
