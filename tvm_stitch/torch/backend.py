@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import tvm
 
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
+from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
 from tvm_stitch.torch.eager import EagerFallback, split_unsupported, warn_eager
-from tvm_stitch.torch.errors import BuildFailed, CannotBuild
-from tvm_stitch.torch.graph_import import graph_module_path, import_graph, unsupported_nodes
+from tvm_stitch.torch.errors import BuildFailed, CannotBuild, UnsupportedGraph
+from tvm_stitch.torch.graph_import import NOT_OPS, graph_module_path, import_graph, op_name, unsupported_nodes
 from tvm_stitch.torch.runner import BuiltGraph
 
 CACHE_DIR_VARIABLE = "TVM_STITCH_CACHE_DIR"
@@ -62,20 +63,25 @@ class Backend:
             from tvm_stitch.target import as_target
 
             as_target(self.options.target)  # a bad target is refused here, not at the first call
-        directory = self.options.cache if isinstance(self.options.cache, str) else os.environ.get(CACHE_DIR_VARIABLE)
-        self.cache = CompileCache(directory if self.options.cache else None) if self.options.cache else None
+        cache = self.options.cache
+        self.cache = CompileCache(cache if isinstance(cache, str) else os.environ.get(CACHE_DIR_VARIABLE)) if cache else None
         self.counters = Counters()
 
     def __call__(self, gm, example_inputs):
         from functorch.compile import min_cut_rematerialization_partition
-        from torch._decomp import core_aten_decompositions
         from torch._dynamo.backends.common import aot_autograd
+
+        from torch._dynamo.exc import TorchDynamoException
 
         compiler = aot_autograd(fw_compiler=self.compile_graph, bw_compiler=self.compile_graph,
                                 partition_fn=min_cut_rematerialization_partition,
-                                decompositions=core_aten_decompositions())
+                                decompositions=decompositions())
+
+        attention_as_math(gm)
         try:
             return compiler(gm, example_inputs)
+        except TorchDynamoException:
+            raise  # dynamo's own signals (a restart of its analysis) and errors
         except Exception as err:  # noqa: BLE001 - aot_autograd failing on a graph: dynamo's graph runs on eager
             if self.options.strict:
                 raise
@@ -92,17 +98,22 @@ class Backend:
             return self._compile_graph(gm, example_inputs)
 
     def _compile_graph(self, gm, example_inputs):
-        try:
-            device = input_device(example_inputs)
-            target = target_for(device, self.options.target)
-            check_target_matches(target, device)
-            if unsupported_nodes(gm.graph) and not self.options.strict:
-                return split_unsupported(gm, example_inputs, self._build_part, self._fallback)
-            return self._build(gm, example_inputs, device, target)
-        except CannotBuild as err:
-            if self.options.strict:
-                raise
-            return self._fallback(gm, err)
+        excluded = set()  # ops whose converter raised on this graph: they run on eager, the rest on TVM
+        while True:
+            try:
+                device = input_device(example_inputs)
+                target = target_for(device, self.options.target)
+                check_target_matches(target, device)
+                eager_ops = {op_name(n) for n in unsupported_nodes(gm.graph)} | excluded
+                if eager_ops and not self.options.strict:
+                    split = split_unsupported(gm, example_inputs, eager_ops, self._build_part, self._fallback)
+                    self.counters.eager_fallbacks += not isinstance(split, EagerFallback)  # else counted there
+                    return split
+                return self._build(gm, example_inputs, device, target)
+            except CannotBuild as err:
+                if self.options.strict or not isinstance(err, UnsupportedGraph) or err.op in excluded | NOT_OPS:
+                    return self._fallback(gm, err) if not self.options.strict else _reraise(err)
+                excluded.add(err.op)
 
     def _build_part(self, gm, example_inputs):
         device = input_device(example_inputs)
@@ -144,3 +155,7 @@ def _compile(mod, target, options: Options):
             raise
         lines = str(err).strip().splitlines()
         raise BuildFailed(f"{type(err).__name__}: {lines[-1][:300] if lines else ''}") from err
+
+
+def _reraise(err):
+    raise err

@@ -49,34 +49,32 @@ class EagerFallback(Boxed):
         warn_eager(_describe(reason))
 
 
-def split_unsupported(gm, example_inputs, build, fallback):
-    """`gm` with its importable parts built by `build(part, example_inputs)`, the rest on eager.
+def split_unsupported(gm, example_inputs, eager_ops: set, build, fallback):
+    """`gm` with the ops named in `eager_ops` on eager, the runs of other ops built by `build(part, inputs)`.
 
-    `fallback(gm, reason)` is called where nothing can be built.
+    `fallback(gm, reason)` is called where no part can be built.
     """
     import copy
 
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
-    from tvm_stitch.torch.graph_import import module_path, op_name, unsupported_nodes
-
-    missing = unsupported_nodes(gm.graph)
-    unsupported = {op_name(n) for n in missing}
+    from tvm_stitch.torch.graph_import import module_path, op_name
 
     class Importable(OperatorSupportBase):
         def is_node_supported(self, submodules, node) -> bool:
-            return node.op == "call_function" and op_name(node) not in unsupported
+            return node.op == "call_function" and op_name(node) not in eager_ops
 
-    listed = "; ".join(sorted({f"{op_name(n)} in {module_path(n)}" for n in missing}))
+    eager = [n for n in gm.graph.nodes if n.op == "call_function" and op_name(n) in eager_ops]
+    listed = "; ".join(sorted({f"{op_name(n)} in {module_path(n)}" for n in eager}))
     split = copy.deepcopy(gm)
     partitioner = CapabilityBasedPartitioner(split, Importable(), allows_single_node_partition=True)
     split = partitioner.fuse_partitions(partitioner.propose_partitions())
     failed = _build_parts(split, build)
     if failed == _part_count(split):
-        return fallback(gm, CannotBuild(f"TVM's importer has no converter for: {listed}"))
-    warn_eager(f"{listed} runs on PyTorch eager (TVM's importer has no converter for it); the rest of the graph "
-          f"runs on TVM" + (f" but {failed} part(s) that failed to build" if failed else ""))
+        return fallback(gm, CannotBuild(f"TVM's importer cannot convert: {listed}"))
+    warn_eager(f"{listed} runs on PyTorch eager (TVM's importer cannot convert it); the rest of the graph runs on "
+               "TVM" + (f", but for {failed} part(s) that failed to build" if failed else ""))
     return Boxed(split)
 
 

@@ -19,6 +19,7 @@ would give the importer is made here from the example inputs instead:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import tvm
@@ -46,6 +47,9 @@ class ImportedGraph:
     binders: dict = field(default_factory=dict)  # size symbol -> (input index, dim or None)
 
 
+NOT_OPS = frozenset({"", "placeholder", "get_attr", "call_module", "call_method", "output"})  # no op to leave on eager
+
+
 def op_name(node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
@@ -56,10 +60,7 @@ def module_path(node) -> str:
     if not stack:
         return "the model's forward"
     path, kind = list(stack.values())[-1]
-    for prefix in ("L['self'].", "L['fn'].", "L['self']", "L['fn']"):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-            break
+    path = re.sub(r"^L\[[^\]]*\](\[\d+\])?\.?", "", path)  # dynamo's source of the module: L['self'], L['args'][0]
     kind = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
     return f"{path or 'the top module'} ({kind})"
 
@@ -92,7 +93,7 @@ def import_graph(gm, example_inputs) -> ImportedGraph:
     custom = set(converters())
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
-        raise UnsupportedGraph(f"{len(placeholders)} placeholders for {len(example_inputs)} inputs")
+        raise UnsupportedGraph(f"{len(placeholders)} placeholders for {len(example_inputs)} inputs", "placeholder")
     variables, params, tensor_inputs = {}, [], []
     for index, (node, value) in enumerate(zip(placeholders, example_inputs)):
         importer.env[node] = _placeholder(node, value, variables, importer)
