@@ -24,6 +24,7 @@ from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
 from tvm_stitch.torch.eager import EagerFallback, split_unsupported, warn_eager
+from tvm_stitch.torch.foreach import foreach_as_loops
 from tvm_stitch.torch.errors import BuildFailed, CannotBuild, UnsupportedGraph
 from tvm_stitch.torch.graph_import import NOT_OPS, graph_module_path, import_graph, op_name, unsupported_nodes
 from tvm_stitch.torch.runner import BuiltGraph
@@ -94,6 +95,7 @@ class Backend:
         """A boxed callable running the ATen graph `gm` on TVM, or on eager (parts of it) where TVM cannot."""
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+        foreach_as_loops(gm)
         with unset_fake_temporarily():  # aot_autograd calls compilers under its fake mode; constants are real
             return self._compile_graph(gm, example_inputs)
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 from tvm import relax, tirx
 
 from tvm_stitch.frontend import converters as frontend_converters
+from tvm_stitch.torch.foreach import converters as foreach_converters
 
 
 def converters() -> dict:
     """The importer's converters replaced for aot_autograd's graphs (ExportedProgram op names)."""
-    return {**frontend_converters(), "native_layer_norm.default": _native_layer_norm, "cat.default": _cat}
+    return {**frontend_converters(), **foreach_converters(), "native_layer_norm.default": _native_layer_norm,
+            "cat.default": _cat}
 
 
 def _cat(node, importer):
