@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-from tvm_stitch.torch.backend import Backend, Options
+from tvm_stitch.torch.dynamo_backend import Backend, Options
 from tvm_stitch.torch.cache import Counters
 from tvm_stitch.torch.eager import EagerFallbackWarning
 

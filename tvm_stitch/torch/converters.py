@@ -11,6 +11,12 @@ And transformers' KV cache starts each layer's keys and values as
 `torch.tensor([])` and concatenates onto it: PyTorch's `cat` skips a
 1-d tensor of size 0 (its legacy rule), the importer refuses the mixed
 ranks; here such inputs are skipped as PyTorch skips them.
+
+Under `dynamic=True` dynamo turns a Python float computed from sizes
+(GPT-2's attention scale) into a 0-d float64 tensor input, which the graph
+casts with `prims.convert_element_type` and divides with
+`aten.true_divide`: the importer has neither; they are a cast and a
+division here.
 """
 
 from __future__ import annotations
@@ -24,7 +30,20 @@ from tvm_stitch.torch.foreach import converters as foreach_converters
 def converters() -> dict:
     """The importer's converters replaced for aot_autograd's graphs (ExportedProgram op names)."""
     return {**frontend_converters(), **foreach_converters(), "native_layer_norm.default": _native_layer_norm,
-            "cat.default": _cat}
+            "cat.default": _cat, "convert_element_type.default": _convert_element_type,
+            "true_divide.Tensor": _true_divide}
+
+
+def _convert_element_type(node, importer):
+    x = importer.env[node.args[0]]
+    return importer.block_builder.emit(relax.op.astype(x, importer._convert_data_type(node.args[1])))
+
+
+def _true_divide(node, importer):
+    a, b = (importer.env[x] if hasattr(x, "op") else x for x in node.args[:2])
+    dtype = next(x.ty.dtype for x in (a, b) if isinstance(x, relax.Expr))
+    a, b = (x if isinstance(x, relax.Expr) else relax.const(x, dtype) for x in (a, b))
+    return importer.block_builder.emit(relax.op.divide(a, b))
 
 
 def _cat(node, importer):
