@@ -65,19 +65,18 @@ class Backend:
 
             as_target(self.options.target)  # a bad target is refused here, not at the first call
         cache = self.options.cache
-        self.cache = CompileCache(cache if isinstance(cache, str) else os.environ.get(CACHE_DIR_VARIABLE)) if cache else None
+        directory = cache if isinstance(cache, str) else os.environ.get(CACHE_DIR_VARIABLE)
+        self.cache = CompileCache(directory) if cache else None
         self.counters = Counters()
 
     def __call__(self, gm, example_inputs):
         from functorch.compile import min_cut_rematerialization_partition
         from torch._dynamo.backends.common import aot_autograd
-
         from torch._dynamo.exc import TorchDynamoException
 
         compiler = aot_autograd(fw_compiler=self.compile_graph, bw_compiler=self.compile_graph,
                                 partition_fn=min_cut_rematerialization_partition,
                                 decompositions=decompositions())
-
         attention_as_math(gm)
         try:
             return compiler(gm, example_inputs)
@@ -113,8 +112,10 @@ class Backend:
                     return split
                 return self._build(gm, example_inputs, device, target)
             except CannotBuild as err:
-                if self.options.strict or not isinstance(err, UnsupportedGraph) or err.op in excluded | NOT_OPS:
-                    return self._fallback(gm, err) if not self.options.strict else _reraise(err)
+                if self.options.strict:
+                    raise
+                if not isinstance(err, UnsupportedGraph) or err.op in excluded | NOT_OPS:
+                    return self._fallback(gm, err)
                 excluded.add(err.op)
 
     def _build_part(self, gm, example_inputs):
@@ -157,7 +158,3 @@ def _compile(mod, target, options: Options):
             raise
         lines = str(err).strip().splitlines()
         raise BuildFailed(f"{type(err).__name__}: {lines[-1][:300] if lines else ''}") from err
-
-
-def _reraise(err):
-    raise err
