@@ -218,3 +218,11 @@ def test_the_entry_point_registers_the_backend_for_a_plain_name():
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend="tvm_stitch")(x), model(x))
     assert ts.counters().compiles + ts.counters().cache_hits == before + 1
+
+
+def test_the_benchmark_command_refuses_unknown_models_and_steps(capsys):
+    from tvm_stitch.tools.cli import main
+
+    assert main(["torch-compile", "--models", "resnet"]) == 2
+    assert main(["torch-compile", "--steps", "infer"]) == 2
+    assert "unknown: infer" in capsys.readouterr().err
