@@ -6,6 +6,7 @@
     tvm_stitch.TargetSpec.from_target(target)  # the hardware facts the plans are made for
 
     mod = tvm_stitch.from_torch(torch_model, (example_input,))  # PyTorch, through torch.export
+    torch.compile(torch_model, backend="tvm_stitch")  # or tvm_stitch.torch.backend(...): docs/torch-compile.md
 """
 
 from tvm_stitch.threads import use_all_cores
@@ -19,6 +20,16 @@ from tvm_stitch.planning.plan import Intermediate, Phase, PhaseRole, StitchPlan,
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchError, StitchFusion
+
+
+def __getattr__(name):
+    """`tvm_stitch.torch` (the torch.compile backend) is imported on first use: the core does not need PyTorch."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module("tvm_stitch.torch")
+    raise AttributeError(f"module 'tvm_stitch' has no attribute {name!r}")
+
 
 __all__ = [
     "pipeline",

@@ -1,5 +1,6 @@
 """The `tvm-stitch` command: `bench` (the suite, default vs stitched), `explain` (plans), `simt` (CUDA
-kernels run with SIMT semantics on the CPU), `fuzz`, `gpu-kit`, `tune`, `train`, `evaluate`."""
+kernels run with SIMT semantics on the CPU), `fuzz`, `gpu-kit`, `tune`, `train`, `evaluate`, `torch-compile`
+(eager, Inductor and backend="tvm_stitch" timed on real models)."""
 
 from __future__ import annotations
 
@@ -256,6 +257,22 @@ def _evaluate(args) -> int:
     return 0 if result["done"] else 1
 
 
+def _torch_compile(args) -> int:
+    from tvm_stitch.tools.bench import machine_name
+    from tvm_stitch.tools.torch_compile_bench import MODELS, STEPS, format_rows, run
+
+    models, steps = args.models.split(","), args.steps.split(",")
+    bad = [m for m in models if m not in MODELS] + [s for s in steps if s not in STEPS]
+    if bad:
+        print(f"unknown: {', '.join(bad)}; models: {', '.join(MODELS)}; steps: {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    print(f"torch.compile on {machine_name()}, size {args.size}, {args.rounds} alternating rounds", flush=True)
+    rows = run(models, steps, size=args.size, rounds=args.rounds, round_ms=args.round_ms,
+               progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(format_rows(rows))
+    return 0
+
+
 def _add_bench(sub) -> None:
     """The `bench` command's arguments."""
     bench = sub.add_parser("bench", help="run the graph suite with TVM's default pipeline and with tvm-stitch")
@@ -374,6 +391,18 @@ def _add_evaluate(sub) -> None:
     ev.set_defaults(func=_evaluate)
 
 
+def _add_torch_compile(sub) -> None:
+    """The `torch-compile` command's arguments."""
+    tc = sub.add_parser("torch-compile", help="time eager, torch.compile's default backend (Inductor) and "
+                                              "backend='tvm_stitch' on real models, forward and a training step")
+    tc.add_argument("--models", default="bert,gpt2-hf,llama-hf,convnext")
+    tc.add_argument("--steps", default="forward,train")
+    tc.add_argument("--size", default="test", help="a size of tools/models.SIZES (test, cpu, bench)")
+    tc.add_argument("--rounds", type=int, default=5)
+    tc.add_argument("--round-ms", type=float, default=200.0, help="each round runs a contender this long at least")
+    tc.set_defaults(func=_torch_compile)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -385,6 +414,7 @@ def main(argv=None) -> int:
     _add_tune(sub)
     _add_train(sub)
     _add_evaluate(sub)
+    _add_torch_compile(sub)
     args = parser.parse_args(argv)
     args.argv = argv
     for dtype in getattr(args, "dtype", "float32").split(","):
