@@ -136,9 +136,10 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
         _stmt(walk, stmt.body, times * extent, sites * (extent if unrolled else min(extent, SERIAL_UNROLL)))
     elif kind == "IfThenElse":
         _expressions(walk, stmt.condition, times, sites)
-        _stmt(walk, stmt.then_case, times, sites)
-        if stmt.else_case is not None:
-            _stmt(walk, stmt.else_case, times, sites)
+        if stmt.else_case is None:
+            _stmt(walk, stmt.then_case, times, sites)  # a predicate: counted as taken
+        else:
+            _either(walk, [_branch(walk, case, times, sites) for case in (stmt.then_case, stmt.else_case)])
     elif kind == "AllocBuffer":
         buffer = stmt.buffer
         if str(buffer.scope()).startswith("shared"):
@@ -159,6 +160,26 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
         for child in ("body", "then_case", "else_case"):
             if isinstance(getattr(stmt, child, None), tirx.Stmt):
                 _stmt(walk, getattr(stmt, child), times, sites)
+
+
+def _branch(walk: _Walk, stmt, times: int, sites: float) -> _Walk:
+    """What one branch of an if-else does, walked apart (it sees the extents found so far)."""
+    apart = _Walk(grid=walk.grid, threads=walk.threads, loading=walk.loading)
+    _stmt(apart, stmt, times, sites)
+    return apart
+
+
+def _either(walk: _Walk, branches: list) -> None:
+    """Add to `walk` the most of each count over exclusive branches (the kernels sharing a packed
+    launch are an if-else chain over the block index: a thread runs one of them)."""
+    for counts in ("loads", "stores"):
+        merged = getattr(walk, counts)
+        for width in {w for b in branches for w in getattr(b, counts)}:
+            merged[width] = merged.get(width, 0) + max(getattr(b, counts).get(width, 0) for b in branches)
+    for count in ("sites", "phases", "barriers", "serial", "sfu", "shared"):
+        setattr(walk, count, getattr(walk, count) + max(getattr(b, count) for b in branches))
+    walk.grid, walk.threads = max(b.grid for b in branches), max(b.threads for b in branches)
+    walk.loading = any(b.loading for b in branches)
 
 
 def kernel_geometry(name: str, kernel: tirx.PrimFunc, registers: int = -1, dram_bytes: int = -1) -> KernelGeometry:

@@ -174,9 +174,9 @@ def _cuda_spec(target: Target) -> TargetSpec:
     )
 
 
-def time_constants(arch: str, facts: _Arch) -> dict:
-    """The time model's constants of a CUDA arch: the fitted table shipped for it, else the
-    published figures of `_ARCHS`."""
+def time_constants(arch: str, facts: _Arch, fitted: dict | None = None) -> dict:
+    """The time model's constants of a CUDA arch: those `fitted` (default: the table shipped for
+    the arch, time_fit.py), else the published figures of `_ARCHS`."""
     published = {
         "hbm_bytes_per_us": facts.hbm_gbps * 1e3 * CUDA_ACHIEVABLE_BANDWIDTH,
         "dram_latency_us": facts.dram_latency_us,
@@ -184,7 +184,7 @@ def time_constants(arch: str, facts: _Arch) -> dict:
         "sfu_per_sm_us": CUDA_SFU_PER_CLOCK * facts.clock_ghz * 1e3,
         "clock_ghz": facts.clock_ghz,
     }
-    return dict(published, **fitted_constants(arch))
+    return dict(published, **(fitted_constants(arch) if fitted is None else fitted))
 
 
 def _cpu_spec(target: Target) -> TargetSpec:

@@ -101,6 +101,7 @@ class KernelTime:
     bytes: int  # device-memory bytes
     bandwidth_fraction: float  # bytes / us over the arch's peak bandwidth
     bound: str  # the part that took most of the waves' time: bandwidth, latency, sfu, serial or launch
+    geometry: KernelGeometry | None = None  # what was priced
 
 
 def peak_bytes_per_us(spec: TargetSpec) -> float:
@@ -161,8 +162,16 @@ def kernel_time(geometry: KernelGeometry, spec: TargetSpec) -> KernelTime:
     nbytes = geometry.memory_bytes
     return KernelTime(geometry.name, us, spec.launch_us, parts["bandwidth"], parts["latency"], parts["sfu"],
                       parts["serial"], waves, tail_blocks / per_wave, min(per_wave, geometry.grid) * geometry.threads,
-                      geometry.grid * geometry.threads, share, nbytes, nbytes / us / peak_bytes_per_us(spec), bound)
+                      geometry.grid * geometry.threads, share, nbytes, nbytes / us / peak_bytes_per_us(spec), bound, geometry)
 
 
 def total_us(times) -> float:
     return sum(t.us for t in times)
+
+
+def geometry_from_dict(data: dict) -> KernelGeometry:
+    """A KernelGeometry from its `dataclasses.asdict` (as records store it)."""
+    data = dict(data)
+    for key in ("loads", "stores"):
+        data[key] = tuple(tuple(pair) for pair in data.get(key, ()))
+    return KernelGeometry(**data)

@@ -1,5 +1,5 @@
 """The `tvm-stitch` command: `bench` (the suite, default vs stitched), `explain` (plans), `simt` (CUDA
-kernels run with SIMT semantics on the CPU), `fuzz`, `gpu-kit`, `tune`, `train`, `evaluate`."""
+kernels run with SIMT semantics on the CPU), `fuzz`, `gpu-kit`, `tune`, `train`, `evaluate`, `calibrate`."""
 
 from __future__ import annotations
 
@@ -97,6 +97,10 @@ def _explain(args) -> int:
     report, grouped = explain_with_graph(mod, target)
     print(f"{description}, target {args.target}")
     print(report.table())
+    if args.target == "cuda":
+        from tvm_stitch.tools.module_time import comparison
+
+        print(comparison(mod, target, report.spec))
     print()
     print(report.details())
     if args.dot:
@@ -256,6 +260,17 @@ def _evaluate(args) -> int:
     return 0 if result["done"] else 1
 
 
+def _calibrate(args) -> int:
+    from tvm_stitch.tools.calibrate import calibrate
+
+    try:
+        print(calibrate(args.records, arch=args.arch, write=args.write, out=args.out))
+    except (OSError, ValueError) as err:
+        print(str(err), file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -353,6 +368,15 @@ def main(argv=None) -> int:
     ev.add_argument("--no-bench", action="store_true",
                     help="skip timing the suite at bench shapes with the model and with rules")
     ev.set_defaults(func=_evaluate)
+
+    cal = sub.add_parser("calibrate", help="fit the CUDA time model's constants to kernels timed on a GPU "
+                                           "(the GPU kit's calibration.jsonl) and print the model's error")
+    cal.add_argument("records", help="JSON-lines records: per PrimFunc its kernels' geometry and measured time")
+    cal.add_argument("--arch", default="", help="the arch to fit (default: the records' only one)")
+    cal.add_argument("--write", action="store_true",
+                     help="store the fit as tvm_stitch/planning/time_fits/ARCH.json, which the TargetSpec loads")
+    cal.add_argument("--out", default="", help="with --write: this file instead")
+    cal.set_defaults(func=_calibrate)
 
     args = parser.parse_args(argv)
     args.argv = argv

@@ -62,3 +62,27 @@ def default_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTi
     with target:
         lowered = default_pipeline(target)(tvm.IRModule(mod.functions, attrs=mod.attrs))
     return module_time(lowered, spec)
+
+
+def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTime:
+    """`mod` built by the stitch pipeline for the CUDA `target`, priced."""
+    from tvm_stitch.pipeline import pipeline
+
+    target = as_target(target)
+    with target:
+        lowered = pipeline(target)(tvm.IRModule(mod.functions, attrs=mod.attrs))
+    return module_time(lowered, spec)
+
+
+def comparison(mod: tvm.IRModule, target, spec: TargetSpec) -> str:
+    """One line: the module's modeled time stitched beside TVM's default build, both priced by the model."""
+    stitched, default = stitched_module_time(mod, target, spec), default_module_time(mod, target, spec)
+
+    def part(what: str, priced: ModuleTime) -> str:
+        if priced.us < 0:
+            return f"{what}: not priced ({', '.join(priced.unpriced)}: symbolic sizes without bounds)"
+        return f"{what} {priced.us:.1f} us in {priced.launches} launches"
+
+    ratio = f" ({default.us / stitched.us:.2f}x)" if stitched.us > 0 and default.us > 0 else ""
+    return (f"modeled time of the module on {spec.arch} (every kernel priced by the time model): "
+            f"{part('stitched', stitched)}; {part('TVM default', default)}{ratio}")
