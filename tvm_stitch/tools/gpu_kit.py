@@ -240,8 +240,8 @@ def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict
 
 
 def modeled_times(lowered) -> dict:
-    """{"modeled_us": the module's modeled time, "modeled": per PrimFunc its modeled microseconds
-    per call and its kernels' geometry}, for the runner to record beside the measured times."""
+    """{"modeled_us": the module's modeled time, "modeled": per PrimFunc its calls, its modeled
+    microseconds per call and its kernels' geometry}, for the runner to record beside the measured times."""
     import dataclasses
 
     from tvm_stitch.planning.spec import TargetSpec
@@ -250,8 +250,9 @@ def modeled_times(lowered) -> dict:
 
     priced = module_time(lowered, TargetSpec.from_target(as_target(PLAN_TARGET)))
     return {"modeled_us": priced.us, "modeled": {
-        name: {"modeled_us": sum(t.us for t in times), "kernels": [dataclasses.asdict(t.geometry) for t in times]}
-        for name, _, times in priced.kernels}}
+        name: {"calls": calls, "modeled_us": sum(t.us for t in times),
+               "kernels": [dataclasses.asdict(t.geometry) for t in times]}
+        for name, calls, times in priced.kernels}}
 
 
 def _export_dry_run(path: str) -> None:
