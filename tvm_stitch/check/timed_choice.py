@@ -2,9 +2,9 @@
 
 The variants are planning/candidates.py's (threads per block, rows per
 block, vector width, an on-chip intermediate recomputed in its consumers
-instead of kept in shared memory). Priced are the rule plan's neighbours:
+instead of kept in shared memory, chunks per row of a row-split plan). Priced are the rule plan's neighbours:
 the variants that change one knob, a count by at most a factor of
-NEIGHBOURHOOD. Each is scheduled for the spec's CUDA arch and priced by the
+NEIGHBOURHOOD (threads per block by at most half fewer). Each is scheduled for the spec's CUDA arch and priced by the
 time model (modeled_time.py). The rule plan is kept unless a variant is
 more than TIE faster, and without a search where launch overhead is all
 but TIE of its time (no variant could gain more); a variant that does not
@@ -47,8 +47,8 @@ def choose_in_time(fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> 
         return priced
     k = knobs(best)
     note = (f"time model: candidate {chosen} of {len(plans)} ({k['threads']} threads, {k['rows_per_task']} rows "
-            f"per block, vector {k['vector']}{_recomputed(best, rule)}), {best_us:.1f} us against the rules' "
-            f"{rule_us:.1f} us")
+            f"per block, vector {k['vector']}, {best.mapping.split} chunks per row{_recomputed(best, rule)}), "
+            f"{best_us:.1f} us against the rules' {rule_us:.1f} us")
     return dataclasses.replace(best, notes=best.notes + (note,))
 
 
@@ -56,10 +56,12 @@ def _neighbour(plan: StitchPlan, rule: StitchPlan) -> bool:
     """Whether `plan` changes one knob of `rule`, a count by at most NEIGHBOURHOOD times."""
     a, b = plan.mapping, rule.mapping
     changes = [a.threads != b.threads, a.rows_per_task != b.rows_per_task, a.vector != b.vector,
-               plan.inlined() != rule.inlined()]
+               plan.inlined() != rule.inlined(), a.split != b.split]
     near = all(max(x, y) <= NEIGHBOURHOOD * min(x, y)
-               for x, y in ((a.threads, b.threads), (a.rows_per_task, b.rows_per_task)))
-    return sum(changes) == 1 and near
+               for x, y in ((a.threads, b.threads), (a.rows_per_task, b.rows_per_task), (a.split, b.split)))
+    # Fewer threads leave each more unrolled work: past half the rule's, more registers than the
+    # estimate (resources.py) allows for, and the occupancy the model takes from it would be wrong.
+    return sum(changes) == 1 and near and 2 * a.threads >= b.threads
 
 
 def _recomputed(plan: StitchPlan, rule: StitchPlan) -> str:

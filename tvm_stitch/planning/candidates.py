@@ -9,7 +9,8 @@ variants listed here, over the knobs the schedules honour:
 - CUDA: threads per block and rows per block, within the thread and shared
   memory limits, scalar accesses instead of vectors, and each on-chip
   intermediate recomputed in its consumers instead of kept in shared memory
-  (the planner's demotion, asked for); check/timed_choice.py prices them.
+  (the planner's demotion, asked for), and for row-split plans other chunk
+  counts per row (SPLIT_FACTORS of the rule's); check/timed_choice.py prices them.
 Every variant keeps the rule plan's outputs, so it computes the same values;
 the first candidate is always the rule plan.
 """
@@ -26,9 +27,11 @@ from tvm_stitch.planning.common import PlanError, block_threads
 from tvm_stitch.planning.plan import MIN_LANES, SHARED, StitchPlan
 from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
 from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
+from tvm_stitch.planning.row_split import plan_row_split
 from tvm_stitch.planning.spec import TargetSpec
 
 CUDA_THREADS = (32, 64, 128, 256)  # threads per block tried (those within the spec's limit)
+SPLIT_FACTORS = (4, 2)  # row-split: the rule's chunks per row times and over these
 
 
 def knobs(plan: StitchPlan) -> dict:
@@ -46,10 +49,10 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
         found = _cpu(func, rule, spec, analysis)
     else:
         found = _cuda(rule, spec)
-        found += _scalar([rule] + found) + _recomputing(func, rule, spec)
+        found += _scalar([rule] + found) + _recomputing(func, rule, spec) + _splits(func, rule, spec)
     out, seen = [], set()
     for plan in [rule] + found:
-        key = tuple(sorted(knobs(plan).items())) + (tuple(plan.inlined()),)
+        key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, tuple(plan.inlined()))
         if key not in seen:
             seen.add(key)
             out.append(plan)
@@ -143,4 +146,19 @@ def _recomputing(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> lis
         except PlanError:
             continue  # e.g. a reduction, which cannot be inlined
         out.append(with_resources(plan))
+    return out
+
+
+def _splits(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> list:
+    """Row-split plans (rows leading) with more or fewer chunks per row than the rule's."""
+    if rule.scheme != "row-split" or rule.row_axes:
+        return []
+    split = rule.mapping.split
+    counts = sorted({c for f in SPLIT_FACTORS for c in (split * f, split // f) if c >= 1 and c != split})
+    out = []
+    for count in counts:
+        try:
+            out.append(with_resources(plan_row_split(func, spec, rule.kernel, split=count)))
+        except PlanError:
+            continue  # chunks that do not divide the row, or shorter than the least chunk
     return out
