@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from tvm_stitch.planning.resources import occupancy
-from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.spec import CUDA_ACHIEVABLE_BANDWIDTH, TargetSpec
 
 SERIAL_UNROLL = 4  # iterations of a serial loop nvcc unrolls, whose independent loads overlap
 MAX_LOADS_IN_FLIGHT = 8  # outstanding global loads per thread at most (scoreboard, registers)
@@ -106,8 +106,6 @@ class KernelTime:
 
 def peak_bytes_per_us(spec: TargetSpec) -> float:
     """The arch's peak device-memory bandwidth (the achievable one over CUDA_ACHIEVABLE_BANDWIDTH)."""
-    from tvm_stitch.planning.spec import CUDA_ACHIEVABLE_BANDWIDTH
-
     return spec.hbm_bytes_per_us / CUDA_ACHIEVABLE_BANDWIDTH
 
 
