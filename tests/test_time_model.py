@@ -200,3 +200,23 @@ def test_fitted_constants_override_the_published_ones(tmp_path):
     constants = time_constants("sm_90", _arch_facts(90), fitted)
     assert (constants["dram_latency_us"], constants["launch_us"]) == (0.9, 2.5)
     assert constants["hbm_bytes_per_us"] == published["hbm_bytes_per_us"]
+
+
+def test_special_functions_are_counted_per_element():
+    out, report = _stitched(SUITE["bias_gelu"].build("float32", dims("test")), cost_model=False)
+    (plan,) = report.plans
+    (geometry,) = kernel_geometries(_kernel(out, plan), CUDA, plan.registers)
+    elements = sum(count for _, count in geometry.stores)  # an output per element
+    assert geometry.sfu_ops == 2 * elements > 0  # gelu's erf: two special-function results each
+
+
+def test_a_packed_launch_counts_one_members_work_per_thread():
+    """Adam's per-parameter kernels share a launch: an if-else chain over the block index, of
+    which a thread runs one branch: one member's loads, stores and sqrt, not the sum of all."""
+    out, report = _stitched(SUITE["adam_update"].build("float32", dims("test")), cost_model=False)
+    (packed, members), = report.packs
+    (whole,) = kernel_geometries(next(f for gv, f in out.functions_items() if gv.name_hint == packed), CUDA)
+    plans = {p.kernel: p for p in report.plans}
+    assert len(members) > 2 and whole.grid == sum(plans[m].mapping.grid for m in members)
+    assert whole.stores == ((4, 3),)  # the parameter and both moments, one element per thread
+    assert whole.sfu_ops == 1.0  # the square root of the second moment
