@@ -60,6 +60,10 @@ def test_every_library_carries_sm90a_device_code(kit):
             assert kinds["cubins"] >= 1 and not kinds["cuda_source"], (entry[build], kinds)
             assert entry[f"kernels_{build}"], entry[build]
             assert all(k["registers"] > 0 for k in entry[f"kernels_{build}"].values())
+            # The time model's figure per PrimFunc, with the geometry that calibration refits.
+            modeled = entry[f"modeled_{build}"]
+            assert modeled and all(m["modeled_us"] > 0 and m["kernels"] for m in modeled.values())
+            assert sum(m["calls"] * len(m["kernels"]) for m in modeled.values()) == entry[f"launches_{build}"]
     assert manifest["entries"][2]["schemes_stitched"] == ["row-resident", "independent"]
     assert 0 < manifest["expected_seconds"]["quick"] < manifest["expected_seconds"]["full"]
     assert manifest["warnings"] == []  # no kernel over 48 KiB of static shared memory or spilling here
@@ -316,3 +320,32 @@ def test_agreement_uses_the_tolerance_table_and_never_passes_nan(monkeypatch):
     assert not ok and np.isnan(err)
     assert run_kit._agree([np.ones(2)], ref, "float32") == (False, float("inf"))  # wrong shape
     assert run_kit._agree([], ref, "float32") == (False, float("inf"))  # an output missing
+
+
+def test_call_times_mark_every_primfunc_call_of_a_real_vm(tmp_path):
+    import time
+
+    import tvm
+    from tvm import relax
+
+    from tvm_stitch.tools.build import build
+    from tvm_stitch.tools.suite import SUITE, dims
+
+    built = build(SUITE["layernorm_softmax"].build("float32", dims("test")), {"kind": "llvm"}, stitched=False)
+    names = [gv.name_hint for gv, f in built.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    vm = relax.VirtualMachine(built.executable, tvm.cpu())
+    times = run_kit.CallTimes(vm, names, time.perf_counter, lambda a, b: (b - a) * 1e3)
+    inputs = SUITE["layernorm_softmax"].inputs(np.random.default_rng(0), "float32", dims("test"))
+    vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    per_call = times.per_call_us()
+    assert set(per_call) and set(per_call) <= set(names)
+    assert all(us > 0 for us in per_call.values())
+    assert times.per_call_us() == {}  # read once
+
+
+def test_calibration_records_come_from_the_measured_primfuncs():
+    rows = [{"key": "softmax/float32", "stitched_primfunc_times": {
+        "stitch_0": {"measured_us": 9.0, "modeled_us": 8.8, "kernels": [{"name": "k", "grid": 1, "threads": 32}]}}}]
+    (record,) = run_kit.calibration_records({"plan_arch": "sm_90", "gpu": "NVIDIA H200"}, rows)
+    assert record["arch"] == "sm_90" and record["device"] == "NVIDIA H200" and record["build"] == "stitched"
+    assert record["measured_us"] == 9.0 and record["kernels"][0]["grid"] == 1

@@ -68,7 +68,9 @@ def test_online_softmax_partials_take_two_launches_and_match_numpy(name):
     plans = _check_numerics(name, dims, fast_math=False)
     split = [p for p in plans if p.scheme == "row-split"]
     assert len(split) == 1 and split[0].kernels == 2 and len(split[0].online) == 1
-    assert split[0].mapping.split == choose_split(64, 30000, SM90)
+    # The rules' chunks, or other chunks the time model prices lower (checked against numpy above).
+    assert split[0].mapping.split == choose_split(64, 30000, SM90) or any(
+        note.startswith("time model:") for note in split[0].notes)
     built = build(SUITE[name].build("float32", dims), CUDA, stitched=True, strict=True)
     (plan,) = [p for p in built.report.plans if p.scheme == "row-split"]
     assert plan.online == split[0].online
@@ -119,7 +121,7 @@ def test_sm80_plans_few_long_rows_for_its_108_sms():
     mod = SUITE["softmax"].build("float32", {"rows": 64, "cols": 30000})
     plans = {}
     for arch in ("sm_80", "sm_90"):
-        (plan,) = tvm_stitch.explain(mod, {"kind": "cuda", "arch": arch}).plans
+        (plan,) = tvm_stitch.explain(mod, {"kind": "cuda", "arch": arch}, cost_model=False).plans
         assert plan.scheme == "row-split" and plan.spec.arch == arch
         plans[arch] = plan
     assert (plans["sm_80"].spec.sms, plans["sm_90"].spec.sms) == (108, 132)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.reasons import Reason
 from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.time_model import peak_bytes_per_us
 
 
 @dataclass
@@ -51,12 +52,12 @@ class StitchReport:
 
     def table(self) -> str:
         rows = [("kernel", "ops", "scheme", "dominant", "mapping", "reuse (register/shared/global)",
-                 "modeled / ideal MB")]
+                 "modeled / ideal MB", "modeled us (of peak BW)")]
         for group in self.groups:
             plan = group.plan
             ops = _short(",".join(group.ops), 44)
             if plan is None:
-                rows.append(("-", ops, "fallback", "-", "-", _short(group.fallback, 60), "-"))
+                rows.append(("-", ops, "fallback", "-", "-", _short(group.fallback, 60), "-", "-"))
                 continue
             m = plan.mapping
             if plan.scheme == "row-split":
@@ -76,7 +77,7 @@ class StitchReport:
             traffic = (f"{plan.modeled_bytes / 1e6:.1f} / {plan.ideal_bytes / 1e6:.1f}"
                        if plan.modeled_bytes >= 0 else "symbolic")
             rows.append((plan.kernel, ops, plan.scheme, _short(",".join(plan.dominant), 30), mapping, reuse,
-                         traffic))
+                         traffic, _modeled_time(plan)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -110,6 +111,9 @@ class StitchReport:
                 out.append(f"  inputs loaded once into shared memory: {', '.join(plan.cached_inputs)}")
             if plan.modeled_bytes >= 0:
                 out.append(f"  modeled global traffic {plan.modeled_bytes} B, ideal {plan.ideal_bytes} B")
+            if plan.modeled_us >= 0:
+                out.append(f"  modeled time {_modeled_time(plan)} for {plan.kernels} launch(es) "
+                           "(time model: docs/time-model.md)")
             if plan.registers >= 0:
                 out.append(f"  resources: ~{plan.registers} registers/thread (estimate), {plan.shared_bytes} B shared, "
                            f"{plan.threads_per_block} threads/block, occupancy {plan.occupancy:.0%}")
@@ -121,6 +125,17 @@ class StitchReport:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _modeled_time(plan: StitchPlan) -> str:
+    """'8.8 us (55%)': the plan's modeled time, and its modeled bytes over that time as a share of
+    the peak bandwidth of the arch it was planned for; '-' where not modeled (CPU, symbolic sizes)."""
+    if plan.modeled_us < 0:
+        return "-"
+    if plan.modeled_bytes < 0 or plan.spec is None:
+        return f"{plan.modeled_us:.1f} us"
+    share = plan.modeled_bytes / plan.modeled_us / peak_bytes_per_us(plan.spec)
+    return f"{plan.modeled_us:.1f} us ({share:.0%})"
 
 
 def _short(text: str, width: int) -> str:

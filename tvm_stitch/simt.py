@@ -31,6 +31,7 @@ from tvm_stitch.check.simt_kernel import KernelCheck, Reference, check_kernel
 from tvm_stitch.check.simt_inputs import written_params
 from tvm_stitch.check.symbolic_sizes import recorded_bounds, size_points
 from tvm_stitch.check import opencl_run
+from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning import cost_model
 from tvm_stitch.planning.plan import StitchPlan
@@ -76,7 +77,7 @@ def stitched_kernels(mod: tvm.IRModule, target) -> tuple:
 
     def choose(func, rule, spec):
         fused[rule.kernel] = func
-        return cost_model.choose(model, func, rule, spec) if model is not None else rule
+        return cost_model.choose(model, func, rule, spec) if model is not None else choose_in_time(func, rule, spec)
 
     report = StitchReport()
     with target:

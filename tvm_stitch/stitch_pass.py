@@ -30,6 +30,8 @@ from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
 from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
+from tvm_stitch.check.modeled_time import plan_us, scheduled_us
+from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import Outlined, outline_group
 from tvm_stitch.fusion.packing import pack_block
@@ -321,6 +323,9 @@ class _Stitcher:
             plan = dataclasses.replace(plan, notes=plan.notes + (note,))
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
+        if self.spec.family == "cuda" and plan.modeled_us < 0:
+            plan = dataclasses.replace(plan, modeled_us=scheduled_us(scheduled, plan, self.spec)
+                                       if self.target.kind.name == "cuda" else plan_us(fused, plan, self.spec))
         return Kernel(name, plan, scheduled.with_attr("tvm_stitch.plan", plan.to_json()), notes)
 
     def _schedule(self, fused: tvm.tirx.PrimFunc, plan: StitchPlan) -> tvm.tirx.PrimFunc:
@@ -523,9 +528,10 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
     for CUDA sm_90, without thread bindings, so the CUDA schedules run (and
     can be checked) on the CPU; a cuda target (Target, dict or string)
     instead of "cuda" plans for that GPU. With `cost_model=True` (the
-    default) the target family's shipped model (cost_model.SHIPPED) picks each
-    kernel's configuration among the rule plan's variants, where a model is
-    shipped for the family (the CPU); a model given (a `cost_model.Model`,
+    default) each kernel's configuration is picked among the rule plan's
+    variants: on CUDA by the time model (each variant scheduled and priced,
+    check/timed_choice.py), on the CPU by the family's shipped learned model
+    (cost_model.SHIPPED); a model given (a `cost_model.Model`,
     or any object whose `costs(feature rows)` ranks candidates, lowest
     first) is used as given; `False` uses the rules only. `spec` plans for
     that `TargetSpec` instead of the target's own (another core count, an
@@ -557,9 +563,12 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
 
 
 def _chooser(model, family: str):
-    """choose(fused, rule, spec) for the model asked for, or None where the rules decide."""
+    """choose(fused, rule, spec) for the model asked for, or None where the rules decide; on CUDA
+    the default (True) is the time model (check/timed_choice.py)."""
     if model is False:
         return None
+    if model is True and family == "cuda":
+        return choose_in_time
     if model is True:
         model = _cost_model.SHIPPED.get(family)
     return functools.partial(_cost_model.choose, model) if model is not None else None

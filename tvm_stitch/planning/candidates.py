@@ -7,9 +7,12 @@ variants listed here, over the knobs the schedules honour:
   (every rank within the aligned depth whose row tasks hold a vector or
   more, each planned by the planner itself);
 - CUDA: threads per block and rows per block, within the thread and shared
-  memory limits (features only: no GPU model is trained yet).
-Every variant keeps the rule plan's levels and outputs, so it computes the
-same values; the first candidate is always the rule plan.
+  memory limits, scalar accesses instead of vectors, and each on-chip
+  intermediate recomputed in its consumers instead of kept in shared memory
+  (the planner's demotion, asked for), and for row-split plans other chunk
+  counts per row (SPLIT_FACTORS of the rule's); check/timed_choice.py prices them.
+Every variant keeps the rule plan's outputs, so it computes the same values;
+the first candidate is always the rule plan.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from tvm import tirx
 
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.common import PlanError, block_threads
-from tvm_stitch.planning.plan import MIN_LANES, StitchPlan
+from tvm_stitch.planning.plan import MIN_LANES, SHARED, StitchPlan
 from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
 from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
+from tvm_stitch.planning.row_split import plan_row_split
 from tvm_stitch.planning.spec import TargetSpec
 
 CUDA_THREADS = (32, 64, 128, 256)  # threads per block tried (those within the spec's limit)
+SPLIT_FACTORS = (4, 2)  # row-split: the rule's chunks per row times and over these
 
 
 def knobs(plan: StitchPlan) -> dict:
@@ -44,9 +49,10 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
         found = _cpu(func, rule, spec, analysis)
     else:
         found = _cuda(rule, spec)
+        found += _scalar([rule] + found) + _recomputing(func, rule, spec) + _splits(func, rule, spec)
     out, seen = [], set()
     for plan in [rule] + found:
-        key = tuple(sorted(knobs(plan).items()))
+        key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, tuple(plan.inlined()))
         if key not in seen:
             seen.add(key)
             out.append(plan)
@@ -117,4 +123,42 @@ def _cuda(rule: StitchPlan, spec: TargetSpec) -> list:
                 mapping = dataclasses.replace(m, threads=threads, rows_per_task=per, grid=-(-m.rows // per))
                 out.append(with_resources(dataclasses.replace(rule, mapping=mapping, shared_bytes=shared)))
             per *= 2
+    return out
+
+
+def _scalar(plans: list) -> list:
+    """The plans with vector accesses, with scalar ones instead."""
+    return [dataclasses.replace(p, mapping=dataclasses.replace(p.mapping, vector=1)) for p in plans
+            if p.mapping.vector > 1]
+
+
+def _recomputing(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> list:
+    """Row-resident plans (rows leading) with one more shared intermediate recomputed in its consumers."""
+    if rule.scheme != "row-resident" or rule.row_axes or rule.bounds:
+        return []
+    demoted = tuple(i.name for i in rule.intermediates if i.inlined and i.why.startswith("demoted"))
+    out = []
+    for inter in rule.intermediates:
+        if inter.level != SHARED or inter.inlined or inter.name in rule.outputs:
+            continue
+        try:
+            plan = plan_row_resident(func, spec, rule.kernel, recompute=demoted + (inter.name,))
+        except PlanError:
+            continue  # e.g. a reduction, which cannot be inlined
+        out.append(with_resources(plan))
+    return out
+
+
+def _splits(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> list:
+    """Row-split plans (rows leading) with more or fewer chunks per row than the rule's."""
+    if rule.scheme != "row-split" or rule.row_axes:
+        return []
+    split = rule.mapping.split
+    counts = sorted({c for f in SPLIT_FACTORS for c in (split * f, split // f) if c >= 1 and c != split})
+    out = []
+    for count in counts:
+        try:
+            out.append(with_resources(plan_row_split(func, spec, rule.kernel, split=count)))
+        except PlanError:
+            continue  # chunks that do not divide the row, or shorter than the least chunk
     return out

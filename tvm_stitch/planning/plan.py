@@ -79,6 +79,7 @@ class StitchPlan:
     shared_reductions: tuple = ()  # CUDA: (value bytes, outputs per row) of each reduced value of the kernel
     modeled_bytes: int = -1  # global-memory traffic of the scheduled kernel (see traffic.py)
     ideal_bytes: int = -1  # its inputs read once and outputs written once
+    modeled_us: float = -1.0  # CUDA: the time model's microseconds for its launches (planning/time_model.py)
     reductions: int = 0  # reduction blocks in the kernel
     kernels: int = 1  # launches of this PrimFunc (row-split: one per phase)
     registers: int = -1  # CUDA: estimated registers per thread (resources.py)

@@ -332,14 +332,20 @@ def _check_worth_splitting(kept: list, rank: int, kernels: _Kernels, unsplit_blo
         raise SplitError("split-not-starved", blocks=unsplit_blocks)
 
 
-def _mapping(rows: int, length: int, columns: bool, dtype_bytes: int, spec: TargetSpec) -> ThreadMapping:
+def _mapping(rows: int, length: int, columns: bool, dtype_bytes: int, spec: TargetSpec,
+             split: int | None = None) -> ThreadMapping:
     """Blocks per row and threads per block: column walks a warp of rows per block, one thread
-    each; rows chunked over blocks, each chunk over a block's threads with vector accesses."""
+    each; rows chunked over blocks (`split` of them, default chosen), each chunk over a block's
+    threads with vector accesses."""
+    if split is not None and (length % split or length // split < (MIN_COLUMN_CHUNK if columns else MIN_CHUNK)):
+        raise SplitError(f"{split} chunks of a row of {length}: not whole chunks of the least length")
     if columns:
         row_blocks = -(-rows // spec.warp_size)
-        split = choose_split(row_blocks, length, spec, MIN_COLUMN_CHUNK) if row_blocks < spec.sms else 1
+        if split is None:
+            split = choose_split(row_blocks, length, spec, MIN_COLUMN_CHUNK) if row_blocks < spec.sms else 1
         return ThreadMapping(rows, spec.warp_size, 1, 1, row_blocks * split, split=split)
-    split = choose_split(rows, length, spec) if rows < spec.sms else 1
+    if split is None:
+        split = choose_split(rows, length, spec) if rows < spec.sms else 1
     chunk = length // split
     vector = spec.vector_bytes // dtype_bytes
     threads = block_threads(spec)
@@ -401,8 +407,9 @@ def _notes(mapping: ThreadMapping, length: int, columns: bool, kernels: _Kernels
 
 
 def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
-                   few_long_rows_only: bool = False) -> StitchPlan:
-    """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`."""
+                   few_long_rows_only: bool = False, split: int | None = None) -> StitchPlan:
+    """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`; `split`
+    sets the chunks per row (default: choose_split's)."""
     if spec.family != "cuda":
         raise SplitError("split-cuda-only")
     views, outputs, inlined, kept, rank, online, variance, recomputed = _kept_blocks(func)
@@ -422,7 +429,7 @@ def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
             raise SplitError("split-resident-fits", rows=rows, length=length)
         _check_worth_splitting(kept, rank, kernels, unsplit_blocks)
     dtype_bytes = max(1, max(v.writes[0].buffer.dtype.bits for v in kept) // 8)
-    mapping = _mapping(rows, length, columns, dtype_bytes, spec)
+    mapping = _mapping(rows, length, columns, dtype_bytes, spec, split)
     # A kernel holds the partials or the combine of each reduction at most once; every reduced
     # value is counted as shared by the block's threads (a bound on TVM's all-reduce staging).
     reductions = tuple((max(1, w.buffer.dtype.bits // 8), 0) for v in kept if v.has_reduction for w in v.writes)

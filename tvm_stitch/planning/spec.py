@@ -26,6 +26,8 @@ from types import MappingProxyType
 import tvm
 from tvm.target import Target
 
+from tvm_stitch.planning.time_fit import fitted_constants
+
 
 @dataclass(frozen=True)
 class _Arch:
@@ -34,18 +36,43 @@ class _Arch:
     sm_threads: int
     sm_blocks: int
     sm_shared_bytes: int
+    hbm_gbps: float  # peak device-memory bandwidth of the part, GB/s
+    clock_ghz: float  # boost SM clock
+    dram_latency_us: float  # a global load's latency under load (Little's law)
 
 
-# Per CUDA arch, the part most built for: V100, T4, A100, A10/RTX 3090, L4/RTX 4090, H100/H200, B200.
+# Per CUDA arch, the part most built for: V100 (SXM2), T4, A100 (SXM4 80 GB), A40, RTX 4090,
+# H200 (SXM; the H100 SXM has the same SMs and 3350 GB/s), B200.
+# Bandwidth and clocks: NVIDIA's data sheets. DRAM latency: pointer-chase microbenchmarks report
+# 400-600 ns idle on V100 to H100 (Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
+# Microbenchmarking", 2018; Chips and Cheese's A100 and H100 articles, 2021 and 2023); loaded latency
+# is higher: ~0.7 us is taken for the H200 (4.8 TB/s x 0.7 us: 3.4 MB in flight to saturate it),
+# the others scaled alike. `tvm-stitch calibrate` fits them per arch from measured kernels.
 _ARCHS = MappingProxyType({
-    70: _Arch(sms=80, l2_bytes=6 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=96 << 10),
-    75: _Arch(sms=40, l2_bytes=4 << 20, sm_threads=1024, sm_blocks=16, sm_shared_bytes=64 << 10),
-    80: _Arch(sms=108, l2_bytes=40 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=164 << 10),
-    86: _Arch(sms=84, l2_bytes=6 << 20, sm_threads=1536, sm_blocks=16, sm_shared_bytes=100 << 10),
-    89: _Arch(sms=128, l2_bytes=72 << 20, sm_threads=1536, sm_blocks=24, sm_shared_bytes=100 << 10),
-    90: _Arch(sms=132, l2_bytes=50 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10),
-    100: _Arch(sms=148, l2_bytes=126 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10),
+    70: _Arch(sms=80, l2_bytes=6 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=96 << 10,
+              hbm_gbps=900.0, clock_ghz=1.53, dram_latency_us=0.55),
+    75: _Arch(sms=40, l2_bytes=4 << 20, sm_threads=1024, sm_blocks=16, sm_shared_bytes=64 << 10,
+              hbm_gbps=320.0, clock_ghz=1.59, dram_latency_us=0.6),
+    80: _Arch(sms=108, l2_bytes=40 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=164 << 10,
+              hbm_gbps=2039.0, clock_ghz=1.41, dram_latency_us=0.65),
+    86: _Arch(sms=84, l2_bytes=6 << 20, sm_threads=1536, sm_blocks=16, sm_shared_bytes=100 << 10,
+              hbm_gbps=696.0, clock_ghz=1.74, dram_latency_us=0.6),
+    89: _Arch(sms=128, l2_bytes=72 << 20, sm_threads=1536, sm_blocks=24, sm_shared_bytes=100 << 10,
+              hbm_gbps=1008.0, clock_ghz=2.52, dram_latency_us=0.6),
+    90: _Arch(sms=132, l2_bytes=50 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10,
+              hbm_gbps=4800.0, clock_ghz=1.98, dram_latency_us=0.7),
+    100: _Arch(sms=148, l2_bytes=126 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10,
+               hbm_gbps=8000.0, clock_ghz=1.96, dram_latency_us=0.75),
 })
+# The share of the peak bandwidth the best memory-bound kernels reach (copies, norms and softmax over
+# rows of 4K elements and more, as published and as `tvm-stitch bench --target cuda` measures).
+CUDA_ACHIEVABLE_BANDWIDTH = 0.9
+# Back-to-back launches in one stream, host to device: a few microseconds each (NVIDIA's "Getting
+# Started with CUDA Graphs", 2019: ~2-4 us per short kernel without graphs).
+CUDA_LAUNCH_US = 3.0
+# Special-function results (exp2, log2, rsqrt, rcp, sin, cos) per SM per clock: 16 on compute
+# capability 7.x to 9.0 (CUDA C++ Programming Guide, arithmetic instruction throughput).
+CUDA_SFU_PER_CLOCK = 16
 DEFAULT_ARCH = "sm_90"
 CUDA_SHARED_PER_BLOCK = 48 << 10  # static shared memory a block may declare without opting in
 CUDA_REGISTERS_PER_SM = 64 << 10
@@ -74,6 +101,14 @@ class TargetSpec:
     sm_shared_bytes: int = 0  # shared memory of an SM, over its resident blocks
     register_granule: int = 0
     vector_registers: int = 0  # CPU: architectural vector registers (a matmul tile's accumulators live there)
+    # CUDA, for the time model (planning/time_model.py): achievable device-memory bandwidth (bytes/us),
+    # loaded DRAM latency, launch overhead, special-function results per SM per us, the SM clock;
+    # published figures, or the fitted table shipped for the arch (time_fit.py).
+    hbm_bytes_per_us: float = 0.0
+    dram_latency_us: float = 0.0
+    launch_us: float = 0.0
+    sfu_per_sm_us: float = 0.0
+    clock_ghz: float = 0.0
 
     @staticmethod
     def from_target(target: Target) -> "TargetSpec":
@@ -135,7 +170,21 @@ def _cuda_spec(target: Target) -> TargetSpec:
         sm_blocks=facts.sm_blocks,
         sm_shared_bytes=facts.sm_shared_bytes,
         register_granule=CUDA_REGISTER_GRANULE,
+        **time_constants(arch, facts),
     )
+
+
+def time_constants(arch: str, facts: _Arch, fitted: dict | None = None) -> dict:
+    """The time model's constants of a CUDA arch: those `fitted` (default: the table shipped for
+    the arch, time_fit.py), else the published figures of `_ARCHS`."""
+    published = {
+        "hbm_bytes_per_us": facts.hbm_gbps * 1e3 * CUDA_ACHIEVABLE_BANDWIDTH,
+        "dram_latency_us": facts.dram_latency_us,
+        "launch_us": CUDA_LAUNCH_US,
+        "sfu_per_sm_us": CUDA_SFU_PER_CLOCK * facts.clock_ghz * 1e3,
+        "clock_ghz": facts.clock_ghz,
+    }
+    return dict(published, **(fitted_constants(arch) if fitted is None else fitted))
 
 
 def _cpu_spec(target: Target) -> TargetSpec:

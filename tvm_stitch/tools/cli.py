@@ -1,6 +1,7 @@
 """The `tvm-stitch` command: `bench` (the suite, default vs stitched), `explain` (plans), `simt` (CUDA
 kernels run with SIMT semantics on the CPU), `fuzz`, `gpu-kit`, `tune`, `train`, `evaluate`, `torch-compile`
-(eager, Inductor and backend="tvm_stitch" timed on real models)."""
+(eager, Inductor and backend="tvm_stitch" timed on real models), `calibrate` (the CUDA time model fitted to
+GPU timings)."""
 
 from __future__ import annotations
 
@@ -98,6 +99,10 @@ def _explain(args) -> int:
     report, grouped = explain_with_graph(mod, target)
     print(f"{description}, target {args.target}")
     print(report.table())
+    if args.target == "cuda":
+        from tvm_stitch.tools.module_time import comparison
+
+        print(comparison(mod, target, report.spec))
     print()
     print(report.details())
     if args.dot:
@@ -257,6 +262,17 @@ def _evaluate(args) -> int:
     return 0 if result["done"] else 1
 
 
+def _calibrate(args) -> int:
+    from tvm_stitch.tools.calibrate import calibrate
+
+    try:
+        print(calibrate(args.records, arch=args.arch, write=args.write, out=args.out))
+    except (OSError, ValueError) as err:
+        print(str(err), file=sys.stderr)
+        return 2
+    return 0
+
+
 def _torch_compile(args) -> int:
     from tvm_stitch.tools.bench import machine_name
     from tvm_stitch.tools.torch_compile_bench import MODELS, STEPS, format_rows, run
@@ -403,6 +419,18 @@ def _add_torch_compile(sub) -> None:
     tc.set_defaults(func=_torch_compile)
 
 
+def _add_calibrate(sub) -> None:
+    """The `calibrate` command's arguments."""
+    cal = sub.add_parser("calibrate", help="fit the CUDA time model's constants to kernels timed on a GPU "
+                                           "(the GPU kit's calibration.jsonl) and print the model's error")
+    cal.add_argument("records", help="JSON-lines records: per PrimFunc its kernels' geometry and measured time")
+    cal.add_argument("--arch", default="", help="the arch to fit (default: the records' only one)")
+    cal.add_argument("--write", action="store_true",
+                     help="store the fit as tvm_stitch/planning/time_fits/ARCH.json, which the TargetSpec loads")
+    cal.add_argument("--out", default="", help="with --write: this file instead")
+    cal.set_defaults(func=_calibrate)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -415,6 +443,7 @@ def main(argv=None) -> int:
     _add_train(sub)
     _add_evaluate(sub)
     _add_torch_compile(sub)
+    _add_calibrate(sub)
     args = parser.parse_args(argv)
     args.argv = argv
     for dtype in getattr(args, "dtype", "float32").split(","):

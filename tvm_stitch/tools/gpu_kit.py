@@ -199,7 +199,8 @@ def _build_cuda(out: str, work: list) -> None:
             entry[key] = rel
         entries.append(entry)
     manifest = {"device": f"CUDA, planned for {PLAN_TARGET['arch']}, device code {ARCH} cubins",
-                "arch": ARCH, "entries": entries, "warnings": resource_warnings(entries)}
+                "arch": ARCH, "plan_arch": PLAN_TARGET["arch"], "entries": entries,
+                "warnings": resource_warnings(entries)}
     with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
 
@@ -231,11 +232,27 @@ def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict
     source = cuda_source(built.executable)
     info = {"launches": count_launches(built.lowered, built.executable), "modeled_bytes": modeled,
             "ideal_bytes": ideal, "kernels": {k: v for k, v in sorted(resources.items()) if f" {k}(" in source},
-            "device_code": device_code.device_code_kinds(path)}
+            "device_code": device_code.device_code_kinds(path), **modeled_times(built.lowered)}
     if built.report is not None:
         packed = ["independent"] if built.report.packs else []
         info["schemes"] = sorted({plan.scheme for plan in built.report.plans}) + packed
     return info
+
+
+def modeled_times(lowered) -> dict:
+    """{"modeled_us": the module's modeled time, "modeled": per PrimFunc its calls, its modeled
+    microseconds per call and its kernels' geometry}, for the runner to record beside the measured times."""
+    import dataclasses
+
+    from tvm_stitch.planning.spec import TargetSpec
+    from tvm_stitch.target import as_target
+    from tvm_stitch.tools.module_time import module_time
+
+    priced = module_time(lowered, TargetSpec.from_target(as_target(PLAN_TARGET)))
+    return {"modeled_us": priced.us, "modeled": {
+        name: {"calls": calls, "modeled_us": sum(t.us for t in times),
+               "kernels": [dataclasses.asdict(t.geometry) for t in times]}
+        for name, calls, times in priced.kernels}}
 
 
 def _export_dry_run(path: str) -> None:

@@ -29,6 +29,12 @@ TVM's time_evaluator was not used: its L2 flush (`cache_flush_bytes`, or
 back-to-back calls, so every call after the first finds a warm L2.
 Achieved bandwidth counts each input read once and each output written
 once, as a fraction of a device-to-device copy measured in the same run.
+
+Per PrimFunc: after the timing rounds, five more calls of each TVM build
+with CUDA events recorded around every PrimFunc call (the VM's instrument
+hook), the L2 flushed before each call; the median per call is recorded
+beside the time model's figure from the manifest (`<build>_primfunc_times`), and
+calibration.jsonl holds one record per PrimFunc for `tvm-stitch calibrate`.
 """
 
 from __future__ import annotations
@@ -362,7 +368,78 @@ def run_graph(row: dict, entry: dict, contenders: dict, load_data, timer, rounds
             failed = True
         if "default_ms" in row and "stitched_ms" in row:
             row["speedup"] = row["default_ms"] / row["stitched_ms"]
+        for name, contender in ready.items():
+            modeled = entry.get(f"modeled_{name}")
+            if modeled and hasattr(contender, "vm") and name not in errors:
+                try:
+                    row[f"{name}_primfunc_times"] = kernel_records(contender, modeled, timer)
+                except Exception as err:  # noqa: BLE001 - the graph's timings stand without them
+                    row[f"{name}_primfunc_times_error"] = _short(err)
     return failed
+
+
+# --- per-PrimFunc times, for calibrating the time model ----------------------------------
+
+class CallTimes:
+    """Device time of each PrimFunc call of a VM: an event recorded before and after every call
+    of one of `names` (the VM's instrument hook, called around each Call instruction)."""
+
+    def __init__(self, vm, names, event, elapsed_ms):
+        self.names, self.event, self.elapsed_ms = set(names), event, elapsed_ms
+        self.marks: list = []
+        vm.set_instrument(self._instrument)
+
+    def _instrument(self, func, symbol, before_run, ret_value, *args):
+        if symbol in self.names:
+            self.marks.append((symbol, before_run, self.event()))
+        return 0  # VMInstrumentReturnKind.NO_OP: run the call
+
+    def per_call_us(self) -> dict:
+        """{name: microseconds per call} over the calls marked since the last reading."""
+        total: dict = {}
+        calls: dict = {}
+        open_marks: dict = {}
+        for symbol, before_run, event in self.marks:
+            if before_run:
+                open_marks[symbol] = event
+            elif symbol in open_marks:
+                total[symbol] = total.get(symbol, 0.0) + 1e3 * self.elapsed_ms(open_marks.pop(symbol), event)
+                calls[symbol] = calls.get(symbol, 0) + 1
+        self.marks = []
+        return {name: total[name] / calls[name] for name in total}
+
+
+def kernel_records(contender, modeled: dict, timer, runs: int = 5) -> dict:
+    """{PrimFunc: its median measured and its modeled microseconds per call, and its kernels'
+    geometry}: `runs` calls of the contender, the L2 flushed before each (`timer`'s buffer)."""
+    torch = timer.torch
+    times = CallTimes(contender.vm, modeled, lambda: _recorded(torch), lambda a, b: a.elapsed_time(b))
+    samples: dict = {}
+    for _ in range(runs):
+        timer.flush_buffer.zero_()
+        contender.run()
+        torch.cuda.synchronize()
+        for name, us in times.per_call_us().items():
+            samples.setdefault(name, []).append(us)
+    return {name: {"measured_us": float(statistics.median(us)), "modeled_us": modeled[name]["modeled_us"],
+                   "kernels": modeled[name]["kernels"]} for name, us in samples.items()}
+
+
+def _recorded(torch):
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def calibration_records(header: dict, rows: list) -> list:
+    """One record per measured PrimFunc of each build (`tvm-stitch calibrate` reads them)."""
+    records = []
+    for row in rows:
+        for build in ("default", "stitched"):
+            for name, kernel in row.get(f"{build}_primfunc_times", {}).items():
+                records.append({"arch": header.get("plan_arch", "sm_90"), "device": header.get("gpu", ""),
+                                "entry": row["key"], "build": build, "name": name, **kernel})
+    return records
 
 
 def run_passes(state: dict, entries: list, passes: list, out: str, budget_s: float, load_data, timer, rounds: int,
@@ -438,6 +515,9 @@ def write_results(out: str, state: dict, stem: str = "results") -> None:
             if copy and f"{name}_gbs" in row:
                 row[f"{name}_fraction_of_copy"] = row[f"{name}_gbs"] / copy
     _write_atomic(os.path.join(out, f"{stem}.json"), json.dumps({"header": header, "rows": rows}, indent=1))
+    records = calibration_records(header, rows)
+    if records:
+        _write_atomic(os.path.join(out, "calibration.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
     _write_atomic(os.path.join(out, f"{stem}.md"), markdown(header, rows))
 
 
@@ -570,6 +650,7 @@ def run_gpu(manifest: dict, args) -> int:
                 "torch_eager": lambda entry, inputs: TorchContender(entry["graph"], inputs, compiled=False),
                 "torch_compile": lambda entry, inputs: TorchContender(entry["graph"], inputs, compiled=True)}))
     header["allocator"] = args.allocator
+    header["plan_arch"] = manifest.get("plan_arch", "sm_90")
     header["build_warnings"] = manifest.get("warnings", [])
     header["kernel_resources"] = "registers and static shared memory from ptxas -v at build time (manifest)"
     for entry in entries:

@@ -1,0 +1,88 @@
+"""A whole module priced by the CUDA time model: stitched and TVM's default build alike.
+
+`lowered` is a module after a Relax pipeline (ours, or TVM's default one:
+every PrimFunc scheduled, nothing built yet). Every PrimFunc a Relax
+function calls is priced as scheduled (check/modeled_time.py), once per
+call; a stitched kernel uses its plan's register estimate, others
+time_model.DEFAULT_REGISTERS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+
+from tvm_stitch.check.modeled_time import modeled_times
+from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.target import as_target, default_pipeline
+from tvm_stitch.tools.launches import primfunc_calls
+
+
+@dataclass(frozen=True)
+class ModuleTime:
+    us: float  # modeled microseconds of one call of every Relax function (-1: some kernel not priced)
+    launches: int
+    kernels: tuple  # (PrimFunc name, calls, KernelTime of each of its kernels)
+    unpriced: tuple  # PrimFuncs that could not be priced (symbolic sizes without bounds)
+
+    def over(self, nbytes: int) -> list:
+        """KernelTimes of the kernels that move at least `nbytes`."""
+        return [t for _, _, times in self.kernels for t in times if t.bytes >= nbytes]
+
+
+def _registers(func) -> int:
+    text = func.attrs.get("tvm_stitch.plan") if func.attrs is not None else None
+    return StitchPlan.from_json(str(text)).registers if text is not None else -1
+
+
+def module_time(lowered: tvm.IRModule, spec: TargetSpec) -> ModuleTime:
+    """The modeled time of one call of every Relax function of `lowered`."""
+    calls = primfunc_calls(lowered)
+    kernels, unpriced = [], []
+    total, launches = 0.0, 0
+    for gv, func in lowered.functions_items():
+        name = gv.name_hint
+        if name not in calls:
+            continue
+        times = modeled_times(func, spec, _registers(func), name)
+        if times is None:
+            unpriced.append(name)
+            continue
+        kernels.append((name, calls[name], tuple(times)))
+        total += calls[name] * sum(t.us for t in times)
+        launches += calls[name] * len(times)
+    return ModuleTime(total if not unpriced else -1.0, launches, tuple(kernels), tuple(unpriced))
+
+
+def default_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTime:
+    """TVM's default build of `mod` for the CUDA `target`, priced by the same model."""
+    target = as_target(target)
+    with target:
+        lowered = default_pipeline(target)(tvm.IRModule(mod.functions, attrs=mod.attrs))
+    return module_time(lowered, spec)
+
+
+def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTime:
+    """`mod` built by the stitch pipeline for the CUDA `target`, priced."""
+    from tvm_stitch.pipeline import pipeline
+
+    target = as_target(target)
+    with target:
+        lowered = pipeline(target)(tvm.IRModule(mod.functions, attrs=mod.attrs))
+    return module_time(lowered, spec)
+
+
+def comparison(mod: tvm.IRModule, target, spec: TargetSpec) -> str:
+    """One line: the module's modeled time stitched beside TVM's default build, both priced by the model."""
+    stitched, default = stitched_module_time(mod, target, spec), default_module_time(mod, target, spec)
+
+    def part(what: str, priced: ModuleTime) -> str:
+        if priced.us < 0:
+            return f"{what}: not priced ({', '.join(priced.unpriced)}: symbolic sizes without bounds)"
+        return f"{what} {priced.us:.1f} us in {priced.launches} launches"
+
+    ratio = f" ({default.us / stitched.us:.2f}x)" if stitched.us > 0 and default.us > 0 else ""
+    return (f"modeled time of the module on {spec.arch} (every kernel priced by the time model): "
+            f"{part('stitched', stitched)}; {part('TVM default', default)}{ratio}")
