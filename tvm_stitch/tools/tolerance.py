@@ -27,8 +27,9 @@ def close(got, want, dtype: str) -> bool:
     a, b = got.astype(np.float64), want.astype(np.float64)
     if not np.array_equal(np.isnan(a), np.isnan(b)):
         return False
-    finite = np.isfinite(a) & np.isfinite(b)
-    if not np.array_equal(a[~finite], b[~finite]):
+    infinite = np.isinf(a) | np.isinf(b)
+    if not np.array_equal(a[infinite], b[infinite]):
         return False
+    finite = np.isfinite(a) & np.isfinite(b)
     rtol, atol = tolerance(dtype)
     return bool(np.all(np.abs(a[finite] - b[finite]) <= atol + rtol * np.abs(b[finite])))
