@@ -302,16 +302,21 @@ def swept_ops() -> list:
     return [c for c in map(classify, registered_ops()) if c.kind in SWEPT]
 
 
-def elementwise_ops(arity: int) -> list:
-    """Element-wise ops of `arity` tensors that take float32 (the fuzzer's draw), by name."""
+@functools.lru_cache(maxsize=None)
+def elementwise_ops(arity: int) -> tuple:
+    """Names of the element-wise ops of `arity` tensors that take float32 (the fuzzer's draw)."""
     out = []
-    for c in swept_ops():
-        if c.kind != "element-wise" or "float32" not in c.dtypes or c.name in SPECIAL:
+    for name in registered_ops():
+        kinds = [a.type_info for a in tvm.ir.Op.get(name).arguments]
+        if name in SPECIAL or kinds != ["Tensor"] * arity:
             continue
-        kinds = [a.type_info for a in tvm.ir.Op.get(c.name).arguments]
-        if kinds == ["Tensor"] * arity:
-            out.append(c.name)
-    return out
+        try:
+            kind = _kind(Case(name, "float32", "alone").module())
+        except Exception:  # noqa: BLE001 - not an op of float32 tensors
+            continue
+        if kind == "element-wise":
+            out.append(name)
+    return tuple(out)
 
 
 def cases(ops=None, dtypes=DTYPES, forms=FORMS) -> list:
@@ -406,13 +411,14 @@ def summary(results: list) -> dict:
 
 
 def main(argv=None) -> int:
-    """`python -m tvm_stitch.tools.op_sweep [--ops a,b] [--targets llvm-host,...] [--list]`."""
+    """`python -m tvm_stitch.tools.op_sweep [--ops a,b] [--targets llvm-host,...] [--dtypes ...] [--list]`."""
     import argparse
     import json
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="comma-separated op names (default: every swept op)")
     parser.add_argument("--targets", help=f"comma-separated labels among {', '.join(targets())}")
+    parser.add_argument("--dtypes", help=f"comma-separated among {', '.join(DTYPES)}")
     parser.add_argument("--list", action="store_true", help="print the registry's classification and stop")
     parser.add_argument("--json", help="also write the summary to this file")
     args = parser.parse_args(argv)
@@ -420,7 +426,8 @@ def main(argv=None) -> int:
         for c in map(classify, registered_ops()):
             print(f"{c.name:40s} {c.kind:26s} {','.join(c.dtypes):45s} {c.reason}")
         return 0
-    selected = cases(args.ops.split(",")) if args.ops else None
+    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else DTYPES
+    selected = cases(args.ops.split(",") if args.ops else None, dtypes)
     labels = args.targets.split(",") if args.targets else None
     results = sweep(selected, labels, progress=lambda r: print(
         r.case.op, r.case.dtype, r.case.form, r.target, r.status, r.stitched, r.detail, r.fallbacks, flush=True))
