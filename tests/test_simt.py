@@ -353,3 +353,21 @@ def test_cli_runs_a_symbolic_script_at_the_given_sizes_and_refuses_bad_ones(tmp_
     assert "match at n=3; n=5" in out and "1 of symbolic shape" in out, out
     assert main(["simt", str(script), "--sizes", "n=three"]) == 2
     assert "--sizes 'n=three'" in capsys.readouterr().err
+
+
+def test_kernel_over_oclgrinds_local_memory_is_checked_as_planned_within_it():
+    """A 20000-long float16 row kept in shared memory (40 KB: CUDA's 48 KB hold it, Oclgrind's 32 KB
+    do not): the launch fails with OUT_OF_RESOURCES, and the kernel is checked planned within 32 KB."""
+    _device(True)
+    spec = Spec.from_json(
+        '{"inputs": [[[20000], "float16"]], "steps": [{"op": "log", "args": [0], "params": {}}, '
+        '{"op": "flip", "args": [1], "params": {"axis": 0}}, {"op": "sigmoid", "args": [0], "params": {}}, '
+        '{"op": "min", "args": [1], "params": {"axes": [0], "keepdims": true}}, '
+        '{"op": "slice", "args": [2], "params": {"axis": 0, "begin": 3054, "end": 12735}}, '
+        '{"op": "mean", "args": [3], "params": {"axes": [0], "keepdims": false}}, '
+        '{"op": "sigmoid", "args": [5], "params": {}}], "outputs": [7, 4], "sizes": {}}')
+    report = simt.check(build_module(spec), oclgrind=True, seed=111)
+    assert report.stitch.plans[0].shared_bytes > opencl_run.device_for(True).local_mem_size
+    assert report.platform.startswith("Oclgrind")
+    assert report.ok, str(report)
+    assert "over Oclgrind's local memory" in report.kernels[0].detail

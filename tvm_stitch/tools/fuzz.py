@@ -13,9 +13,9 @@ negative, power, each on an argument it is defined and finite for), binary
 (add, subtract, multiply, divide, maximum, minimum, where over a comparison)
 with broadcasts from lower ranks, and every other element-wise op of one or
 two float tensors in TVM's registry (op_sweep.elementwise_ops, named
-`relax.*`), on arguments squashed into (0.05, 0.95) (the second of two;
-`DOMAIN` moves an op's), with a boolean result as a `where` between its
-arguments; reductions
+`relax.*`), in float32, on arguments squashed into (0.05, 0.95) (the second
+of two; `DOMAIN` moves an op's), with a boolean result as a `where` between
+its arguments; reductions
 (sum, mean, max, min; keepdims both ways; inner, outer, middle and several
 axes), reshape, transpose, slice, concat, casts through float16/bfloat16,
 and reads through computed indices: flip, rotate-half (RoPE's concat of the
@@ -104,19 +104,21 @@ def _squashed(value, dt: str, centre: float = 0.5):
 
 
 def _registry_step(bb, step: Step, values: list, dt: str):
-    """A registry op's step: its arguments squashed (the first of two kept signed), a boolean result
-    as `where` between the first argument and its negation (or the second)."""
+    """A registry op's step: its arguments squashed (the first of two kept signed), in float32 (TVM's
+    default builds some only for it: the op sweep covers the narrow types), a boolean result as
+    `where` between the first argument and its negation (or the second)."""
     args = [values[i] for i in step.args]
+    wide = [relax.op.astype(a, "float32") if dt != "float32" else a for a in args]
     centre = DOMAIN.get(step.op, 0.5)
-    if len(args) == 1:
-        squashed = [_squashed(args[0], dt, centre)]
+    if len(wide) == 1:
+        squashed = [_squashed(wide[0], "float32", centre)]
     else:
-        squashed = [relax.op.tanh(args[0]), _squashed(args[1], dt, centre)]
+        squashed = [relax.op.tanh(wide[0]), _squashed(wide[1], "float32", centre)]
     result = bb.normalize(op_sweep.python_api(step.op)(*squashed))
     if str(result.ty.dtype) == "bool":
         other = args[1] if len(args) > 1 else relax.op.negative(args[0])
         return relax.op.where(result, args[0], other)
-    return result
+    return relax.op.astype(result, dt) if dt != "float32" else result
 
 
 def _apply(bb, step: Step, values: list, dtype_of):
