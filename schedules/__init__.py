@@ -8,12 +8,12 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from tvm_stitch.analysis.row_axes import ROW_AXES_ATTR, rows_first
-from tvm_stitch.fusion.intrinsics import expand_intrinsics
 from tvm_stitch.planning.plan import StitchPlan
 
 from .cpu import row_resident as cpu_row_resident
 from .cuda import row_resident as cuda_row_resident
 from .cuda import row_split as cuda_row_split
+from .intrinsics import expand_intrinsics
 
 _RULES = MappingProxyType({
     ("cuda", "row-resident"): cuda_row_resident.apply,
@@ -25,7 +25,7 @@ _RULES = MappingProxyType({
 def schedule_for(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     """Apply the rule that realises `plan` on `target` (to `func` with its row axes moved first,
     where the plan's rows are not leading; on llvm, with the intrinsics TVM lowers for scalars only
-    written as others, fusion/intrinsics: the schedules vectorise)."""
+    written as others, schedules/intrinsics: the schedules vectorise)."""
     rule = _RULES.get((plan.target, plan.scheme))
     if rule is None:
         raise ValueError(f"no schedule for scheme {plan.scheme!r} on {plan.target}")

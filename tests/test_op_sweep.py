@@ -9,7 +9,7 @@ import pytest
 import tvm
 
 import tvm_stitch
-from tvm_stitch.fusion.intrinsics import expand_intrinsics
+from schedules.intrinsics import expand_intrinsics
 from tvm_stitch.target import host_target
 from tvm_stitch.tools import op_sweep
 from tvm_stitch.tools.build import build, run_cpu

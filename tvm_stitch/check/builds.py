@@ -8,7 +8,7 @@ back to TVM's default path instead of failing the user's build.
 On llvm the check runs TVM's TIR lowering, host finalisation and LLVM's
 code generation with LLVM's optimisation off (`opt-level` 0): the
 translation to LLVM IR is where TVM rejects an intrinsic it cannot lower
-(`unknown intrinsic`: a vectorised `cosh` before fusion/intrinsics expanded
+(`unknown intrinsic`: a vectorised `cosh` before schedules/intrinsics expanded
 it), and LLVM's optimisation, most of a CPU kernel's compile time, is paid
 once, by the real build (the cost of the check on the models:
 docs/op-coverage.md). On a GPU target it runs the same lowering and
