@@ -17,7 +17,7 @@ from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
 
 from tvm_stitch.check.launch_geometry import LaunchPlan, launch_plan
-from tvm_stitch.check.opencl_semantics import bool_casts_as_selects
+from tvm_stitch.check.opencl_semantics import bool_casts_as_selects, libm_names_as_builtins
 
 OPENCL = Target({"kind": "opencl"}, host="llvm")
 
@@ -46,6 +46,7 @@ def build_opencl(func: tirx.PrimFunc, name: str = "simt") -> OpenclProgram:
         gv.name_hint: tuple(str(p.ty.dtype) if hasattr(p.ty, "dtype") else "handle" for p in f.params)
         for gv, f in device_mod.functions_items()
     }
-    source = tvm.get_global_func("target.build.opencl")(device_mod, device_target).inspect_source("")
+    source = libm_names_as_builtins(
+        tvm.get_global_func("target.build.opencl")(device_mod, device_target).inspect_source(""))
     plan = launch_plan(hosts[0], params, {k: len(v) for k, v in kernel_params.items()})
     return OpenclProgram(source, plan, kernel_params)
