@@ -10,7 +10,7 @@ import tvm
 
 cl = pytest.importorskip("pyopencl")
 
-from tvm import tirx  # noqa: E402
+from tvm import relax, tirx  # noqa: E402
 from tvm.script import relax as R  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
@@ -371,3 +371,21 @@ def test_kernel_over_oclgrinds_local_memory_is_checked_as_planned_within_it():
     assert report.platform.startswith("Oclgrind")
     assert report.ok, str(report)
     assert "over Oclgrind's local memory" in report.kernels[0].detail
+
+
+def test_math_without_an_opencl_rule_runs_under_oclgrind():
+    """TVM names atanh, asinh and acosh by C's libm in OpenCL source (`atanhf`), which OpenCL C does
+    not declare: the checker's source calls OpenCL's built-ins of the same names."""
+    _device(True)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            squashed = bb.emit(relax.op.add(relax.op.multiply(relax.op.tanh(x), relax.const(0.45)),
+                                            relax.const(0.5)))
+            total = relax.op.add(relax.op.atanh(squashed), relax.op.asinh(squashed))
+            out = bb.emit_output(relax.op.sum(relax.op.add(total, relax.op.acosh(relax.op.add(
+                squashed, relax.const(1.0)))), axis=[-1]))
+        bb.emit_func_output(out)
+    report = simt.check(bb.get(), oclgrind=True)
+    assert report.kernels and report.ok, str(report)
