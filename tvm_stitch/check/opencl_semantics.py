@@ -11,7 +11,9 @@ value the CUDA kernel computes.
 TVM lowers the math intrinsics OpenCL has no rule for (atanh, acosh, asinh,
 ...) to C's libm names, float-suffixed (`atanhf`), which OpenCL C does not
 declare; its overloaded built-ins of the same names compute them. The
-source gets those names (`libm_names_as_builtins`).
+source gets those names (`libm_names_as_builtins`). A vectorised `tan` has
+no OpenCL lowering at all (`Unresolved call`): it is written as
+`sin / cos` before lowering (`tan_as_sin_over_cos`), a few ulps apart.
 """
 
 from __future__ import annotations
@@ -45,3 +47,12 @@ def libm_names_as_builtins(source: str) -> str:
     """`source` with every call of a float-suffixed libm function (`atanhf(`) named as OpenCL's
     overloaded built-in (`atanh(`), which takes and returns float for a float argument."""
     return _LIBM_FLOAT.sub(lambda m: m.group(1) + "(", source)
+
+
+def tan_as_sin_over_cos(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    def tan(e):
+        if isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "tirx.tan":
+            return tirx.sin(e.args[0]) / tirx.cos(e.args[0])
+        return e
+
+    return tvm_ffi.structural_map(func, [(tvm.ir.Expr, tan)], order="post")
