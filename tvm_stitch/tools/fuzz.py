@@ -337,7 +337,7 @@ def _result_shape(step: Step, shapes: list) -> list:
         out = list(a)
         out[p["axis"]] = a[p["axis"]] + sum(p["widths"]) if step.op == "pad" else len(p["indices"])
         return out
-    if len(step.args) == 2 and step.op not in ("concat",):
+    if len(step.args) == 2:
         b = shapes[step.args[1]]
         return list(a) if len(a) >= len(b) else list(b)
     return list(a)
