@@ -13,6 +13,7 @@ from tvm_stitch.planning.plan import StitchPlan
 from .cpu import row_resident as cpu_row_resident
 from .cuda import row_resident as cuda_row_resident
 from .cuda import row_split as cuda_row_split
+from .intrinsics import expand_intrinsics
 
 _RULES = MappingProxyType({
     ("cuda", "row-resident"): cuda_row_resident.apply,
@@ -23,10 +24,13 @@ _RULES = MappingProxyType({
 
 def schedule_for(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     """Apply the rule that realises `plan` on `target` (to `func` with its row axes moved first,
-    where the plan's rows are not leading)."""
+    where the plan's rows are not leading; on llvm, with the intrinsics TVM lowers for scalars only
+    written as others, schedules/intrinsics: the schedules vectorise)."""
     rule = _RULES.get((plan.target, plan.scheme))
     if rule is None:
         raise ValueError(f"no schedule for scheme {plan.scheme!r} on {plan.target}")
+    if target.kind.name == "llvm":
+        func = expand_intrinsics(func)
     if plan.row_axes and (func.attrs is None or ROW_AXES_ATTR not in func.attrs):
         func = rows_first(func, plan.row_axes)
     return rule(func, plan, target)

@@ -10,7 +10,7 @@ import tvm
 
 cl = pytest.importorskip("pyopencl")
 
-from tvm import tirx  # noqa: E402
+from tvm import relax, tirx  # noqa: E402
 from tvm.script import relax as R  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
@@ -353,3 +353,54 @@ def test_cli_runs_a_symbolic_script_at_the_given_sizes_and_refuses_bad_ones(tmp_
     assert "match at n=3; n=5" in out and "1 of symbolic shape" in out, out
     assert main(["simt", str(script), "--sizes", "n=three"]) == 2
     assert "--sizes 'n=three'" in capsys.readouterr().err
+
+
+def test_kernel_over_oclgrinds_local_memory_is_checked_as_planned_within_it():
+    """A 20000-long float16 row kept in shared memory (40 KB: CUDA's 48 KB hold it, Oclgrind's 32 KB
+    do not): the launch fails with OUT_OF_RESOURCES, and the kernel is checked planned within 32 KB."""
+    _device(True)
+    spec = Spec.from_json(
+        '{"inputs": [[[20000], "float16"]], "steps": [{"op": "log", "args": [0], "params": {}}, '
+        '{"op": "flip", "args": [1], "params": {"axis": 0}}, {"op": "sigmoid", "args": [0], "params": {}}, '
+        '{"op": "min", "args": [1], "params": {"axes": [0], "keepdims": true}}, '
+        '{"op": "slice", "args": [2], "params": {"axis": 0, "begin": 3054, "end": 12735}}, '
+        '{"op": "mean", "args": [3], "params": {"axes": [0], "keepdims": false}}, '
+        '{"op": "sigmoid", "args": [5], "params": {}}], "outputs": [7, 4], "sizes": {}}')
+    report = simt.check(build_module(spec), oclgrind=True, seed=111)
+    assert report.stitch.plans[0].shared_bytes > opencl_run.device_for(True).local_mem_size
+    assert report.platform.startswith("Oclgrind")
+    assert report.ok, str(report)
+    assert "over Oclgrind's local memory" in report.kernels[0].detail
+
+
+def test_math_without_an_opencl_rule_runs_under_oclgrind():
+    """TVM names atanh, asinh and acosh by C's libm in OpenCL source (`atanhf`), which OpenCL C does
+    not declare: the checker's source calls OpenCL's built-ins of the same names."""
+    _device(True)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            squashed = bb.emit(relax.op.add(relax.op.multiply(relax.op.tanh(x), relax.const(0.45)),
+                                            relax.const(0.5)))
+            total = relax.op.add(relax.op.atanh(squashed), relax.op.asinh(squashed))
+            out = bb.emit_output(relax.op.sum(relax.op.add(total, relax.op.acosh(relax.op.add(
+                squashed, relax.const(1.0)))), axis=[-1]))
+        bb.emit_func_output(out)
+    report = simt.check(bb.get(), oclgrind=True)
+    assert report.kernels and report.ok, str(report)
+
+
+
+def test_vectorised_tan_builds_for_opencl():
+    """TVM's OpenCL lowering leaves a vectorised tan unresolved; the checker builds it as sin / cos."""
+    from tvm_stitch.check.opencl_build import build_opencl
+
+    x = tvm.te.placeholder((64,), "float32", name="x")
+    y = tvm.te.compute((64,), lambda i: tvm.tirx.tan(x[i]), name="y")
+    sch = tvm.s_tir.Schedule(tvm.te.create_prim_func([x, y]))
+    outer, inner = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 4])
+    sch.bind(outer, "threadIdx.x")
+    sch.vectorize(inner)
+    source = build_opencl(sch.mod["main"]).source
+    assert "sin(" in source and "cos(" in source

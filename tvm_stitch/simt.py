@@ -12,6 +12,10 @@ launched with the grid and block of its thread bindings, every phase in
 order; its outputs are compared with its fused PrimFunc unscheduled, built
 for llvm. See tvm_stitch/check/simt_kernel.py for the statuses.
 
+Under Oclgrind, a kernel whose launch the simulator cannot hold (its
+32 KB of local memory) is planned again within it and that plan is
+checked, with a note saying so (tvm_stitch/check/oclgrind_fit.py).
+
 A kernel of symbolic shape is built once, symbolic, and run at a few values
 of its variables: the lower bound, an odd value and the upper bound that
 the module's Relax functions record (`tir_var_lower_bound`,
@@ -21,6 +25,7 @@ tvm_stitch/check/symbolic_sizes.py.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -30,7 +35,7 @@ from tvm import tirx
 from tvm_stitch.check.simt_kernel import KernelCheck, Reference, check_kernel
 from tvm_stitch.check.simt_inputs import written_params
 from tvm_stitch.check.symbolic_sizes import recorded_bounds, size_points
-from tvm_stitch.check import opencl_run
+from tvm_stitch.check import oclgrind_fit, opencl_run
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning import cost_model
@@ -134,5 +139,34 @@ def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int =
         except ValueError as err:
             result.kernels.append(KernelCheck(gv.name_hint, "unsupported", float("nan"), f"no sizes to check: {err}"))
             continue
-        result.kernels.append(check_kernel(gv.name_hint, func, refs, device, oclgrind, seed, points))
+        kernel = check_kernel(gv.name_hint, func, refs, device, oclgrind, seed, points)
+        if oclgrind and oclgrind_fit.over_resources(kernel.status, kernel.detail):
+            kernel = _within_device(gv.name_hint, refs, report.spec, target, device, seed, points) or kernel
+        result.kernels.append(kernel)
     return result
+
+
+def _within_device(name: str, refs: list, spec, target, device, seed: int, points: list):
+    """The KernelCheck of the kernel's members (its fused PrimFuncs) planned within `device`'s
+    resources (check/oclgrind_fit), or None where no such plan runs."""
+    checks = []
+    for k, ref in enumerate(refs):
+        member = None
+        for fitted in oclgrind_fit.fitting_specs(spec, device):
+            try:
+                scheduled, plan = oclgrind_fit.replanned(ref.func, f"{name}_{k}", fitted, target)
+            except Exception:  # noqa: BLE001 - no plan for this limit: try the next one
+                continue
+            own = Reference(ref.func, tuple(range(len(ref.func.params))))
+            member = check_kernel(name, scheduled, [own], device, True, seed, points)
+            if not oclgrind_fit.over_resources(member.status, member.detail):
+                member = dataclasses.replace(
+                    member, detail=f"{member.detail}; {oclgrind_fit.describe(fitted, plan)}")
+                break
+        if member is None or oclgrind_fit.over_resources(member.status, member.detail):
+            return None
+        checks.append(member)
+    bad = [c for c in checks if not c.ok]
+    first = bad[0] if bad else checks[0]
+    detail = first.detail if len(checks) == 1 else f"{len(checks)} packed kernels checked apart; {first.detail}"
+    return dataclasses.replace(first, detail=detail, launches=sum(c.launches for c in checks))

@@ -9,14 +9,24 @@ where asked), and (`--simt`) its stitched CUDA kernels run with SIMT
 semantics on pocl or Oclgrind (tvm_stitch.simt).
 
 Ops: unary element-wise (exp, log, erf, tanh, sigmoid, rsqrt, sqrt, abs,
-negative, power), binary (add, subtract, multiply, divide, maximum, minimum,
-where over a comparison) with broadcasts from lower ranks, reductions
+negative, power, each on an argument it is defined and finite for), binary
+(add, subtract, multiply, divide, maximum, minimum, where over a comparison)
+with broadcasts from lower ranks, and every other element-wise op of one or
+two float tensors in TVM's registry (op_sweep.elementwise_ops, named
+`relax.*`), in float32, on arguments squashed into (0.05, 0.95) (the second
+of two; `DOMAIN` moves an op's), with a boolean result as a `where` between
+its arguments; reductions
 (sum, mean, max, min; keepdims both ways; inner, outer, middle and several
 axes), reshape, transpose, slice, concat, casts through float16/bfloat16,
 and reads through computed indices: flip, rotate-half (RoPE's concat of the
 negated upper half and the lower half), pad, and take with constant indices
 (repeats included).
 Values are kept finite by construction (exp of a tanh, log of 1 + |x|, ...).
+Left out of the registry's draw: ops whose result is not one tensor
+(dropout's pair), and the step functions (`STEP_FUNCTIONS`): piecewise
+constant, they turn the few-ulp differences two correct builds may have
+into jumps no tolerance tells from a bug; the op sweep (op_sweep.py)
+checks them on identical inputs.
 """
 
 from __future__ import annotations
@@ -30,10 +40,14 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from tvm_stitch.tools.tolerance import tolerance
+from tvm_stitch.tools import op_sweep
+from tvm_stitch.tools.tolerance import close, tolerance
 
-UNARY = ("exp", "log", "erf", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "negative", "power")
-BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "where")
+GUARDED_UNARY = ("exp", "log", "erf", "tanh", "sigmoid", "rsqrt", "sqrt", "abs", "negative", "power")
+GUARDED_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "where")
+STEP_FUNCTIONS = ("relax.floor", "relax.ceil", "relax.round", "relax.trunc", "relax.sign",
+                  "relax.floor_divide", "relax.floor_mod", "relax.mod")
+DOMAIN = {"relax.acosh": 1.5}  # centre of the squashed argument where (0.05, 0.95) is outside the domain
 REDUCE = ("sum", "mean", "max", "min")
 SHAPE_OPS = ("reshape", "transpose", "slice", "concat", "cast")
 GATHER_OPS = ("flip", "rotate_half", "pad", "take")
@@ -65,13 +79,55 @@ class Spec:
         return Spec(**data)
 
 
+def _drawn(arity: int, guarded: tuple) -> tuple:
+    """The guarded ops of `arity` tensors and the registry's others, less STEP_FUNCTIONS and the ops
+    whose result is not one tensor."""
+    names = [n for n in op_sweep.elementwise_ops(arity)
+             if n not in STEP_FUNCTIONS and n.split(".")[-1] not in guarded and n != "relax.nn.dropout"]
+    return guarded + tuple(names)
+
+
+def unary_ops() -> tuple:
+    return _drawn(1, GUARDED_UNARY)
+
+
+def binary_ops() -> tuple:
+    return _drawn(2, GUARDED_BINARY)
+
+
 # --- building the Relax module ------------------------------------------------------
+
+def _squashed(value, dt: str, centre: float = 0.5):
+    """`value` mapped into (centre - 0.45, centre + 0.45) by a tanh."""
+    op = relax.op
+    return op.add(op.multiply(op.tanh(value), relax.const(0.45, dt)), relax.const(centre, dt))
+
+
+def _registry_step(bb, step: Step, values: list, dt: str):
+    """A registry op's step: its arguments squashed (the first of two kept signed), in float32 (TVM's
+    default builds some only for it: the op sweep covers the narrow types), a boolean result as
+    `where` between the first argument and its negation (or the second)."""
+    args = [values[i] for i in step.args]
+    wide = [relax.op.astype(a, "float32") if dt != "float32" else a for a in args]
+    centre = DOMAIN.get(step.op, 0.5)
+    if len(wide) == 1:
+        squashed = [_squashed(wide[0], "float32", centre)]
+    else:
+        squashed = [relax.op.tanh(wide[0]), _squashed(wide[1], "float32", centre)]
+    result = bb.normalize(op_sweep.python_api(step.op)(*squashed))
+    if str(result.ty.dtype) == "bool":
+        other = args[1] if len(args) > 1 else relax.op.negative(args[0])
+        return relax.op.where(result, args[0], other)
+    return relax.op.astype(result, dt) if dt != "float32" else result
+
 
 def _apply(bb, step: Step, values: list, dtype_of):
     op = relax.op
     a = values[step.args[0]]
     dt = dtype_of(a)
     p = step.params
+    if step.op.startswith("relax."):
+        return _registry_step(bb, step, values, dt)
     if step.op == "exp":
         return op.exp(op.multiply(op.tanh(a), relax.const(3.0, dt)))
     if step.op == "log":
@@ -83,7 +139,7 @@ def _apply(bb, step: Step, values: list, dtype_of):
         return op.power(op.add(op.abs(a), relax.const(0.5, dt)), relax.const(1.5, dt))
     if step.op in ("erf", "tanh", "sigmoid", "abs", "negative"):
         return getattr(op, step.op)(a)
-    if step.op in BINARY:
+    if step.op in GUARDED_BINARY:
         b = values[step.args[1]]
         if step.op == "divide":
             return op.divide(a, op.add(op.abs(b), relax.const(1.0, dt)))
@@ -202,10 +258,10 @@ class _Generator:
         index = int(rng.integers(len(shapes)))
         shape = shapes[index]
         if kind < 0.35:
-            return Step(self.pick(UNARY), [index])
+            return Step(self.pick(unary_ops()), [index])
         if kind < 0.6:
             partners = [i for i, s in enumerate(shapes) if _broadcastable(s, shape)]
-            return Step(self.pick(BINARY), [index, self.pick(partners)])
+            return Step(self.pick(binary_ops()), [index, self.pick(partners)])
         if kind < 0.85:
             if not shape:
                 return None
@@ -231,7 +287,7 @@ class _Generator:
             return Step(op, [index, self.pick(same)], {"axis": int(rng.integers(len(shape)))})
         if op == "cast":
             return Step(op, [index], {"via": self.pick(["float16", "bfloat16", "float32"])})
-        return Step(self.pick(UNARY), [index])
+        return Step(self.pick(unary_ops()), [index])
 
     def gather_step(self, index: int, shape: list):
         """A read through computed indices of a random axis (None for a scalar)."""
@@ -281,7 +337,7 @@ def _result_shape(step: Step, shapes: list) -> list:
         out = list(a)
         out[p["axis"]] = a[p["axis"]] + sum(p["widths"]) if step.op == "pad" else len(p["indices"])
         return out
-    if step.op in BINARY:
+    if len(step.args) == 2:
         b = shapes[step.args[1]]
         return list(a) if len(a) >= len(b) else list(b)
     return list(a)
@@ -324,19 +380,6 @@ def _concrete_inputs(spec: Spec, rng, size: int | None) -> list:
         np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
         arrays.append(data.astype(np_dtype))
     return arrays
-
-
-def _close(a: np.ndarray, b: np.ndarray, dtype: str) -> bool:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    if a.shape != b.shape:
-        return False
-    if not np.array_equal(np.isnan(a), np.isnan(b)):
-        return False
-    finite = np.isfinite(a) & np.isfinite(b)
-    if not np.array_equal(a[~finite], b[~finite]):
-        return False
-    rtol, atol = tolerance(dtype)
-    return bool(np.all(np.abs(a[finite] - b[finite]) <= atol + rtol * np.abs(b[finite])))
 
 
 def _widened(spec: Spec) -> Spec:
@@ -434,7 +477,7 @@ def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0
         for label, built in builds.items():
             got = run_cpu(built.executable, inputs)
             for k, (g, w, e) in enumerate(zip(got, want, exact)):
-                if not (_close(g, w, dtype) or _no_less_accurate(g, w, e, dtype)):
+                if not (close(g, w, dtype) or _no_less_accurate(g, w, e, dtype)):
                     err = (np.nanmax(np.abs(g.astype(np.float64) - w.astype(np.float64)))
                            if g.shape == w.shape else "shape")
                     return Outcome(False, f"{label}: output {k} differs (size {size}): max abs diff {err}")
