@@ -17,7 +17,7 @@ import tvm
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.module_time import default_module_time, module_time
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
 BIG = 8 << 20
 

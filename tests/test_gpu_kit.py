@@ -329,7 +329,7 @@ def test_call_times_mark_every_primfunc_call_of_a_real_vm(tmp_path):
     from tvm import relax
 
     from tvm_stitch.tools.build import build
-    from tvm_stitch.tools.suite import SUITE, dims
+    from tvm_stitch.tools.workloads import SUITE, dims
 
     built = build(SUITE["layernorm_softmax"].build("float32", dims("test")), {"kind": "llvm"}, stitched=False)
     names = [gv.name_hint for gv, f in built.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]

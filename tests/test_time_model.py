@@ -18,7 +18,7 @@ from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec, time_constants, _arch_facts
 from tvm_stitch.planning.time_model import KernelGeometry, kernel_time, peak_bytes_per_us, resident_blocks
 from tvm_stitch.report import StitchReport
-from tvm_stitch.tools.suite import SUITE, dims
+from tvm_stitch.tools.workloads import SUITE, dims
 
 H200 = TargetSpec.from_target(CUDA)
 A100 = TargetSpec.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))

@@ -103,8 +103,9 @@ def _train(model, forward, step, optimizer, inputs) -> list:
 ADAMW = {"lr": 1e-3, "eps": 1e-3, "foreach": True}
 
 
-@pytest.mark.parametrize("name, compiled_step", [("bert", False), ("gpt2", False), ("llama", True),
-                                                 ("convnext", False)])
+@pytest.mark.parametrize("name, compiled_step", [
+    pytest.param("bert", False, marks=pytest.mark.slow), pytest.param("gpt2", False, marks=pytest.mark.slow),
+    ("llama", True), pytest.param("convnext", False, marks=pytest.mark.slow)])
 def test_three_adamw_steps_match_eager_losses_and_weights(name, compiled_step):
     model = _make(name, train=True)
     reference = copy.deepcopy(model)
