@@ -11,12 +11,14 @@ from tvm_stitch.analysis.row_axes import ROW_AXES_ATTR, rows_first
 from tvm_stitch.planning.plan import StitchPlan
 
 from .cpu import row_resident as cpu_row_resident
+from .cuda import column_split as cuda_column_split
 from .cuda import row_resident as cuda_row_resident
 from .cuda import row_split as cuda_row_split
 
 _RULES = MappingProxyType({
     ("cuda", "row-resident"): cuda_row_resident.apply,
     ("cuda", "row-split"): cuda_row_split.apply,
+    ("cuda", "column-split"): cuda_column_split.apply,
     ("cpu", "row-resident"): cpu_row_resident.apply,
 })
 

@@ -30,6 +30,7 @@ from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind, analyze_rows
 from tvm_stitch.analysis.size_bounds import ATTR as SIZE_BOUNDS, size_bounds, upper_bound
 from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, block_views, buffer_params,
                                           static_int, static_product, vars_in)
+from tvm_stitch.planning.column_split import ColumnError, plan_column_split
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
@@ -656,9 +657,15 @@ def _row_count(analysis: Analysis) -> int | None:
 
 def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
     try:
-        return plan_row_split(func, spec, name, few_long_rows_only=True)
+        split = plan_row_split(func, spec, name, few_long_rows_only=True)
     except SplitError as err:
-        not_split = err
+        split, not_split = None, err
+    try:  # column reductions: columns x rows of threads; a combine launch only where the split takes one
+        return plan_column_split(func, spec, name, combine_allowed=split is not None and split.kernels > 1)
+    except ColumnError:
+        pass
+    if split is not None:
+        return split
     recompute = ()
     while True:
         try:

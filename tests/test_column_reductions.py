@@ -1,0 +1,159 @@
+"""Column reductions (sums over leading or middle axes) on CUDA: column-split.
+
+Numerics: the CUDA schedule built for llvm without thread bindings (emulated
+CUDA) against numpy, at small shapes; SIMT semantics on pocl and Oclgrind in
+tests/test_simt.py style; nvcc for sm_90 without spills. Thread counts are read
+from the scheduled TIR at bench-like shapes (built, not run).
+"""
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from tvm_stitch.planning.column_split import fill_threads
+from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.tools.build import build, run_cpu
+from tvm_stitch.tools.launches import count_launches, cuda_source
+from tvm_stitch.tools.suite import SUITE, reference
+from tvm_stitch.tools.suite_data import SIZES
+
+from conftest import CUDA, LLVM, make_module, tensor
+
+SM90 = TargetSpec.from_target(CUDA)
+op = relax.op
+
+
+def _column_sum(rows, cols):
+    x = tensor("x", (rows, cols))
+    return make_module([x], lambda bb, x: bb.emit(op.sum(op.multiply(op.exp(x), x), axis=[0]))), \
+        lambda a: (np.exp(a) * a).sum(axis=0)
+
+
+def _column_mean(rows, cols):
+    x, b = tensor("x", (rows, cols)), tensor("b", (cols,))
+    return make_module([x, b], lambda bb, x, b: bb.emit(op.mean(op.add(x, b), axis=[0]))), \
+        lambda a, c: (a + c).mean(axis=0)
+
+
+def _middle_sum(batch, rows, cols):
+    x = tensor("x", (batch, rows, cols))
+    return make_module([x], lambda bb, x: bb.emit(op.sum(op.multiply(x, x), axis=[1]))), \
+        lambda a: (a * a).sum(axis=1)
+
+
+def _inputs(mod, rng):
+    return [rng.uniform(-1, 1, [int(d) for d in p.ty.shape]).astype("float32") for p in mod["main"].params]
+
+
+def _emulated(mod, ref, rng):
+    inputs = _inputs(mod, rng)
+    built = build(mod, LLVM, stitched=True, strict=True, emulate="cuda")
+    (out,) = run_cpu(built.executable, inputs)
+    np.testing.assert_allclose(out, ref(*[i.astype("float64") for i in inputs]), rtol=1e-4, atol=1e-4)
+    return built.report.plans
+
+
+@pytest.mark.parametrize("make,shape", [(_column_sum, (256, 96)), (_column_mean, (512, 64)),
+                                        (_middle_sum, (2, 128, 48)), (_column_sum, (16384, 16))])
+def test_column_split_matches_numpy_emulated(make, shape, rng):
+    mod, ref = make(*shape)
+    (plan,) = _emulated(mod, ref, rng)
+    assert plan.scheme == "column-split"
+    assert plan.mapping.rows_per_task > 1 and plan.threads_per_block >= SM90.warp_size
+
+
+def test_layernorm_backward_dgamma_dbeta_match_numpy_emulated():
+    graph = SUITE["layernorm_backward"]
+    dims = SIZES["test"]
+    inputs = graph.inputs(np.random.default_rng(1), "float32", dims)
+    built = build(graph.build("float32", dims), LLVM, stitched=True, strict=True, emulate="cuda")
+    for out, ref in zip(run_cpu(built.executable, inputs), reference(graph, [i.astype("float64") for i in inputs])):
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    assert [p.scheme for p in built.report.plans].count("column-split") == 1
+
+
+def _kernel_threads(func: tirx.PrimFunc) -> list:
+    """Threads (blocks x threads per block) of each kernel (root loop nest) of a scheduled PrimFunc."""
+    root = func.body.block
+    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    out = []
+    for nest in nests:
+        extents = {}
+
+        def visit(loop, extents=extents):
+            if loop.kind == tirx.ForKind.THREAD_BINDING:
+                extents[loop.thread_binding.thread_tag] = int(loop.extent)
+
+        tvm_ffi.structural_walk(nest, (tirx.For, visit), order="pre")
+        out.append(int(np.prod(list(extents.values()))))
+    return out
+
+
+def _cuda_threads(mod):
+    """(launches, [(modeled bytes, threads of its kernels)] per stitched PrimFunc) of the CUDA build."""
+    built = build(mod, CUDA, stitched=True, strict=True)
+    kernels = []
+    for gv, func in built.lowered.functions_items():
+        if isinstance(func, tirx.PrimFunc) and func.attrs is not None and "tvm_stitch.plan" in func.attrs:
+            plan = built.report.plans[[p.kernel for p in built.report.plans].index(gv.name_hint)]
+            kernels.append((plan, _kernel_threads(func)))
+    return count_launches(built.lowered, built.executable), kernels
+
+
+@pytest.mark.parametrize("make,shape,launches", [
+    (_column_sum, (4096, 1024), 1), (_column_mean, (4096, 768), 1), (_middle_sum, (2, 1024, 1024), 1),
+    (_column_sum, (750000, 32), 2)])
+def test_column_kernels_over_8mb_launch_64k_threads(make, shape, launches):
+    mod, _ = make(*shape)
+    count, kernels = _cuda_threads(mod)
+    assert count == launches
+    (plan, threads), = kernels
+    assert plan.scheme == "column-split" and plan.modeled_bytes >= 8 << 20
+    assert threads[0] >= 1 << 16 and threads[0] >= fill_threads(SM90) * 0.9
+
+
+def test_layernorm_backward_bench_keeps_two_launches_and_fills_the_gpu():
+    """Before: dgamma/dbeta walked 768 columns with 768 threads (24 blocks x 32)."""
+    count, kernels = _cuda_threads(SUITE["layernorm_backward"].build("float32", SIZES["bench"]))
+    assert count == 2
+    for plan, threads in kernels:
+        if plan.modeled_bytes >= 8 << 20:
+            assert min(threads) >= 1 << 16, (plan.kernel, threads)
+    assert any(p.scheme == "column-split" for p, _ in kernels)
+
+
+def test_short_rows_variant_keeps_three_launches_with_a_combine():
+    count, kernels = _cuda_threads(SUITE["layernorm_backward_short_rows"].build("float32", SIZES["bench"]))
+    assert count == 3
+    (plan, threads), = [(p, t) for p, t in kernels if p.scheme == "column-split"]
+    assert plan.kernels == 2 and plan.mapping.split > 1 and threads[0] >= 1 << 16
+
+
+def test_row_reductions_are_not_column_split(rng):
+    x = tensor("x", (256, 96))
+    mod = make_module([x], lambda bb, x: bb.emit(op.sum(x, axis=[1])))
+    built = build(mod, LLVM, stitched=True, strict=True, emulate="cuda")
+    assert built.report.plans[0].scheme != "column-split"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("make,shape", [(_column_mean, (4096, 768)), (_column_sum, (750000, 32)),
+                                        (_middle_sum, (2, 1024, 1024))])
+def test_column_split_compiles_with_nvcc_without_spills(make, shape, tmp_path):
+    mod, _ = make(*shape)
+    built = build(mod, CUDA, stitched=True, strict=True)
+    source = cuda_source(built.executable)
+    assert "float4" in source
+    path = tmp_path / "k.cu"
+    path.write_text(source)
+    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                             str(path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
+    assert spills and max(spills) == 0
