@@ -157,3 +157,35 @@ def test_column_split_compiles_with_nvcc_without_spills(make, shape, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
     assert spills and max(spills) == 0
+
+
+def _simt(mod, oclgrind: bool):
+    cl = pytest.importorskip("pyopencl")
+    del cl
+    from tvm_stitch import simt
+    from tvm_stitch.check import opencl_run
+    try:
+        opencl_run.device_for(oclgrind)
+    except opencl_run.NoOpenclDevice as err:
+        pytest.skip(str(err))
+    report = simt.check(mod, oclgrind=oclgrind)
+    assert report.ok, str(report)
+    assert any(p.scheme == "column-split" for p in report.stitch.plans), str(report)
+    return report
+
+
+@pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])
+@pytest.mark.parametrize("make,shape,launches", [(_column_mean, (256, 32), 1), (_middle_sum, (2, 64, 16), 1),
+                                                 (_column_sum, (8192, 8), 2), (_column_sum, (12000, 8), 2)])
+def test_column_split_is_clean_under_simt(make, shape, launches, oclgrind):
+    """Row threads reduce in shared memory (12000 rows: 500 row threads, not a power of two); with a
+    split, the partials kernel runs before the combine."""
+    report = _simt(make(*shape)[0], oclgrind=oclgrind)
+    assert [k.launches for k in report.kernels] == [launches], str(report)
+    for kernel in report.kernels:
+        assert kernel.max_error < 0.05, kernel
+
+
+@pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])
+def test_layernorm_backward_is_clean_under_simt(oclgrind):
+    _simt(SUITE["layernorm_backward"].build("float32", SIZES["test"]), oclgrind=oclgrind)
