@@ -16,7 +16,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from tvm_stitch.planning.column_split import fill_threads
+from tvm_stitch.planning.fill import fill_threads
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source

@@ -40,6 +40,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.tir_view import block_views, static_int, static_product
+from tvm_stitch.planning.fill import fill_threads
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
@@ -49,17 +50,10 @@ from tvm_stitch.planning.spec import TargetSpec
 SECTOR_BYTES = 32  # the unit of a global-memory transaction: a tile spans at least one per row
 MIN_ROWS_PER_THREAD = 4  # rows a thread sums at least before the block combines (loads in flight)
 COMBINE_THREADS = 256  # threads per block of the combine kernel (split > 1): one per column
-FILL_SHARE = 4  # a launch fills the GPU at a quarter of its resident threads (spec.sms * spec.sm_threads)
 
 
 class ColumnError(PlanError):
     """The group is not a set of column reductions (with their element-wise epilogues)."""
-
-
-def fill_threads(spec: TargetSpec) -> int:
-    """Threads a launch wants in flight to saturate memory: a quarter of the GPU's resident threads
-    (sm_90: 132 SMs x 2048 / 4 = 67584)."""
-    return spec.sms * spec.sm_threads // FILL_SHARE
 
 
 def _reduction_shape(view) -> tuple:

@@ -31,6 +31,7 @@ from tvm_stitch.analysis.size_bounds import ATTR as SIZE_BOUNDS, size_bounds, up
 from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, block_views, buffer_params,
                                           static_int, static_product, vars_in)
 from tvm_stitch.planning.column_split import ColumnError, plan_column_split
+from tvm_stitch.planning.fill import filling_row_threads
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
@@ -503,6 +504,7 @@ def _cuda_mapping(analysis: Analysis, rows: _Rows, intermediates: list, shared_r
                      "per-row intermediates recomputed (streamed), not kept in shared memory")
     else:
         threads = max(CUDA_MIN_THREADS, min(block_threads(spec), _next_pow2(rows.within_max)))
+        threads = filling_row_threads(rows.rows, rows.within_max, threads, spec)
     if rows.bounded:
         sizes = ", ".join(f"{name} <= {upper}" for name, upper in rows.bounded)
         notes.append(f"symbolic row length planned for its bound ({sizes}): as a static row of "
