@@ -382,7 +382,10 @@ def _rows(analysis: Analysis, rank: int | None, spec: TargetSpec) -> _Rows:
     elif not min(1, depth) <= rank <= depth:
         raise PlanError(f"rank {rank} is outside the aligned depth 1..{depth}")
     sizes = [static_product(v.extents) for v in kept]
-    if rank == 0 and (None in sizes or max(sizes) >= LARGE_WORK):
+    # CUDA, a symbolic count in one row task (a loss mean over a symbolic batch): one block streams it,
+    # for any count, in one launch, where TVM's path runs it in single-thread kernels.
+    streamed = spec.family == "cuda" and None in sizes
+    if rank == 0 and not streamed and (None in sizes or max(sizes) >= LARGE_WORK):
         work = "an unbounded number of elements" if None in sizes else f"{max(sizes)} elements"
         raise PlanError(f"no row axis shared by all blocks ({analysis.depth_limit}), and one row task "
                         f"cannot hold {work}")
