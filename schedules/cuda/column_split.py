@@ -60,12 +60,18 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     rank, split = plan.rank, plan.mapping.split
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
+    for block in blocks_by_name(sch).values():
+        if not sch.get_loops(block):  # a scalar epilogue: rfactor's rewrite needs a loop above it
+            sch.add_unit_loop(block)
     reductions = set(plan.dominant)
     kernel_of, per_thread, reduced = {}, [], []
     for name in plan.dominant:
         block = sch.get_sblock(name)
         loops = sch.get_loops(block)
-        _fuse(sch, loops[:rank])
+        if rank:
+            _fuse(sch, loops[:rank])
+        else:  # a whole-tensor reduction: a unit loop stands for the kept axis
+            sch.add_unit_loop(loops[0])
         _fuse(sch, sch.get_loops(block)[1:])
         target_block = block
         if split > 1:
@@ -122,10 +128,13 @@ def _grid(sch: s_tir.Schedule, names: list, chunked: bool, bind: bool) -> None:
 
 
 def _combine(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> None:
-    """Kernel 1: a thread per column sums the `split` partials of each reduction."""
+    """Kernel 1: a thread per column sums the `split` partials of each reduction; a whole-tensor
+    reduction's partials are summed across the threads of one block."""
     blocks, threads = [], []
     for name in plan.dominant:
-        column, _ = sch.get_loops(sch.get_sblock(name))
+        column, chunks = sch.get_loops(sch.get_sblock(name))
+        if bind and not plan.rank:
+            sch.bind(chunks, "threadIdx.x")
         extent = int(sch.get(column).extent)
         blocks_loop, thread = sch.split(column, [None, min(COMBINE_THREADS, extent)])
         blocks.append(blocks_loop)
@@ -135,7 +144,7 @@ def _combine(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> None:
         threads = [sch.merge(*[sch.get_loops(sch.get_sblock(n))[1] for n in plan.dominant])]
     if bind:
         sch.bind(grid, "blockIdx.x")
-        sch.bind(threads[0], "threadIdx.x")
+        sch.bind(threads[0], "threadIdx.x" if plan.rank else "threadIdx.y")
 
 
 def _epilogues(sch: s_tir.Schedule, plan: StitchPlan, epilogues: dict, chunked: bool, bind: bool) -> None:

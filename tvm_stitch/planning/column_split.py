@@ -50,6 +50,7 @@ from tvm_stitch.planning.spec import TargetSpec
 SECTOR_BYTES = 32  # the unit of a global-memory transaction: a tile spans at least one per row
 MIN_ROWS_PER_THREAD = 4  # rows a thread sums at least before the block combines (loads in flight)
 COMBINE_THREADS = 256  # threads per block of the combine kernel (split > 1): one per column
+WHOLE_TENSOR_MIN = 1 << 20  # elements from which a whole-tensor reduction is cut over blocks (fewer: one block)
 
 
 class ColumnError(PlanError):
@@ -97,13 +98,14 @@ def _kept(func: tirx.PrimFunc) -> tuple:
     shapes = {_reduction_shape(v) for v in reductions}
     if len(shapes) != 1:
         raise ColumnError("reductions of different shapes")
-    (spatial, _), = shapes
-    if not spatial:
-        raise ColumnError("a whole-tensor reduction (no kept axis)")
+    (spatial, reduced), = shapes
+    if not spatial and reduced < WHOLE_TENSOR_MIN:
+        raise ColumnError(f"a whole-tensor reduction of {reduced} elements: one block holds it")
     for view in reductions:
         if len(view.writes) != 1:
             raise ColumnError(f"block {view.name} writes several buffers")
-        _check_contiguous(view)
+        if spatial:
+            _check_contiguous(view)
     written = {v.writes[0].buffer.name: v.name for v in reductions}
     epilogues = []
     for view in kept:
@@ -113,10 +115,14 @@ def _kept(func: tirx.PrimFunc) -> tuple:
         small = all(r.buffer.name in written or (static_product(r.buffer.shape) or 0) <= static_product(spatial)
                     for r in view.reads)
         if (len(sources) != 1 or not small or len(view.writes) != 1
-                or tuple(static_int(e) for e in view.extents) != spatial):
+                or _without_units(static_int(e) for e in view.extents) != _without_units(spatial)):
             raise ColumnError(f"block {view.name} is not an element-wise epilogue of one reduction")
         epilogues.append((view.name, sources.pop()))
     return views, reductions, tuple(epilogues), tuple(inlined), outputs
+
+
+def _without_units(extents) -> tuple:
+    return tuple(e for e in extents if e != 1)
 
 
 def _vector(columns: int, dtype_bytes: int, spec: TargetSpec) -> int:
@@ -163,7 +169,7 @@ def plan_column_split(func: tirx.PrimFunc, spec: TargetSpec, name: str, combine_
         raise ColumnError("column-split is a CUDA scheme")
     views, reductions, epilogues, inlined, outputs = _kept(func)
     spatial, rows = _reduction_shape(reductions[0])
-    columns, outer = spatial[-1], static_product(spatial[:-1]) or 1
+    columns, outer = (spatial[-1], static_product(spatial[:-1]) or 1) if spatial else (1, 1)
     dtype_bytes = max(max(8, a.buffer.dtype.bits) for v in reductions for a in v.reads + v.writes) // 8
     vector = _vector(columns, dtype_bytes, spec)
     tile = _tile(columns, vector, dtype_bytes)
@@ -172,7 +178,10 @@ def plan_column_split(func: tirx.PrimFunc, spec: TargetSpec, name: str, combine_
     if tx * ty < spec.warp_size:
         raise ColumnError(f"{rows} rows have no divisor that gives a warp of threads per column tile")
     tiles = outer * columns // tile
-    split = _split(tiles, rows, tx * ty, ty, spec) if combine_allowed else 1
+    # A whole-tensor reduction this large has no other plan: the combine launch is its second.
+    split = _split(tiles, rows, tx * ty, ty, spec) if combine_allowed or not spatial else 1
+    if not spatial and not 1 < split <= spec.max_threads_per_block:
+        raise ColumnError(f"{rows} elements: no split into 2..{spec.max_threads_per_block} chunks")
     mapping = ThreadMapping(rows=outer * columns, rows_per_task=ty, threads=tx, vector=vector,
                             grid=tiles * split, split=split)
     # TVM's cross-thread reduction over threadIdx.y stages one value per thread per reduction.
