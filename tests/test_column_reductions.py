@@ -189,3 +189,95 @@ def test_column_split_is_clean_under_simt(make, shape, launches, oclgrind):
 @pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])
 def test_layernorm_backward_is_clean_under_simt(oclgrind):
     _simt(SUITE["layernorm_backward"].build("float32", SIZES["test"]), oclgrind=oclgrind)
+
+
+def _scalar_mean(rows, cols):
+    x = tensor("x", (rows, cols))
+    return make_module([x], lambda bb, x: bb.emit(op.mean(op.multiply(x, x)))), lambda a: (a * a).mean()
+
+
+def _global_norm(rows, cols):
+    x = tensor("x", (rows, cols))
+    return make_module([x], lambda bb, x: bb.emit(op.sqrt(op.sum(op.multiply(x, x))))), \
+        lambda a: np.sqrt((a * a).sum())
+
+
+@pytest.mark.parametrize("make", [_scalar_mean, _global_norm])
+def test_whole_tensor_reduction_with_its_producer_matches_numpy_emulated(make, rng):
+    """Over WHOLE_TENSOR_MIN elements: producer, reduction and scalar epilogue in one PrimFunc,
+    partials over blocks, one combining block."""
+    mod, ref = make(1024, 1024)
+    (plan,) = _emulated(mod, ref, rng)
+    assert plan.scheme == "column-split" and plan.kernels == 2 and plan.rank == 0
+    assert len(plan.ops) >= 3  # the producer is in the group
+
+
+@pytest.mark.parametrize("make", [_scalar_mean, _global_norm])
+def test_whole_tensor_reduction_takes_two_launches_with_64k_threads(make):
+    """Before: the mean fell back (no row axis, 8M elements in one row task): 3 launches, its
+    reduction in a single-thread kernel."""
+    count, kernels = _cuda_threads(make(4096, 2048)[0])
+    assert count == 2
+    (plan, threads), = kernels
+    assert plan.modeled_bytes >= 8 << 20 and threads[0] >= 1 << 16 and threads[1] == plan.mapping.split
+
+
+def test_small_whole_tensor_reduction_keeps_one_block():
+    count, kernels = _cuda_threads(_scalar_mean(64, 96)[0])
+    assert count == 1 and kernels[0][0].scheme == "row-resident"
+
+
+@pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])
+def test_whole_tensor_reduction_is_clean_under_simt(oclgrind, monkeypatch):
+    """At a small size, with the threshold lowered so that the two-kernel plan is taken."""
+    from tvm_stitch.planning import column_split
+    monkeypatch.setattr(column_split, "WHOLE_TENSOR_MIN", 1 << 12)
+    report = _simt(_global_norm(64, 128)[0], oclgrind=oclgrind)
+    assert [k.launches for k in report.kernels] == [2], str(report)
+
+
+N = tirx.Var("n", "int64")
+
+
+def _cross_entropy(rows, vocab):
+    logits, labels = tensor("logits", (rows, vocab)), tensor("labels", (rows,), "int64")
+
+    def body(bb, logits, labels):
+        mx = bb.emit(op.max(logits, axis=[-1], keepdims=True))
+        shifted = bb.emit(op.subtract(logits, mx))
+        lse = bb.emit(op.log(op.sum(op.exp(shifted), axis=[-1], keepdims=True)))
+        return bb.emit(op.nn.nll_loss(op.subtract(shifted, lse), labels, reduction="mean"))
+
+    return make_module([logits, labels], body)
+
+
+def test_symbolic_cross_entropy_takes_two_launches_like_the_static_build(rng):
+    """The mean over a symbolic row count is one streaming block (it fell back to single-thread
+    kernels: 4 launches)."""
+    static = build(_cross_entropy(4096, 8192), CUDA, stitched=True)
+    symbolic = build(_cross_entropy(N, 8192), CUDA, stitched=True)
+    assert not symbolic.report.fallbacks, symbolic.report.details()
+    assert count_launches(symbolic.lowered, symbolic.executable) == 2 == count_launches(static.lowered,
+                                                                                          static.executable)
+    emulated = build(_cross_entropy(N, 200), LLVM, stitched=True, emulate="cuda")
+    assert not emulated.report.fallbacks
+    for rows in (1, 37, 300):
+        logits = rng.standard_normal((rows, 200)).astype("float32")
+        labels = rng.integers(0, 200, rows).astype("int64")
+        (out,) = run_cpu(emulated.executable, [logits, labels])
+        shifted = logits.astype("float64") - logits.max(-1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        np.testing.assert_allclose(out, -logp[np.arange(rows), labels].mean(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_whole_tensor_and_symbolic_mean_compile_with_nvcc(tmp_path):
+    for i, mod in enumerate([_global_norm(4096, 2048)[0], _cross_entropy(N, 8192)]):
+        built = build(mod, CUDA, stitched=True, strict=True)
+        path = tmp_path / f"k{i}.cu"
+        path.write_text(cuda_source(built.executable))
+        result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                                 str(path)], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
+        assert spills and max(spills) == 0
