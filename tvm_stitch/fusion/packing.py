@@ -25,8 +25,9 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def packable(plan: StitchPlan) -> bool:
-    """Kernels without barriers: CPU kernels, and CUDA kernels with one thread per row."""
-    return plan.target == "cpu" or plan.mapping.threads == 1
+    """Kernels without barriers: CPU kernels, and CUDA kernels with one thread per row (column-split
+    reduces across its row threads, behind barriers, whatever its threads along the columns)."""
+    return plan.target == "cpu" or (plan.mapping.threads == 1 and plan.scheme != "column-split")
 
 
 def _one_task_loop(func) -> bool:
