@@ -38,57 +38,62 @@ def _fuse(sch: s_tir.Schedule, loops: list):
     return loops[0] if len(loops) == 1 else sch.fuse(*loops)
 
 
-def _over_threads(sch: s_tir.Schedule, block, rank: int, plan: StitchPlan, chunked: bool) -> tuple:
-    """Cut `block`'s (chunk's) reduced loop over threadIdx.y and rfactor it: returns the per-thread
-    block's loops (chunk?, tile, ty, tx, rows, lanes) and `block`'s (chunk?, tile, tx, lanes, ty)."""
+def _over_threads(sch: s_tir.Schedule, block, plan: StitchPlan, chunked: bool) -> tuple:
+    """Cut `block`'s (chunk's) reduced loop over threadIdx.y and rfactor it: (the per-thread block,
+    loops (chunk?, tile, ty, tx, rows, lanes); `block`, loops (chunk?, tile, tx, lanes, ty))."""
     m = plan.mapping
-    loops = sch.get_loops(block)
-    lead = loops[:1] if chunked else []
-    _, ty = sch.split(loops[-1], [None, m.rows_per_task])
+    lead = 1 if chunked else 0
+    _, ty = sch.split(sch.get_loops(block)[-1], [None, m.rows_per_task])
     per_thread = sch.rfactor(ty, 0)
     inner = sch.get_loops(per_thread)
-    tile, tx, lanes = sch.split(inner[len(lead)], [None, m.threads, m.vector])
+    tile, tx, lanes = sch.split(inner[lead], [None, m.threads, m.vector])
     sch.reorder(tile, inner[-1], tx, inner[-2], lanes)
     outer = sch.get_loops(block)
-    tile2, tx2, lanes2 = sch.split(outer[len(lead)], [None, m.threads, m.vector])
+    tile2, tx2, lanes2 = sch.split(outer[lead], [None, m.threads, m.vector])
     sch.reorder(tile2, tx2, lanes2, outer[-1])
     return per_thread, block
 
 
+def _partials(sch: s_tir.Schedule, plan: StitchPlan) -> tuple:
+    """Per reduction: kept loops fused (a unit loop for a whole tensor), reduced loops fused, cut into
+    chunks (split > 1) and over the row threads. Returns ({block: kernel}, per-thread blocks,
+    cross-thread blocks)."""
+    kernel_of, per_thread, reduced = {}, [], []
+    for name in plan.dominant:
+        block = sch.get_sblock(name)
+        loops = sch.get_loops(block)
+        if plan.rank:
+            _fuse(sch, loops[:plan.rank])
+        else:  # a whole-tensor reduction: a unit loop stands for the kept axis
+            sch.add_unit_loop(loops[0])
+        _fuse(sch, sch.get_loops(block)[1:])
+        target_block = block
+        if plan.mapping.split > 1:
+            chunk, _ = sch.split(sch.get_loops(block)[1], [plan.mapping.split, None])
+            target_block = sch.rfactor(chunk, 0)
+            sch.reorder(sch.get_loops(target_block)[1], sch.get_loops(target_block)[0])
+            kernel_of[name] = 1
+        thread_block, reducing = _over_threads(sch, target_block, plan, plan.mapping.split > 1)
+        for b in (thread_block, reducing):
+            kernel_of[sch.get(b).name_hint] = 0
+        per_thread.append(sch.get(thread_block).name_hint)
+        reduced.append(sch.get(reducing).name_hint)
+    return kernel_of, per_thread, reduced
+
+
 def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
     bind = target.kind.name == "cuda"
-    rank, split = plan.rank, plan.mapping.split
+    chunked = plan.mapping.split > 1
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
     for block in blocks_by_name(sch).values():
         if not sch.get_loops(block):  # a scalar epilogue: rfactor's rewrite needs a loop above it
             sch.add_unit_loop(block)
-    reductions = set(plan.dominant)
-    kernel_of, per_thread, reduced = {}, [], []
-    for name in plan.dominant:
-        block = sch.get_sblock(name)
-        loops = sch.get_loops(block)
-        if rank:
-            _fuse(sch, loops[:rank])
-        else:  # a whole-tensor reduction: a unit loop stands for the kept axis
-            sch.add_unit_loop(loops[0])
-        _fuse(sch, sch.get_loops(block)[1:])
-        target_block = block
-        if split > 1:
-            chunk, _ = sch.split(sch.get_loops(block)[1], [split, None])
-            target_block = sch.rfactor(chunk, 0)
-            sch.reorder(sch.get_loops(target_block)[1], sch.get_loops(target_block)[0])
-            kernel_of[name] = 1
-        thread_block, reducing = _over_threads(sch, target_block, rank, plan, split > 1)
-        for b in (thread_block, reducing):
-            kernel_of[sch.get(b).name_hint] = 0
-        per_thread.append(sch.get(thread_block).name_hint)
-        reduced.append(sch.get(reducing).name_hint)
-    epilogues = {n: _source(sch, n, reductions) for n in blocks_by_name(sch) if n not in kernel_of}
-    last = plan.kernels - 1
-    kernel_of.update({n: last for n in epilogues})
+    kernel_of, per_thread, reduced = _partials(sch, plan)
+    epilogues = {n: _source(sch, n, set(plan.dominant)) for n in blocks_by_name(sch) if n not in kernel_of}
+    kernel_of.update({n: plan.kernels - 1 for n in epilogues})
     sch = in_kernel_order(sch, kernel_of, {})
-    _grid(sch, per_thread + reduced, split > 1, bind)
+    _grid(sch, per_thread + reduced, chunked, bind)
     for name in per_thread:
         loops = sch.get_loops(sch.get_sblock(name))
         if bind:
@@ -101,9 +106,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
         if bind:
             sch.bind(loops[-1], "threadIdx.y")
             sch.bind(loops[-3], "threadIdx.x")
-    if split > 1:
+    if chunked:
         _combine(sch, plan, bind)
-    _epilogues(sch, plan, epilogues, split > 1, bind)
+    _epilogues(sch, plan, epilogues, chunked, bind)
     return sch
 
 
