@@ -281,3 +281,14 @@ def test_whole_tensor_and_symbolic_mean_compile_with_nvcc(tmp_path):
         assert result.returncode == 0, result.stderr[-2000:]
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
         assert spills and max(spills) == 0
+
+
+def test_dgamma_reading_per_row_statistics_is_column_split(rng):
+    """dgamma = sum over rows of dy * (x - mean) * rstd with mean, rstd of shape (rows, 1): their
+    reads are the same for every column of a row."""
+    x, dy, mean, rstd = (tensor("x", (512, 64)), tensor("dy", (512, 64)), tensor("mean", (512, 1)),
+                         tensor("rstd", (512, 1)))
+    mod = make_module([x, dy, mean, rstd], lambda bb, x, dy, m, r: bb.emit(
+        op.sum(op.multiply(dy, op.multiply(op.subtract(x, m), r)), axis=[0])))
+    (plan,) = _emulated(mod, lambda a, d, m, r: (d * (a - m) * r).sum(axis=0), rng)
+    assert plan.scheme == "column-split"

@@ -72,14 +72,15 @@ def _reduction_shape(view) -> tuple:
 
 
 def _check_contiguous(view) -> None:
-    """Every multi-dimensional read of the block has its last spatial iterator as its innermost index:
-    the kept axis is the contiguous one (a column reduction, not a row reduction)."""
+    """Every multi-dimensional read of the block has its last spatial iterator as its innermost index,
+    or a constant one (a per-row value such as a (rows, 1) mean, the same for every column): the kept
+    axis is the contiguous one (a column reduction, not a row reduction)."""
     last = view.iter_vars[list(view.is_reduce).index(True) - 1]
     for read in view.reads:
         if len(read.indices) < 2:
             continue
         inner = read.indices[-1]
-        if not (isinstance(inner, tirx.Var) and inner.same_as(last)):
+        if not (isinstance(inner, tirx.Var) and inner.same_as(last)) and not isinstance(inner, tirx.IntImm):
             raise ColumnError(f"block {view.name} reads {read.buffer.name} along a reduced or outer axis")
 
 
