@@ -28,7 +28,7 @@ from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, wi
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import outline_group
-from tvm_stitch.fusion.packing import pack_block
+from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
@@ -161,6 +161,9 @@ class _Stitcher:
         self.new_funcs: dict = {}  # name -> scheduled PrimFunc
         self.plans: dict = {}  # name -> StitchPlan
         self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, kernel name, plan)]
+        # name -> (scheduled PrimFunc, plan) of a one-launch column-split kernel's thread-per-column
+        # plan, which packing may share a launch with others (see _packed_variants)
+        self.walks: dict = {}
         self.count = 0
         self.bounds: dict = {}  # bounds of the sizes of the function being rewritten (size_bounds)
 
@@ -219,7 +222,40 @@ class _Stitcher:
         self.new_funcs[name] = scheduled.with_attr("tvm_stitch.plan", plan.to_json())
         self.plans[name] = plan
         self.done.setdefault(key, []).append((fused, name, plan))
+        if plan.scheme == "column-split" and plan.kernels == 1:
+            self._walk_variant(fused, name)
         return name, plan
+
+    def _walk_variant(self, fused, name: str) -> None:
+        """Record the thread-per-column plan of a column-split kernel when it is packable."""
+        try:
+            walk = plan_kernel(fused, self.spec, name, columns=False)
+            if not packable(walk):
+                return
+            scheduled = self._scheduled(fused, walk)
+        except Exception:  # noqa: BLE001 - no variant: the column-split kernel stays
+            return
+        traffic, _ = _modeled_traffic(scheduled, self.spec)
+        if traffic is not None:
+            walk = dataclasses.replace(walk, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
+        self.walks[name] = (scheduled.with_attr("tvm_stitch.plan", walk.to_json()), walk)
+
+    def _packed_variants(self, bindings: list, kernels: dict) -> dict:
+        """`kernels` with each column-split kernel that packing would share a launch with another
+        kernel replaced by its thread-per-column plan: one launch saved per call, where column-split
+        would take its own (launch counts never rise for the threads gained)."""
+        trial = {name: self.walks.get(name, kernel) for name, kernel in kernels.items()}
+        packed = {bindings[i].value.args[0].name_hint for members in pack_groups(bindings, trial) for i in members}
+        for name in packed & set(self.walks):
+            func, walk = self.walks.pop(name)
+            self.new_funcs[name], self.plans[name] = func, walk
+            kernels[name] = (func, walk)
+            for record in self.report.groups:
+                if record.kernel == name:
+                    record.plan = walk
+            for entries in self.done.values():
+                entries[:] = [(f, n, walk if n == name else p) for f, n, p in entries]
+        return kernels
 
     def _scheduled(self, fused, plan):
         sch = schedule_for(fused, plan, self.target)
@@ -269,7 +305,8 @@ class _Stitcher:
             bindings.append(node.binding)
             bindings.extend(node.aliases)
         bindings = _without_unused(bindings, {v for r in recomputed for v in _defined(graph.nodes[r])}, used_after)
-        kernels = {name: (self.new_funcs[name], plan) for name, plan in self.plans.items()}
+        kernels = self._packed_variants(bindings, {name: (self.new_funcs[name], plan)
+                                                   for name, plan in self.plans.items()})
         try:
             bindings = pack_block(bindings, kernels, calls, self.report,
                                   lambda func: check_builds(func, self.target))

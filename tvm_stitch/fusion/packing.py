@@ -66,13 +66,9 @@ def _path_masks(bindings: list) -> list:
     return masks
 
 
-def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
-    """`bindings` with independent packable kernel calls merged into packed calls.
-
-    `kernels` maps a stitched kernel's name to (PrimFunc, plan); `calls` gives
-    (and creates) GlobalVars by name; `verify(func)` raises if a packed kernel
-    does not build; packs are recorded in `report.packs`.
-    """
+def pack_groups(bindings: list, kernels: dict) -> list:
+    """The packs `pack_block` forms: lists of binding indices (two or more each) of independent
+    packable kernel calls with one launch shape. `kernels` as for `pack_block`."""
     candidates = []
     for i, binding in enumerate(bindings):
         value = binding.value
@@ -81,7 +77,7 @@ def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
             if name in kernels and packable(kernels[name][1]) and _one_task_loop(kernels[name][0]):
                 candidates.append(i)
     if len(candidates) < 2:
-        return bindings
+        return []
     depends = _path_masks(bindings)
     packs: list = []
     for i in candidates:
@@ -98,7 +94,17 @@ def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
             break
         else:
             packs.append({"signature": signature, "members": [i]})
-    packs = [g["members"] for g in packs if len(g["members"]) > 1]
+    return [g["members"] for g in packs if len(g["members"]) > 1]
+
+
+def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
+    """`bindings` with independent packable kernel calls merged into packed calls.
+
+    `kernels` maps a stitched kernel's name to (PrimFunc, plan); `calls` gives
+    (and creates) GlobalVars by name; `verify(func)` raises if a packed kernel
+    does not build; packs are recorded in `report.packs`.
+    """
+    packs = pack_groups(bindings, kernels)
     if not packs:
         return bindings
     built = {}
@@ -108,7 +114,7 @@ def pack_block(bindings: list, kernels: dict, calls, report, verify) -> list:
         func = pack([kernels[n][0] for n in names], n_outputs)
         verify(func)
         built[k] = (names, func)
-    return _rewrite(bindings, packs, built, calls, report, depends)
+    return _rewrite(bindings, packs, built, calls, report, _path_masks(bindings))
 
 
 def _rewrite(bindings: list, packs: list, built: dict, calls, report, depends: list) -> list:

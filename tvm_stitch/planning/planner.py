@@ -609,7 +609,7 @@ def _cpu_mapping(analysis: Analysis, rows: _Rows, spec: TargetSpec) -> tuple:
     return mapping, notes
 
 
-def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
+def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool = True) -> StitchPlan:
     """The plan of a fused PrimFunc for the target `spec` describes.
 
     CUDA: few long rows take the row-split scheme (global stitching over
@@ -617,13 +617,14 @@ def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
     need more shared memory than a block has, they are demoted one at a time,
     largest first, to recomputation in their consumers, and when only
     reduction results and outputs are left on chip, the group is stitched
-    through global memory by row-split.
+    through global memory by row-split. `columns=False`: no column-split plan (the thread per
+    column walk, which packing can share a launch with others).
     """
     moved, row_axes = _rows_moved_first(func, spec.family)
     if spec.family != "cuda":
         plan = plan_row_resident(moved, spec, name)
     else:
-        plan = with_resources(_cuda_plan(moved, spec, name))
+        plan = with_resources(_cuda_plan(moved, spec, name, columns))
     if not row_axes:
         return plan
     positions = sorted({p for _, p, _ in row_axes})
@@ -660,13 +661,14 @@ def _row_count(analysis: Analysis) -> int | None:
     return static_product(analysis.kept[0].extents[:analysis.depth]) if analysis.kept else None
 
 
-def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
+def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool = True) -> StitchPlan:
     try:
         split = plan_row_split(func, spec, name, few_long_rows_only=True)
     except SplitError as err:
         split, not_split = None, err
     try:  # column reductions: columns x rows of threads; a combine launch only where the split takes one
-        return plan_column_split(func, spec, name, combine_allowed=split is not None and split.kernels > 1)
+        if columns:
+            return plan_column_split(func, spec, name, combine_allowed=split is not None and split.kernels > 1)
     except ColumnError:
         pass
     if split is not None:
@@ -687,7 +689,7 @@ def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
             if err.bounded:
                 # Planned for the bound, no part of the row fits on chip: streamed, as for any length.
                 sizes = ", ".join(f"{n} <= {u}" for n, u in err.bounded)
-                plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name)
+                plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name, columns)
                 return dataclasses.replace(plan, notes=plan.notes + (
                     f"planned for the bound of its symbolic length ({sizes}), no row-sized part stays on "
                     f"chip ({err}): streamed instead",))
