@@ -292,3 +292,19 @@ def test_dgamma_reading_per_row_statistics_is_column_split(rng):
         op.sum(op.multiply(dy, op.multiply(op.subtract(x, m), r)), axis=[0])))
     (plan,) = _emulated(mod, lambda a, d, m, r: (d * (a - m) * r).sum(axis=0), rng)
     assert plan.scheme == "column-split"
+
+
+def test_independent_column_sums_keep_their_shared_launch(rng):
+    """Column sums that packing puts in one launch (bias gradients of a backward step) keep the
+    thread-per-column plan: column-split kernels have barriers and are never packed, and taking it
+    would add a launch per kernel."""
+    a, b = tensor("a", (1024, 768)), tensor("b", (1024, 3072))
+    mod = make_module([a, b], lambda bb, a, b: relax.Tuple([
+        bb.emit(op.sum(a, axis=[0])), bb.emit(op.sum(b, axis=[0])), bb.emit(op.sum(op.multiply(a, a), axis=[0]))]))
+    built = build(mod, CUDA, stitched=True, strict=True)
+    assert count_launches(built.lowered, built.executable) == 1 and len(built.report.packs) == 1
+    assert all(p.scheme == "row-resident" and p.mapping.threads == 1 for p in built.report.plans)
+    x, y = (rng.uniform(-1, 1, s).astype("float32") for s in ((1024, 768), (1024, 3072)))
+    emulated = build(mod, LLVM, stitched=True, strict=True, emulate="cuda")
+    for out, ref in zip(run_cpu(emulated.executable, [x, y]), [x.sum(0), y.sum(0), (x * x).sum(0)]):
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
