@@ -294,17 +294,51 @@ def test_dgamma_reading_per_row_statistics_is_column_split(rng):
     assert plan.scheme == "column-split"
 
 
-def test_independent_column_sums_keep_their_shared_launch(rng):
-    """Column sums that packing puts in one launch (bias gradients of a backward step) keep the
-    thread-per-column plan: column-split kernels have barriers and are never packed, and taking it
-    would add a launch per kernel."""
-    a, b = tensor("a", (1024, 768)), tensor("b", (1024, 3072))
-    mod = make_module([a, b], lambda bb, a, b: relax.Tuple([
+def _independent_sums(rows):
+    a, b = tensor("a", (rows, 768)), tensor("b", (rows, 3072))
+    return make_module([a, b], lambda bb, a, b: relax.Tuple([
         bb.emit(op.sum(a, axis=[0])), bb.emit(op.sum(b, axis=[0])), bb.emit(op.sum(op.multiply(a, a), axis=[0]))]))
-    built = build(mod, CUDA, stitched=True, strict=True)
+
+
+def test_independent_column_sums_share_one_launch(rng, tmp_path):
+    """Column sums that packing puts in one launch (bias gradients of a backward step): column-split
+    kernels of one block shape are packed together, so the launch count stays that of the packed
+    thread-per-column walks, with their threads."""
+    built = build(_independent_sums(1024), CUDA, stitched=True, strict=True)
     assert count_launches(built.lowered, built.executable) == 1 and len(built.report.packs) == 1
-    assert all(p.scheme == "row-resident" and p.mapping.threads == 1 for p in built.report.plans)
+    assert all(p.scheme == "column-split" for p in built.report.plans)
     x, y = (rng.uniform(-1, 1, s).astype("float32") for s in ((1024, 768), (1024, 3072)))
-    emulated = build(mod, LLVM, stitched=True, strict=True, emulate="cuda")
+    emulated = build(_independent_sums(1024), LLVM, stitched=True, strict=True, emulate="cuda")
     for out, ref in zip(run_cpu(emulated.executable, [x, y]), [x.sum(0), y.sum(0), (x * x).sum(0)]):
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+    path = _nvcc_clean(built, tmp_path)
+    assert "__syncthreads" in path.read_text()
+
+
+def test_column_sums_of_different_block_shapes_take_the_packed_walks():
+    """Three column sums whose row threads differ (1024, 2048 and 4096 rows) cannot share a
+    column-split launch; their walks can: the walks are taken (one launch, as before)."""
+    tensors = [tensor(f"t{i}", (rows, 256)) for i, rows in enumerate((1024, 2048, 4096))]
+    mod = make_module(tensors, lambda bb, *ts: relax.Tuple([bb.emit(op.sum(t, axis=[0])) for t in ts]))
+    built = build(mod, CUDA, stitched=True, strict=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    assert all(p.scheme == "row-resident" and p.mapping.threads == 1 for p in built.report.plans)
+
+
+@pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])
+def test_packed_column_split_is_clean_under_simt(oclgrind):
+    report = _simt(_independent_sums(64), oclgrind=oclgrind)
+    assert report.stitch.packs and [k.launches for k in report.kernels] == [1], str(report)
+
+
+def _nvcc_clean(built, tmp):
+    path = tmp / "k.cu"
+    path.write_text(cuda_source(built.executable))
+    if shutil.which("nvcc") is None:
+        return path
+    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp / "k.cubin"),
+                             str(path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
+    assert spills and max(spills) == 0
+    return path

@@ -56,6 +56,11 @@ def _used_after(func: relax.Function, block_index: int) -> set:
     return used
 
 
+def _saved(packs: list) -> int:
+    """Launches that packs save: one fewer than its members, per pack."""
+    return sum(len(members) - 1 for members in packs)
+
+
 def _only_reshapes(graph: Graph, members: list) -> bool:
     ops = [graph.ops[i] for m in members for i in graph.nodes[m].ops]
     return bool(ops) and all(relax.analysis.has_reshape_pattern(op.func) for op in ops)
@@ -241,11 +246,15 @@ class _Stitcher:
         self.walks[name] = (scheduled.with_attr("tvm_stitch.plan", walk.to_json()), walk)
 
     def _packed_variants(self, bindings: list, kernels: dict) -> dict:
-        """`kernels` with each column-split kernel that packing would share a launch with another
-        kernel replaced by its thread-per-column plan: one launch saved per call, where column-split
-        would take its own (launch counts never rise for the threads gained)."""
+        """`kernels`, where packing the thread-per-column plans of the column-split kernels would save
+        more launches than packing the column-split kernels (with those of their block shape), with
+        each column-split kernel that the walks' packs take replaced by its walk: launch counts never
+        rise for the threads gained."""
         trial = {name: self.walks.get(name, kernel) for name, kernel in kernels.items()}
-        packed = {bindings[i].value.args[0].name_hint for members in pack_groups(bindings, trial) for i in members}
+        walk_packs = pack_groups(bindings, trial)
+        if _saved(walk_packs) <= _saved(pack_groups(bindings, kernels)):
+            return kernels
+        packed = {bindings[i].value.args[0].name_hint for members in walk_packs for i in members}
         for name in packed & set(self.walks):
             func, walk = self.walks.pop(name)
             self.new_funcs[name], self.plans[name] = func, walk

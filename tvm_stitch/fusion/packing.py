@@ -5,8 +5,9 @@ between them (directly or through any other binding) and the same launch
 shape (on the CPU also tasks of about the same size) are packed — up to
 `MAX_PACK` per launch — into one kernel built by `schedules.independent.pack`.
 Only kernels that are one loop over their tasks can be packed; kernels with
-barriers (shared memory, cross-thread reductions) are left alone: TVM cannot
-place barriers under the branch that selects a member.
+barriers (shared memory, cross-thread reductions) are left alone (a row-resident
+kernel's packed rows put them under thread-dependent predicates), except
+one-launch column-split kernels, packed with those of their block shape.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def packable(plan: StitchPlan) -> bool:
-    """Kernels without barriers: CPU kernels, and CUDA kernels with one thread per row (column-split
-    reduces across its row threads, behind barriers, whatever its threads along the columns)."""
-    return plan.target == "cpu" or (plan.mapping.threads == 1 and plan.scheme != "column-split")
+    """CPU kernels; CUDA kernels without barriers (one thread per row); one-launch column-split
+    kernels, packed only with column-split kernels of their block shape: their barriers sit under
+    the branch that selects a member, which depends on the block index alone (uniform over a block)."""
+    if plan.scheme == "column-split":
+        return plan.kernels == 1
+    return plan.target == "cpu" or plan.mapping.threads == 1
 
 
 def _one_task_loop(func) -> bool:
@@ -83,8 +87,8 @@ def pack_groups(bindings: list, kernels: dict) -> list:
     for i in candidates:
         name = bindings[i].value.args[0].name_hint
         plan = kernels[name][1]
-        signature = (plan.target, plan.mapping.threads, plan.mapping.rows_per_task, _task_size(plan),
-                     loop_signature(kernels[name][0]))
+        signature = (plan.target, plan.scheme == "column-split", plan.mapping.threads, plan.mapping.rows_per_task,
+                     _task_size(plan), loop_signature(kernels[name][0]))
         for group in packs:
             if group["signature"] != signature or len(group["members"]) >= MAX_PACK:
                 continue
