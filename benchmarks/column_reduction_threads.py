@@ -6,7 +6,8 @@ row count: the stitched sm_90 build's launches, its modeled MB (every
 PrimFunc's modeled traffic, per call), and for each kernel that moves at
 least 8 MB its threads (blocks x threads per block, from the scheduled TIR's
 thread extents). Nothing runs on a GPU.
-Usage: python benchmarks/column_reduction_threads.py [OUT.md]
+Usage: python benchmarks/column_reduction_threads.py [OUT.md] [MODEL:STEP ...]
+(model steps, e.g. bert:backward, at bench size; needs the torch extra)
 """
 
 import sys
@@ -111,9 +112,12 @@ def measure(mod) -> tuple:
     return count_launches(built.lowered, built.executable), total / 1e6, big
 
 
-def main(out_path: str = "") -> None:
+def main(out_path: str = "", *steps: str) -> None:
     graphs = {name: SUITE[name].build("float32", SIZES["bench"]) for name in SUITE}
     graphs.update(own_graphs())
+    if steps:
+        from tvm_stitch.tools.model_bench import import_step
+        graphs = {step: import_step(*step.split(":"), "bench")[0] for step in steps}
     lines = ["| graph | launches | modeled MB | threads of each kernel >= 8 MB |", "|---|---|---|---|"]
     for name, mod in graphs.items():
         print(name, file=sys.stderr, flush=True)
