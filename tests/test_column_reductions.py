@@ -47,6 +47,13 @@ def _middle_sum(batch, rows, cols):
         lambda a: (a * a).sum(axis=1)
 
 
+def _bias_grad(rows, cols):
+    """A bias gradient as the torch importer writes it: a kept unit axis, then a reshape."""
+    x = tensor("x", (rows, cols))
+    return make_module([x], lambda bb, x: bb.emit(op.reshape(op.sum(x, axis=[0], keepdims=True), (cols,)))), \
+        lambda a: a.sum(axis=0)
+
+
 def _inputs(mod, rng):
     return [rng.uniform(-1, 1, [int(d) for d in p.ty.shape]).astype("float32") for p in mod["main"].params]
 
@@ -60,7 +67,8 @@ def _emulated(mod, ref, rng):
 
 
 @pytest.mark.parametrize("make,shape", [(_column_sum, (256, 96)), (_column_mean, (512, 64)),
-                                        (_middle_sum, (2, 128, 48)), (_column_sum, (16384, 16))])
+                                        (_middle_sum, (2, 128, 48)), (_column_sum, (16384, 16)),
+                                        (_bias_grad, (256, 96))])
 def test_column_split_matches_numpy_emulated(make, shape, rng):
     mod, ref = make(*shape)
     (plan,) = _emulated(mod, ref, rng)

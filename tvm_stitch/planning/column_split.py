@@ -75,7 +75,9 @@ def _check_contiguous(view) -> None:
     """Every multi-dimensional read of the block has its last spatial iterator as its innermost index,
     or a constant one (a per-row value such as a (rows, 1) mean, the same for every column): the kept
     axis is the contiguous one (a column reduction, not a row reduction)."""
-    last = view.iter_vars[list(view.is_reduce).index(True) - 1]
+    first = list(view.is_reduce).index(True)
+    last = next(v for v, e in zip(reversed(view.iter_vars[:first]), reversed(view.extents[:first]))
+                if static_int(e) != 1)
     for read in view.reads:
         if len(read.indices) < 2:
             continue
@@ -100,12 +102,12 @@ def _kept(func: tirx.PrimFunc) -> tuple:
     if len(shapes) != 1:
         raise ColumnError("reductions of different shapes")
     (spatial, reduced), = shapes
-    if not spatial and reduced < WHOLE_TENSOR_MIN:
+    if not _without_units(spatial) and reduced < WHOLE_TENSOR_MIN:
         raise ColumnError(f"a whole-tensor reduction of {reduced} elements: one block holds it")
     for view in reductions:
         if len(view.writes) != 1:
             raise ColumnError(f"block {view.name} writes several buffers")
-        if spatial:
+        if _without_units(spatial):
             _check_contiguous(view)
     written = {v.writes[0].buffer.name: v.name for v in reductions}
     epilogues = []
@@ -170,7 +172,8 @@ def plan_column_split(func: tirx.PrimFunc, spec: TargetSpec, name: str, combine_
         raise ColumnError("column-split is a CUDA scheme")
     views, reductions, epilogues, inlined, outputs = _kept(func)
     spatial, rows = _reduction_shape(reductions[0])
-    columns, outer = (spatial[-1], static_product(spatial[:-1]) or 1) if spatial else (1, 1)
+    kept = _without_units(spatial)  # unit axes (a keepdims axis moved last) hold no columns
+    columns, outer = (kept[-1], static_product(kept[:-1]) or 1) if kept else (1, 1)
     dtype_bytes = max(max(8, a.buffer.dtype.bits) for v in reductions for a in v.reads + v.writes) // 8
     vector = _vector(columns, dtype_bytes, spec)
     tile = _tile(columns, vector, dtype_bytes)
@@ -180,8 +183,8 @@ def plan_column_split(func: tirx.PrimFunc, spec: TargetSpec, name: str, combine_
         raise ColumnError(f"{rows} rows have no divisor that gives a warp of threads per column tile")
     tiles = outer * columns // tile
     # A whole-tensor reduction this large has no other plan: the combine launch is its second.
-    split = _split(tiles, rows, tx * ty, ty, spec) if combine_allowed or not spatial else 1
-    if not spatial and not 1 < split <= spec.max_threads_per_block:
+    split = _split(tiles, rows, tx * ty, ty, spec) if combine_allowed or not kept else 1
+    if not kept and not 1 < split <= spec.max_threads_per_block:
         raise ColumnError(f"{rows} elements: no split into 2..{spec.max_threads_per_block} chunks")
     mapping = ThreadMapping(rows=outer * columns, rows_per_task=ty, threads=tx, vector=vector,
                             grid=tiles * split, split=split)
