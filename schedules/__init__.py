@@ -11,6 +11,7 @@ from tvm_stitch.analysis.row_axes import ROW_AXES_ATTR, rows_first
 from tvm_stitch.planning.plan import StitchPlan
 
 from .cpu import row_resident as cpu_row_resident
+from .cuda import column_split as cuda_column_split
 from .cuda import row_resident as cuda_row_resident
 from .cuda import row_split as cuda_row_split
 from .intrinsics import expand_intrinsics
@@ -18,6 +19,7 @@ from .intrinsics import expand_intrinsics
 _RULES = MappingProxyType({
     ("cuda", "row-resident"): cuda_row_resident.apply,
     ("cuda", "row-split"): cuda_row_split.apply,
+    ("cuda", "column-split"): cuda_column_split.apply,
     ("cpu", "row-resident"): cpu_row_resident.apply,
 })
 

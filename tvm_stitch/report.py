@@ -62,6 +62,9 @@ class StitchReport:
             m = plan.mapping
             if plan.scheme == "row-split":
                 mapping = f"{m.grid} blocks ({m.split} blocks/row) x {m.threads} thr, {plan.kernels} kernels"
+            elif plan.scheme == "column-split":
+                mapping = (f"{m.grid} blocks ({m.split} row chunks) x {m.threads}x{m.rows_per_task} thr "
+                           f"(columns x rows), vec {m.vector}, {plan.kernels} kernels")
             elif plan.target == "cuda":
                 grid = m.grid if m.grid >= 0 else "x".join(plan.row_shape) + (
                     f"/{m.rows_per_task}" if m.rows_per_task > 1 else "")

@@ -34,7 +34,7 @@ from tvm_stitch.check.modeled_time import plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import Outlined, outline_group
-from tvm_stitch.fusion.packing import pack_block
+from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
@@ -63,6 +63,11 @@ def _used_after(func: relax.Function, block_index: int) -> set:
         for binding in block.bindings:
             used.update(relax.analysis.free_vars(binding.value))
     return used
+
+
+def _saved(packs: list) -> int:
+    """Launches that packs save: one fewer than its members, per pack."""
+    return sum(len(members) - 1 for members in packs)
 
 
 def _only_reshapes(graph: Graph, members: list) -> bool:
@@ -198,12 +203,14 @@ class Attempt:
     def stitched(self) -> bool:
         return self.kernel is not None
 
-    def record(self) -> GroupRecord:
+    def record(self, kernels: dict) -> GroupRecord:
+        """The report's record; `kernels` (name -> Kernel) may hold a variant that replaced the kernel."""
         g = self.group
+        kernel = kernels.get(self.kernel.name, self.kernel) if self.kernel else None
         return GroupRecord(function=g.function, bindings=g.bindings, positions=g.positions, ops=g.ops,
                            op_kinds=g.op_kinds, recomputed=g.recomputed_ops,
-                           kernel=self.kernel.name if self.kernel else "",
-                           plan=self.kernel.plan if self.kernel else None, reason=self.reason, stage=self.reached)
+                           kernel=kernel.name if kernel else "",
+                           plan=kernel.plan if kernel else None, reason=self.reason, stage=self.reached)
 
 
 @dataclass
@@ -215,8 +222,9 @@ class _Outcome:
     packs: list = field(default_factory=list)  # (packed kernel, member kernels)
     notes: list = field(default_factory=list)
 
-    def into(self, report: StitchReport) -> None:
-        report.groups.extend(a.record() for a in self.attempts)
+    def into(self, report: StitchReport, kernels: dict) -> None:
+        """Fill `report`; `kernels` (name -> Kernel) are the kernels as finally built."""
+        report.groups.extend(a.record(kernels) for a in self.attempts)
         report.opaque.extend(self.opaque)
         report.packs.extend(self.packs)
         report.notes.extend(self.notes)
@@ -264,6 +272,9 @@ class _Stitcher:
         self.kernels: dict = {}  # name -> Kernel
         self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, Kernel)]
         self.outcome = _Outcome()
+        # name -> Kernel: the thread-per-column plan of a one-launch column-split kernel, which packing
+        # may share a launch with others (see _packed_variants)
+        self.walks: dict = {}
 
     # --- the stages of one group
 
@@ -281,6 +292,7 @@ class _Stitcher:
                 name, rule, plan = self._plan(fused, group.ops)
                 reached = PLANNED
                 kernel = self._add(fused, self._scheduled(fused, name, rule, plan))
+                self._walk_variant(fused, kernel)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = reason_of(err)
             if self.strict:
@@ -327,6 +339,39 @@ class _Stitcher:
             plan = dataclasses.replace(plan, modeled_us=scheduled_us(scheduled, plan, self.spec)
                                        if self.target.kind.name == "cuda" else plan_us(fused, plan, self.spec))
         return Kernel(name, plan, scheduled.with_attr("tvm_stitch.plan", plan.to_json()), notes)
+
+    def _walk_variant(self, fused: tvm.tirx.PrimFunc, kernel: Kernel) -> None:
+        """Record the thread-per-column plan of a one-launch column-split kernel when it is packable."""
+        if kernel.plan.scheme != "column-split" or kernel.plan.kernels != 1:
+            return
+        try:
+            walk = plan_kernel(fused, self.spec, kernel.name, columns=False)
+            if not packable(walk):
+                return
+            scheduled = self._schedule(fused, walk)
+        except Exception:  # noqa: BLE001 - no variant: the column-split kernel stays
+            return
+        traffic, _ = _modeled_traffic(scheduled, self.spec)
+        if traffic is not None:
+            walk = dataclasses.replace(walk, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
+        self.walks[kernel.name] = Kernel(kernel.name, walk, scheduled.with_attr("tvm_stitch.plan", walk.to_json()))
+
+    def _packed_variants(self, bindings: list) -> dict:
+        """name -> (PrimFunc, plan) of the kernels to pack: where packing the thread-per-column plans of
+        the column-split kernels saves more launches than packing the column-split kernels (with
+        those of their block shape), each column-split kernel that the walks' packs take is replaced
+        by its walk: launch counts never rise for the threads gained."""
+        kernels = {name: (kernel.func, kernel.plan) for name, kernel in self.kernels.items()}
+        trial = {name: (self.walks[name].func, self.walks[name].plan) if name in self.walks else kernel
+                 for name, kernel in kernels.items()}
+        walk_packs = pack_groups(bindings, trial)
+        if _saved(walk_packs) <= _saved(pack_groups(bindings, kernels)):
+            return kernels
+        packed = {bindings[i].value.args[0].name_hint for members in walk_packs for i in members}
+        for name in packed & set(self.walks):
+            self.kernels[name] = self.walks.pop(name)
+            kernels[name] = (self.kernels[name].func, self.kernels[name].plan)
+        return kernels
 
     def _schedule(self, fused: tvm.tirx.PrimFunc, plan: StitchPlan) -> tvm.tirx.PrimFunc:
         sch = schedule_for(fused, plan, self.target)
@@ -414,7 +459,7 @@ class _Stitcher:
             bindings.extend(node.aliases)
         droppable = {v for r in scope.recomputed for v in _defined(graph.nodes[r])}
         bindings = _without_unused(bindings, droppable, used_after)
-        kernels = {name: (kernel.func, kernel.plan) for name, kernel in self.kernels.items()}
+        kernels = self._packed_variants(bindings)
         try:
             return pack_block(bindings, kernels, calls, self.outcome.packs, lambda func: check_builds(func, self.target))
         except Exception as err:  # noqa: BLE001 - packing is an optimisation: keep the kernels apart
@@ -487,7 +532,7 @@ def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
             new_func = _rewrite_function(stitcher, gv.name_hint, func, calls)
             if new_func is not None:
                 bb.update_func(gv, new_func)
-    stitcher.outcome.into(report)
+    stitcher.outcome.into(report, stitcher.kernels)
     out = bb.get()
     out = relax.transform.Normalize()(out)
     return relax.transform.DeadCodeElimination()(out)

@@ -67,7 +67,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     # Root loop nests in kernel order, then each kernel's row loops merged into one.
     rewrites = _online_rewrites(sch, plan.online, partial_of)
     rewrites.update(_variance_rewrites(sch, plan.variance, partial_of, plan.mapping.split))
-    sch = _in_kernel_order(sch, kernel_of, rewrites)
+    sch = in_kernel_order(sch, kernel_of, rewrites)
     if bind and not columns:
         for total, peak in plan.online + tuple((squares, total) for squares, total in plan.variance):
             # The chunk max feeds the chunk's sum through shared memory: only thread 0 writes the
@@ -237,7 +237,7 @@ def _variance_rewrites(sch: s_tir.Schedule, variance: tuple, partial_of: dict, s
     return rewrites
 
 
-def _in_kernel_order(sch: s_tir.Schedule, kernel_of: dict, rewrites: dict) -> s_tir.Schedule:
+def in_kernel_order(sch: s_tir.Schedule, kernel_of: dict, rewrites: dict) -> s_tir.Schedule:
     """A schedule of the same function with its root loop nests stably sorted by kernel, and the
     blocks of `rewrites` (name -> block) replaced.
 

@@ -5,8 +5,9 @@ between them (directly or through any other binding) and the same launch
 shape (on the CPU also tasks of about the same size) are packed — up to
 `MAX_PACK` per launch — into one kernel built by `schedules.independent.pack`.
 Only kernels that are one loop over their tasks can be packed; kernels with
-barriers (shared memory, cross-thread reductions) are left alone: TVM cannot
-place barriers under the branch that selects a member.
+barriers (shared memory, cross-thread reductions) are left alone (a row-resident
+kernel's packed rows put them under thread-dependent predicates), except
+one-launch column-split kernels, packed with those of their block shape.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def packable(plan: StitchPlan) -> bool:
-    """Kernels without barriers: CPU kernels, and CUDA kernels with one thread per row."""
+    """CPU kernels; CUDA kernels without barriers (one thread per row); one-launch column-split
+    kernels, packed only with column-split kernels of their block shape: their barriers sit under
+    the branch that selects a member, which depends on the block index alone (uniform over a block)."""
+    if plan.scheme == "column-split":
+        return plan.kernels == 1
     return plan.target == "cpu" or plan.mapping.threads == 1
 
 
@@ -65,13 +70,9 @@ def _path_masks(bindings: list) -> list:
     return masks
 
 
-def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify) -> list:
-    """`bindings` with independent packable kernel calls merged into packed calls.
-
-    `kernels` maps a stitched kernel's name to (PrimFunc, plan); `calls` gives
-    (and creates) GlobalVars by name; `verify(func)` raises if a packed kernel
-    does not build; each pack is appended to `recorded` as (packed kernel, member kernels).
-    """
+def pack_groups(bindings: list, kernels: dict) -> list:
+    """The packs `pack_block` forms: lists of binding indices (two or more each) of independent
+    packable kernel calls with one launch shape. `kernels` as for `pack_block`."""
     candidates = []
     for i, binding in enumerate(bindings):
         value = binding.value
@@ -80,14 +81,14 @@ def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify) -> 
             if name in kernels and packable(kernels[name][1]) and _one_task_loop(kernels[name][0]):
                 candidates.append(i)
     if len(candidates) < 2:
-        return bindings
+        return []
     depends = _path_masks(bindings)
     packs: list = []
     for i in candidates:
         name = bindings[i].value.args[0].name_hint
         plan = kernels[name][1]
-        signature = (plan.target, plan.mapping.threads, plan.mapping.rows_per_task, _task_size(plan),
-                     loop_signature(kernels[name][0]))
+        signature = (plan.target, plan.scheme == "column-split", plan.mapping.threads, plan.mapping.rows_per_task,
+                     _task_size(plan), loop_signature(kernels[name][0]))
         for group in packs:
             if group["signature"] != signature or len(group["members"]) >= MAX_PACK:
                 continue
@@ -97,7 +98,17 @@ def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify) -> 
             break
         else:
             packs.append({"signature": signature, "members": [i]})
-    packs = [g["members"] for g in packs if len(g["members"]) > 1]
+    return [g["members"] for g in packs if len(g["members"]) > 1]
+
+
+def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify) -> list:
+    """`bindings` with independent packable kernel calls merged into packed calls.
+
+    `kernels` maps a stitched kernel's name to (PrimFunc, plan); `calls` gives
+    (and creates) GlobalVars by name; `verify(func)` raises if a packed kernel
+    does not build; each pack is appended to `recorded` as (packed kernel, member kernels).
+    """
+    packs = pack_groups(bindings, kernels)
     if not packs:
         return bindings
     built = {}
@@ -107,7 +118,7 @@ def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify) -> 
         func = pack([kernels[n][0] for n in names], n_outputs)
         verify(func)
         built[k] = (names, func)
-    return _rewrite(bindings, packs, built, calls, recorded, depends)
+    return _rewrite(bindings, packs, built, calls, recorded, _path_masks(bindings))
 
 
 def _rewrite(bindings: list, packs: list, built: dict, calls, recorded: list, depends: list) -> list:

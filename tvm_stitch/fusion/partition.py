@@ -37,6 +37,7 @@ from tvm_stitch.analysis.graph import Graph, inlined_in_group
 from tvm_stitch.analysis.row_axes import group_row_count
 from tvm_stitch.analysis.tir_view import static_int
 from tvm_stitch.analysis.row_alignment import ALIGNED
+from tvm_stitch.fusion.whole_tensor import whole_tensor_group
 
 
 SYMBOLIC_ROWS = 1 << 20  # row count assumed for a symbolic row extent: many
@@ -238,6 +239,8 @@ class _Merger:
         ops = a.ops | b.ops
         rank, rows = group_rows(self.graph, ops)
         work = max(a.work, b.work)
+        if rank == 0 and whole_tensor_group(self.graph, ops):
+            return Group(mask, ops, rank, rows, work)  # column-split cuts it over blocks
         if rank == 0 and (work > self.limits.small_work or _symbolic_work(self.graph, ops)):
             return None
         if same_rows and (rank == 0 or rows != a.rows or rows != b.rows):

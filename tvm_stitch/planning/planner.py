@@ -1,8 +1,9 @@
 """The plan of a fused PrimFunc for a target: the schemes tried, in order, per target.
 
-CUDA (`_cuda_plan`): row-split for few long rows (planning/row_split.py), else
-row-resident (planning/cuda/) with AStitch's demotion, else row-split for
-rows that do not fit on chip. CPU: row-resident (planning/cpu/). The rules
+CUDA (`_cuda_plan`): column reductions as column-split (planning/cuda/column_split.py),
+row-split for few long rows (planning/row_split.py), else row-resident
+(planning/cuda/) with AStitch's demotion, else row-split for rows that do not
+fit on chip. CPU: row-resident (planning/cpu/). The rules
 every target shares (levels, rows) are planning/row_resident.py's.
 Anything the schemes cannot express raises PlanError with the reason; the
 caller then leaves the group to TVM's default path.
@@ -20,6 +21,7 @@ from tvm_stitch.analysis.tir_view import static_product
 from tvm_stitch.planning import row_resident
 from tvm_stitch.planning.common import PlanError
 from tvm_stitch.planning.cpu import row_resident as cpu_row_resident
+from tvm_stitch.planning.cuda.column_split import ColumnError, plan_column_split
 from tvm_stitch.planning.cuda import row_resident as cuda_row_resident
 from tvm_stitch.planning.cuda.demotion import plan_demoting
 from tvm_stitch.planning.cuda.row_resident import SharedMemoryError
@@ -55,14 +57,15 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
     return _row_rules(spec.family).plan(func, spec, name, tuple(recompute), rank, analysis)
 
 
-def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
+def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool = True) -> StitchPlan:
     """The plan of a fused PrimFunc for the target `spec` describes, its row axes moved first
-    where its blocks share more rows at axes that do not lead."""
+    where its blocks share more rows at axes that do not lead. `columns=False`: no column-split
+    plan (the thread-per-column walk, which packing can share a launch with others)."""
     moved, row_axes = _rows_moved_first(func, spec.family)
     if spec.family != "cuda":
         plan = plan_row_resident(moved, spec, name)
     else:
-        plan = with_resources(_cuda_plan(moved, spec, name))
+        plan = with_resources(_cuda_plan(moved, spec, name, columns))
     if not row_axes:
         return plan
     positions = sorted({p for _, p, _ in row_axes})
@@ -74,19 +77,28 @@ def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
     return dataclasses.replace(plan, row_axes=row_axes, notes=plan.notes + (note,))
 
 
-def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> StitchPlan:
-    """The CUDA schemes, in order: row-split for few long rows; row-resident, demoting shared
+def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool = True) -> StitchPlan:
+    """The CUDA schemes, in order: column reductions as column-split (with a combine launch only
+    where row-split would take one too); row-split for few long rows; row-resident, demoting shared
     intermediates until a row fits; a row planned for the bound of its symbolic length that keeps
     nothing on chip streams; row-split for rows that do not fit on chip."""
+    split, not_split = None, None
     try:
-        return plan_row_split(func, spec, name, few_long_rows_only=True)
+        split = plan_row_split(func, spec, name, few_long_rows_only=True)
     except SplitError as err:
         not_split = err
+    if columns:
+        try:
+            return plan_column_split(func, spec, name, combine_allowed=split is not None and split.kernels > 1)
+        except ColumnError:
+            pass
+    if split is not None:
+        return split
     try:
         return _with_idle_note(plan_demoting(func, spec, name), spec, not_split)
     except SharedMemoryError as err:
         if err.bounded:
-            return _streamed(func, spec, name, err)
+            return _streamed(func, spec, name, err, columns)
         try:
             return plan_row_split(func, spec, name, few_long_rows_only=False)
         except SplitError as split_err:
@@ -101,10 +113,10 @@ def _with_idle_note(plan: StitchPlan, spec: TargetSpec, not_split: SplitError) -
         f"{plan.mapping.grid} blocks for {spec.sms} SMs, not split over more: {not_split}",))
 
 
-def _streamed(func: tirx.PrimFunc, spec: TargetSpec, name: str, err: SharedMemoryError) -> StitchPlan:
+def _streamed(func: tirx.PrimFunc, spec: TargetSpec, name: str, err: SharedMemoryError, columns: bool) -> StitchPlan:
     """Planned for the bound, no part of the row fits on chip: streamed, as for any length."""
     sizes = ", ".join(f"{n} <= {u}" for n, u in err.bounded)
-    plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name)
+    plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name, columns)
     return dataclasses.replace(plan, notes=plan.notes + (
         f"planned for the bound of its symbolic length ({sizes}), no row-sized part stays on "
         f"chip ({err}): streamed instead",))

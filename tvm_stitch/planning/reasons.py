@@ -52,6 +52,18 @@ MESSAGES = MappingProxyType({
     "split-too-many-kernels": lambda p: f"{p['kernels']} kernels: launches would cost more than idle SMs",
     "split-not-starved": lambda p: (f"{p['blocks']} blocks without a split: not starved enough to pay a launch "
                                     "that only combines"),
+    # column-split
+    "column-spatial-inside": lambda p: f"block {p['block']}: spatial iterators inside reduced ones",
+    "column-symbolic": lambda p: f"block {p['block']}: symbolic extents",
+    "column-read-across": lambda p: f"block {p['block']} reads {p['buffer']} along a reduced or outer axis",
+    "column-no-reduction": lambda p: "no reduction",
+    "column-shapes-differ": lambda p: "reductions of different shapes",
+    "column-whole-tensor-small": lambda p: f"a whole-tensor reduction of {p['elements']} elements: one block holds it",
+    "column-writes-several": lambda p: f"block {p['block']} writes several buffers",
+    "column-not-epilogue": lambda p: f"block {p['block']} is not an element-wise epilogue of one reduction",
+    "column-cuda-only": lambda p: "column-split is a CUDA scheme",
+    "column-no-row-divisor": lambda p: f"{p['rows']} rows have no divisor that gives a warp of threads per column tile",
+    "column-no-chunks": lambda p: f"{p['elements']} elements: no split into 2..{p['most']} chunks",
     # anything else that stopped a group
     "error": lambda p: f"{p['type']}: {p['message']}",
 })

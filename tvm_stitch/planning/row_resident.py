@@ -216,10 +216,13 @@ def static_within_rank(views: list, depth: int) -> int:
     return min(rank, max(1, depth))
 
 
-def choose_rows(analysis: Analysis, rank: int | None, choose_rank: Callable, use_bounds: bool) -> Rows:
+def choose_rows(analysis: Analysis, rank: int | None, choose_rank: Callable, use_bounds: bool,
+                streams_symbolic: bool = False) -> Rows:
     """The rows of a plan at `rank` leading axes (None: `choose_rank(kept, depth, spatial_only)`, the
     target's rule). With `use_bounds`, a symbolic row length with an upper bound is planned as a
-    static row of the bound (softmax over a key length of at most 128)."""
+    static row of the bound (softmax over a key length of at most 128). With `streams_symbolic`,
+    a symbolic count in one row task (a loss mean over a symbolic batch) is planned as one task
+    that streams it, for any count, where TVM's path runs it in single-thread kernels."""
     kept, depth = list(analysis.kept), analysis.depth
     spatial_only = not any(v.has_reduction for v in kept)
     if rank is None:
@@ -227,7 +230,8 @@ def choose_rows(analysis: Analysis, rank: int | None, choose_rank: Callable, use
     elif not min(1, depth) <= rank <= depth:
         raise PlanError("rank-outside-depth", rank=rank, depth=depth)
     sizes = [static_product(v.extents) for v in kept]
-    if rank == 0 and (None in sizes or max(sizes) >= LARGE_WORK):
+    streamed = streams_symbolic and None in sizes
+    if rank == 0 and not streamed and (None in sizes or max(sizes) >= LARGE_WORK):
         raise PlanError("no-row-axis", limit=analysis.depth_limit, elements=None if None in sizes else max(sizes))
     within = [static_product(view.extents[rank:]) for view in kept]
     bounds, bounded = {}, ()

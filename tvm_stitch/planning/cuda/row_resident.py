@@ -18,6 +18,7 @@ from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.common import PlanError, block_threads, wanted_blocks
 from tvm_stitch.planning.cuda.launch import row_threads, rows_per_block, vector_mapping, widest_bytes
+from tvm_stitch.planning.cuda.fill import filling_row_threads
 from tvm_stitch.planning.plan import SHARED, StitchPlan, ThreadMapping
 from tvm_stitch.planning.resources import cuda_shared_bytes
 from tvm_stitch.planning.row_resident import (Analysis, LevelRules, Rows, analyse, assemble, check_analysis,
@@ -79,7 +80,7 @@ def plan(func: tirx.PrimFunc, spec: TargetSpec, name: str, recompute: tuple = ()
     else:
         check_analysis(analysis, func, spec.family, recompute)
     rows = choose_rows(analysis, rank, lambda kept, depth, spatial: choose_rank(kept, depth, spatial, spec),
-                       use_bounds=True)
+                       use_bounds=True, streams_symbolic=True)
     thread_per_row = rows.spatial_only or rows.columns
     if thread_per_row and rows.bounded:
         # A row in one thread keeps nothing shared: sized for the bound it would only grow.
@@ -102,7 +103,7 @@ def _threads(rows: Rows, thread_per_row: bool, spec: TargetSpec) -> tuple:
         notes.append(f"symbolic row length (no upper bound a row fits in): {threads} threads per row for any length, "
                      "per-row intermediates recomputed (streamed), not kept in shared memory")
     else:
-        threads = row_threads(rows.within_max, spec)
+        threads = filling_row_threads(rows.rows, rows.within_max, row_threads(rows.within_max, spec), spec)
     if rows.bounded:
         sizes = ", ".join(f"{name} <= {upper}" for name, upper in rows.bounded)
         notes.append(f"symbolic row length planned for its bound ({sizes}): as a static row of "
