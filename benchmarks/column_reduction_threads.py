@@ -21,8 +21,7 @@ from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import count_launches, primfunc_calls
-from tvm_stitch.tools.suite import SUITE
-from tvm_stitch.tools.suite_data import SIZES
+from tvm_stitch.tools.workloads import SIZES, SUITE
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 BIG = 8 << 20

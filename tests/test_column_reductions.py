@@ -20,8 +20,7 @@ from tvm_stitch.planning.cuda.fill import fill_threads
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
-from tvm_stitch.tools.suite import SUITE, reference
-from tvm_stitch.tools.suite_data import SIZES
+from tvm_stitch.tools.workloads import SIZES, SUITE, reference
 
 from conftest import CUDA, LLVM, make_module, tensor
 
