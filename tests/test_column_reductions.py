@@ -7,8 +7,6 @@ from the scheduled TIR at bench-like shapes (built, not run).
 """
 
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -22,7 +20,7 @@ from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
 from tvm_stitch.tools.workloads import SIZES, SUITE, reference
 
-from conftest import CUDA, LLVM, make_module, tensor
+from conftest import CUDA, LLVM, NVCC, make_module, needs_nvcc, nvcc, tensor
 
 SM90 = TargetSpec.from_target(CUDA)
 op = relax.op
@@ -149,21 +147,22 @@ def test_row_reductions_are_not_column_split(rng):
     assert built.report.plans[0].scheme != "column-split"
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def _no_spills(source: str, tmp_path) -> None:
+    """nvcc compiles `source` for sm_90 and ptxas reports no spill of any kernel."""
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", nvcc(source, tmp_path))]
+    assert spills and max(spills) == 0
+
+
+@needs_nvcc
 @pytest.mark.parametrize("make,shape", [(_column_mean, (4096, 768)), (_column_sum, (750000, 32)),
                                         (_middle_sum, (2, 1024, 1024))])
 def test_column_split_compiles_with_nvcc_without_spills(make, shape, tmp_path):
     mod, _ = make(*shape)
-    built = build(mod, CUDA, stitched=True, strict=True)
+    # The rule plans, which load 128 bits where the columns divide (the time model may choose scalar loads).
+    built = build(mod, CUDA, stitched=True, strict=True, cost_model=False)
     source = cuda_source(built.executable)
     assert "float4" in source
-    path = tmp_path / "k.cu"
-    path.write_text(source)
-    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                             str(path)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
-    assert spills and max(spills) == 0
+    _no_spills(source, tmp_path)
 
 
 def _simt(mod, oclgrind: bool):
@@ -237,7 +236,7 @@ def test_small_whole_tensor_reduction_keeps_one_block():
 @pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])
 def test_whole_tensor_reduction_is_clean_under_simt(oclgrind, monkeypatch):
     """At a small size, with the threshold lowered so that the two-kernel plan is taken."""
-    from tvm_stitch.planning import column_split
+    from tvm_stitch.planning.cuda import column_split
     monkeypatch.setattr(column_split, "WHOLE_TENSOR_MIN", 1 << 12)
     report = _simt(_global_norm(64, 128)[0], oclgrind=oclgrind)
     assert [k.launches for k in report.kernels] == [2], str(report)
@@ -277,17 +276,10 @@ def test_symbolic_cross_entropy_takes_two_launches_like_the_static_build(rng):
         np.testing.assert_allclose(out, -logp[np.arange(rows), labels].mean(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@needs_nvcc
 def test_whole_tensor_and_symbolic_mean_compile_with_nvcc(tmp_path):
-    for i, mod in enumerate([_global_norm(4096, 2048)[0], _cross_entropy(N, 8192)]):
-        built = build(mod, CUDA, stitched=True, strict=True)
-        path = tmp_path / f"k{i}.cu"
-        path.write_text(cuda_source(built.executable))
-        result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                                 str(path)], capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-2000:]
-        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
-        assert spills and max(spills) == 0
+    for mod in [_global_norm(4096, 2048)[0], _cross_entropy(N, 8192)]:
+        _no_spills(cuda_source(build(mod, CUDA, stitched=True, strict=True).executable), tmp_path)
 
 
 def test_dgamma_reading_per_row_statistics_is_column_split(rng):
@@ -318,8 +310,10 @@ def test_independent_column_sums_share_one_launch(rng, tmp_path):
     emulated = build(_independent_sums(1024), LLVM, stitched=True, strict=True, emulate="cuda")
     for out, ref in zip(run_cpu(emulated.executable, [x, y]), [x.sum(0), y.sum(0), (x * x).sum(0)]):
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
-    path = _nvcc_clean(built, tmp_path)
-    assert "__syncthreads" in path.read_text()
+    source = cuda_source(built.executable)
+    assert "__syncthreads" in source
+    if NVCC is not None:
+        _no_spills(source, tmp_path)
 
 
 def test_column_sums_of_different_block_shapes_take_the_packed_walks():
@@ -336,16 +330,3 @@ def test_column_sums_of_different_block_shapes_take_the_packed_walks():
 def test_packed_column_split_is_clean_under_simt(oclgrind):
     report = _simt(_independent_sums(64), oclgrind=oclgrind)
     assert report.stitch.packs and [k.launches for k in report.kernels] == [1], str(report)
-
-
-def _nvcc_clean(built, tmp):
-    path = tmp / "k.cu"
-    path.write_text(cuda_source(built.executable))
-    if shutil.which("nvcc") is None:
-        return path
-    result = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp / "k.cubin"),
-                             str(path)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", result.stdout + result.stderr)]
-    assert spills and max(spills) == 0
-    return path
