@@ -5,12 +5,12 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import torch  # noqa: E402
 import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
@@ -86,6 +86,44 @@ def test_convnext_imports_in_half(dtype):
     assert _output_dtypes(mod) == {dtype}
     cpu = build(mod, host_target(), stitched=True)
     assert relative_error(run_cpu(cpu.executable, inputs), expected) < REL_ERROR
+
+
+class _Products(torch.nn.Module):
+    """Every product the importer gives out_dtype float32: linear (addmm), mm, bmm, baddbmm, a biased conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.w = torch.nn.Parameter(torch.randn(8, 8) / 4)
+
+    def forward(self, x, img):
+        h = self.fc(x)  # (3, 8)
+        h = h @ self.w
+        b = torch.bmm(h[None], self.w[None])
+        b = torch.baddbmm(b, h[None], self.w[None], beta=0.5, alpha=2.0)
+        return b, self.conv(img)
+
+
+@pytest.mark.parametrize("dtype", ("float32",) + HALF)
+def test_products_and_biases_keep_the_model_dtype_and_accumulate_in_float32(dtype):
+    from tvm_stitch.frontend import from_torch
+    from tvm_stitch.tools.models import as_numpy, cast_floats, torch_dtype
+
+    torch.manual_seed(0)
+    model = _Products().eval()
+    inputs = (torch.randn(3, 16), torch.randn(1, 2, 5, 5))
+    half_model, half_inputs = model.to(torch_dtype(dtype)), cast_floats(inputs, dtype)
+    mod = from_torch(half_model, half_inputs)
+    assert _output_dtypes(mod) == {dtype}
+    script = mod["main"].script()
+    assert script.count('out_dtype="float32"') >= 4  # the products accumulate in float32
+    if dtype == "float32":
+        assert "astype" not in script
+    with torch.no_grad():
+        expected = [as_numpy(o) for o in half_model.float()(*cast_floats(half_inputs, "float32"))]
+    outs = run_cpu(build(mod, host_target(), stitched=True).executable, [as_numpy(a) for a in half_inputs])
+    assert relative_error(outs, expected) < (1e-5 if dtype == "float32" else REL_ERROR)
 
 
 def test_float32_models_import_unchanged_by_the_dtype_converters():
