@@ -29,7 +29,10 @@ LAUNCH_S = 3e-6  # device-side gap per kernel launch (as gpu_kit's)
 
 
 def modeled_cuda_ms(traffic_bytes: float, launches: int) -> float:
-    """Milliseconds per step on an H200 if every kernel ran at the achieved bandwidth: memory time only."""
+    """Milliseconds per step on an H200 if every kernel ran at the achieved bandwidth: memory time only
+    (NaN where the traffic is not modeled: program_traffic's -1)."""
+    if traffic_bytes < 0:
+        return float("nan")
     return 1e3 * (traffic_bytes / HBM_BYTES_PER_S + LAUNCH_S * launches)
 
 
