@@ -41,7 +41,9 @@ def _output_dtypes(mod: tvm.IRModule) -> set:
     return {str(f.dtype) for f in fields}
 
 
-def _check(mod, inputs, expected, dtype):
+def _check(mod, inputs, expected, dtype, reduces=True):
+    """llvm within REL_ERROR of float32 eager; CUDA sm_80 and sm_90 builds stitch, keeping `dtype` in
+    global memory and (where the graph `reduces`: sums, norms, softmax) float32 on chip."""
     cpu = build(mod, host_target(), stitched=True)
     outs = run_cpu(cpu.executable, inputs)
     assert {str(o.dtype) for o in outs if o.dtype.kind == "V" or "float" in str(o.dtype)} == {dtype}
@@ -53,7 +55,7 @@ def _check(mod, inputs, expected, dtype):
         # stitched kernels keep the storage dtype in global memory, and accumulate in float32 on chip
         scripts = [f.script() for f in _stitched_funcs(cuda.lowered)]
         assert any(f'"{dtype}"' in s for s in scripts)
-        assert any('"float32"' in s for s in scripts)
+        assert any('"float32"' in s for s in scripts) or not reduces
 
 
 def _stitched_funcs(lowered) -> list:
@@ -76,7 +78,7 @@ def test_transformers_forward_imports_in_half_builds_for_cuda_and_matches_float3
                                         ("llama", "adam")])
 def test_training_step_in_half_builds_for_cuda_and_matches_float32(name, step, dtype):
     mod, inputs, expected = import_step(name, step, "test", dtype)
-    _check(mod, inputs, expected, dtype)
+    _check(mod, inputs, expected, dtype, reduces=step != "adam")  # Adam is element-wise
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -160,3 +162,20 @@ def test_float16_gemm_builds_for_cuda_in_a_child_process():
     assert done.returncode == 0, done.stderr[-2000:]
     line = [s for s in done.stdout.splitlines() if s.startswith("RULES")][-1]
     assert "'Matmul'" in line and "HALF True" in line, line
+
+
+def test_half_stitched_kernels_run_with_simt_semantics():
+    """Every stitched CUDA kernel of the float16 LLaMA (RMSNorm, softmax, rotary, SwiGLU) run on OpenCL with
+    SIMT semantics, half floats emulated, against the same kernels run on llvm."""
+    pytest.importorskip("pyopencl")
+    from tvm_stitch import simt
+    from tvm_stitch.check.opencl_run import NoOpenclDevice, device_for
+
+    try:
+        device_for(False)
+    except NoOpenclDevice as err:
+        pytest.skip(str(err))
+    mod, _, _ = import_step("llama-hf", "forward", "test", "float16")
+    report = simt.check(mod)
+    assert len(report.kernels) >= 3, str(report)
+    assert report.ok, str(report)
