@@ -358,9 +358,10 @@ def main(argv=None) -> int:
 
     args = parser.parse_args(argv)
     args.argv = argv
+    known = ("float32", "float16", "bfloat16") if getattr(args, "func", None) is _bench else ("float32", "float16")
     for dtype in getattr(args, "dtype", "float32").split(","):
-        if dtype not in ("float32", "float16"):
-            parser.error(f"--dtype must be float32 or float16, not {dtype!r}")
+        if dtype not in known:
+            parser.error(f"--dtype must be {' or '.join(known)}, not {dtype!r}")
     return args.func(args)
 
 
