@@ -60,7 +60,7 @@ def _check(mod, inputs, expected, dtype, reduces=True):
 
 def _stitched_funcs(lowered) -> list:
     return [f for _, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
-            and f.attrs is not None and "tvm_stitch.plan" in f.attrs]
+            and f.attrs is not None and ("tvm_stitch.plan" in f.attrs or "tvm_stitch.packed" in f.attrs)]
 
 
 @pytest.mark.parametrize("dtype", HALF)
