@@ -19,6 +19,10 @@ there handled where they arise:
   512-long buffer, the slices PyTorch decomposes that check's `torch.diff` into): the importer's extents
   `min(s, 512)`, `min(1, s)` defeat shape inference downstream; where
   PyTorch proved a constant or a plain symbol, the result is cast to it;
+- half precision: the importer's matrix products and convolutions come out
+  float32 (their half bias then fails to add, or the float32 spreads);
+  frontend_dtypes' converters keep the float32 accumulation and give each
+  the dtype PyTorch gives it;
 - `native_layer_norm`'s mean and rstd outputs, which the importer maps to
   the normalised output: refused with an error naming the node.
 
@@ -38,6 +42,7 @@ import tvm_ffi
 from tvm import relax, sym, tirx
 
 from tvm_stitch.analysis.tir_view import vars_in
+from tvm_stitch.frontend_dtypes import dtype_converters
 
 
 class UnsupportedModelError(ValueError):
@@ -142,7 +147,7 @@ def check_importable(graph) -> None:
 
 def converters() -> dict:
     """The importer's converters replaced for the traps above (ExportedProgram op names)."""
-    return {"cumsum.default": _cumsum, "slice.Tensor": _slice}
+    return {**dtype_converters(), "cumsum.default": _cumsum, "slice.Tensor": _slice}
 
 
 def _cumsum(node, importer) -> relax.Var:

@@ -25,6 +25,8 @@
     CUDA only: TVM's dlight rules for those, each guarded, then a per-block
         schedule that is always valid (dlight 0.27 crashes on some graphs);
         each function records the rule in `tvm_stitch.schedule_rule`;
+        dlight's tensor-core path is switched off first (tensorize_guard:
+        TVM 0.27's Tensorize segfaults);
         then VectorSelectsAsBranches (a select under a vectorised loop as
         if_then_else: TVM's CUDA codegen emits code nvcc rejects for it)
     llvm only: our CPU rules (schedules/cpu/contraction: matmuls and
@@ -54,6 +56,7 @@ from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
 from tvm_stitch.stitch_target import StitchTarget
 from tvm_stitch.target import backend_passes, warn_if_generic_cpu
+from tvm_stitch.tensorize_guard import without_tensorize
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -84,6 +87,7 @@ class GuardedDefaultSchedule:
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
+            func = without_tensorize(func)  # tensorize_guard: TVM 0.27's Tensorize segfaults
             sch, name = None, "per_block"
             for rule in rules:
                 try:

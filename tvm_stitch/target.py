@@ -68,5 +68,23 @@ def backend_passes(target: Target):
 
 
 def default_pipeline(target: Target) -> tvm.transform.Pass:
-    """TVM's own default Relax pipeline for the target (the baseline we compare with)."""
-    return backend_passes(target).get_default_pipeline(target)
+    """TVM's own default Relax pipeline for the target (the baseline we compare with).
+
+    On CUDA, with dlight's tensor-core path switched off before its schedule
+    rules run (tensorize_guard: TVM 0.27's Tensorize segfaults on float16 GEMMs).
+    """
+    if target.kind.name != "cuda":
+        return backend_passes(target).get_default_pipeline(target)
+    from tvm_stitch.tensorize_guard import NoTensorize
+
+    backend = backend_passes(target)
+    legalize = backend.legalize_passes(target)  # ends with dlight's ApplyDefaultSchedule
+    passes = (backend.library_dispatch_passes(target) + legalize[:-1] + [NoTensorize(), legalize[-1]]
+              + backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
+
+    @tvm.transform.module_pass(opt_level=0, name="default_pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline

@@ -52,6 +52,7 @@ MESSAGES = MappingProxyType({
     "split-too-many-kernels": lambda p: f"{p['kernels']} kernels: launches would cost more than idle SMs",
     "split-not-starved": lambda p: (f"{p['blocks']} blocks without a split: not starved enough to pay a launch "
                                     "that only combines"),
+    "split-not-whole-chunks": lambda p: f"{p['split']} chunks of a row of {p['length']}: not whole chunks of the least length",
     # column-split
     "column-spatial-inside": lambda p: f"block {p['block']}: spatial iterators inside reduced ones",
     "column-symbolic": lambda p: f"block {p['block']}: symbolic extents",

@@ -338,7 +338,7 @@ def _mapping(rows: int, length: int, columns: bool, dtype_bytes: int, spec: Targ
     each; rows chunked over blocks (`split` of them, default chosen), each chunk over a block's
     threads with vector accesses."""
     if split is not None and (length % split or length // split < (MIN_COLUMN_CHUNK if columns else MIN_CHUNK)):
-        raise SplitError(f"{split} chunks of a row of {length}: not whole chunks of the least length")
+        raise SplitError("split-not-whole-chunks", split=split, length=length)
     if columns:
         row_blocks = -(-rows // spec.warp_size)
         if split is None:

@@ -39,8 +39,8 @@ def _bench(args) -> int:
     meta["command"] = "tvm-stitch " + " ".join(sys.argv[1:] if args.argv is None else args.argv)
     lines = [f"tvm-stitch bench on {meta['machine']} (TVM {meta['tvm']}, target {meta['target']}, "
              f"{meta['threads']} threads, size {args.size})", format_table(rows)]
-    model_rows = (run_models(models, size=args.model_size or args.size, steps=args.steps.split(","))
-                  if models else [])
+    model_rows = (run_models(models, size=args.model_size or args.size, steps=args.steps.split(","),
+                             dtypes=args.dtype.split(",")) if models else [])
     if model_rows:
         lines += ["", format_models(model_rows)]
     elif not args.models:
@@ -295,7 +295,9 @@ def _add_bench(sub) -> None:
     bench.add_argument("--target", choices=["llvm", "cuda"], default="llvm",
                        help="llvm (default): CPU timings; cuda: also time on a GPU where one is present")
     bench.add_argument("--graphs", default="", help="comma-separated suite graphs (default: all)")
-    bench.add_argument("--dtype", default="float32", help="float32, float16 or both comma-separated")
+    bench.add_argument("--dtype", default="float32",
+                       help="float32, float16, bfloat16, comma-separated (suite graphs: those they have; "
+                            "--models: each model cast to each)")
     bench.add_argument("--size", choices=["bench", "test"], default="bench")
     bench.add_argument("--json", default="", help="also write the rows as JSON to this path")
     bench.add_argument("--models", default="",
@@ -446,9 +448,10 @@ def main(argv=None) -> int:
     _add_calibrate(sub)
     args = parser.parse_args(argv)
     args.argv = argv
+    known = ("float32", "float16", "bfloat16") if getattr(args, "func", None) is _bench else ("float32", "float16")
     for dtype in getattr(args, "dtype", "float32").split(","):
-        if dtype not in ("float32", "float16"):
-            parser.error(f"--dtype must be float32 or float16, not {dtype!r}")
+        if dtype not in known:
+            parser.error(f"--dtype must be {' or '.join(known)}, not {dtype!r}")
     return args.func(args)
 
 

@@ -2,11 +2,16 @@
 
 Per model and step (forward; backward: joint forward + backward; adam: one
 Adam step over every parameter): memory-intensive and compute-intensive
-CUDA launches, modeled traffic and CUDA compile time of both pipelines; CPU
+CUDA launches, modeled traffic, modeled memory time (traffic at the H200's
+achieved HBM bandwidth plus a gap per launch; no compute time) and CUDA
+compile time of both pipelines; CPU
 (llvm, this machine's CPU model) time of both builds and, for the forward
 step, of PyTorch eager, measured in the same run (alternating rounds), and
 the CPU compile time of both pipelines; the stitched CPU build's largest
-absolute and relative difference from PyTorch eager.
+absolute and relative difference from PyTorch float32 eager. Each model runs
+in every dtype asked for (float32, float16, bfloat16: the model cast as a user
+casts it, tools/models.make_model); TVM's default pipeline gets a bfloat16
+model with its reductions widened to float32 (it has no bfloat16 LayerNorm).
 """
 
 from __future__ import annotations
@@ -20,12 +25,23 @@ from tvm_stitch.tools.build import alternating_times, build, python_round, run_c
 from tvm_stitch.tools.launches import launches_by_kind, program_traffic
 
 STEPS = ("forward", "backward", "adam")
+HBM_BYTES_PER_S = 4.0e12  # H200: HBM3e's 4.8 TB/s peak, 4.0 TB/s achieved by a copy (as gpu_kit's)
+LAUNCH_S = 3e-6  # device-side gap per kernel launch (as gpu_kit's)
+
+
+def modeled_cuda_ms(traffic_bytes: float, launches: int) -> float:
+    """Milliseconds per step on an H200 if every kernel ran at the achieved bandwidth: memory time only
+    (NaN where the traffic is not modeled: program_traffic's -1)."""
+    if traffic_bytes < 0:
+        return float("nan")
+    return 1e3 * (traffic_bytes / HBM_BYTES_PER_S + LAUNCH_S * launches)
 
 
 @dataclass
 class ModelRow:
     model: str
     step: str  # forward, backward or adam
+    dtype: str  # the model's dtype (float32, float16, bfloat16)
     description: str
     memory_default: int  # memory-intensive CUDA launches per step
     memory_stitched: int
@@ -33,6 +49,8 @@ class ModelRow:
     compute_stitched: int
     mb_default: float  # modeled global-memory traffic of the CUDA build, MB per step
     mb_stitched: float
+    cuda_ms_default: float  # modeled_cuda_ms of the CUDA build's traffic and launches
+    cuda_ms_stitched: float
     compile_s_default: float  # CUDA pipeline + codegen
     compile_s_stitched: float
     cpu_ms_default: float  # llvm builds, median per step, measured in the same run
@@ -68,28 +86,37 @@ def relative_error(outs: list, expected: list) -> float:
     return worst
 
 
-def import_step(name: str, step: str, size: str = "bench"):
-    """(Relax module, numpy inputs, PyTorch outputs) of one step of a model."""
+def import_step(name: str, step: str, size: str = "bench", dtype: str = "float32"):
+    """(Relax module, numpy inputs, PyTorch float32 outputs) of one step of a model cast to `dtype`."""
     from tvm_stitch.tools.models import import_model
     from tvm_stitch.tools.training import import_adam, import_backward
 
     if step not in STEPS:
         raise ValueError(f"step must be one of {', '.join(STEPS)}, not {step!r}")
-    return {"forward": import_model, "backward": import_backward, "adam": import_adam}[step](name, size)
+    return {"forward": import_model, "backward": import_backward, "adam": import_adam}[step](name, size, dtype=dtype)
 
 
-def torch_forward(name: str, size: str):
-    """A round function timing PyTorch eager's forward of a model (the weights import_step uses)."""
+def torch_forward(name: str, size: str, dtype: str = "float32"):
+    """A round function timing PyTorch eager's forward of a model in `dtype` (the weights import_step uses)."""
     from tvm_stitch.tools.models import _require_torch, make_model
 
     torch = _require_torch()
-    model, inputs = make_model(name, size)
+    model, inputs = make_model(name, size, dtype)
 
     def forward():
         with torch.no_grad():
             model(*inputs)
 
     return python_round(forward)
+
+
+def _baseline_module(mod, dtype: str):
+    """The module TVM's default pipeline builds: a bfloat16 one with its reductions and transcendentals
+    widened to float32 first (fusion/precision's AccumulateInFloat32; TOPI's layer_norm refuses
+    bfloat16), any other as it is."""
+    from tvm_stitch.fusion.precision import AccumulateInFloat32
+
+    return AccumulateInFloat32()(mod) if dtype == "bfloat16" else mod
 
 
 def model_steps(names: list) -> list:
@@ -99,11 +126,11 @@ def model_steps(names: list) -> list:
     return [(n, s) for n in names for s in STEPS if not (s == "backward" and MODELS[n].no_backward)]
 
 
-def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> list:
+def run_models(names: list, progress=None, size: str = "bench", steps=STEPS, dtypes=("float32",)) -> list:
     """Real models (torch extra): CUDA launches and traffic, default vs stitched; CPU time and correctness.
 
     CPU builds use this machine's CPU model (as the suite's bench does); a progress line per
-    (model, step) goes to `progress` (default: the current sys.stderr).
+    (model, step, dtype) goes to `progress` (default: the current sys.stderr).
     """
     from tvm_stitch.tools.models import MODELS
     from tvm_stitch.target import host_target
@@ -111,29 +138,33 @@ def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> 
     progress = progress or sys.stderr
     cpu_target = host_target()
 
-    pairs = [(n, s) for n, s in model_steps(names) if s in steps]
+    pairs = [(n, s, d) for n, s in model_steps(names) if s in steps for d in dtypes]
     rows = []
-    for i, (name, step) in enumerate(pairs, 1):
-        print(f"[{i}/{len(pairs)}] model {name} {step}", file=progress, flush=True)
-        mod, inputs, expected = import_step(name, step, size)
+    for i, (name, step, dtype) in enumerate(pairs, 1):
+        print(f"[{i}/{len(pairs)}] model {name} {step} {dtype}", file=progress, flush=True)
+        mod, inputs, expected = import_step(name, step, size, dtype)
         cuda = {}
         gpu = {"kind": "cuda", "arch": "sm_90"}
+        baseline = _baseline_module(mod, dtype)
         for stitched in (False, True):
-            built = build(mod, gpu, stitched=stitched)
+            built = build(mod if stitched else baseline, gpu, stitched=stitched)
             cuda[stitched] = (launches_by_kind(built.lowered, built.executable),
                               program_traffic(built.lowered, gpu)[0], built.compile_seconds, built.report)
-        cpu = {stitched: build(mod, cpu_target, stitched=stitched) for stitched in (False, True)}
+        cpu = {stitched: build(mod if stitched else baseline, cpu_target, stitched=stitched)
+               for stitched in (False, True)}
         outs = run_cpu(cpu[True].executable, inputs)
         rounds = {stitched: vm_round(cpu[stitched].executable, inputs) for stitched in (False, True)}
         if step == "forward":
-            rounds["torch"] = torch_forward(name, size)
+            rounds["torch"] = torch_forward(name, size, dtype)
         ms = alternating_times(rounds)
         rows.append(ModelRow(
-            model=name, step=step,
+            model=name, step=step, dtype=dtype,
             description=MODELS[name].description,
             memory_default=cuda[False][0][0], memory_stitched=cuda[True][0][0],
             compute_default=cuda[False][0][1], compute_stitched=cuda[True][0][1],
             mb_default=cuda[False][1] / 1e6, mb_stitched=cuda[True][1] / 1e6,
+            cuda_ms_default=modeled_cuda_ms(cuda[False][1], sum(cuda[False][0])),
+            cuda_ms_stitched=modeled_cuda_ms(cuda[True][1], sum(cuda[True][0])),
             compile_s_default=cuda[False][2], compile_s_stitched=cuda[True][2],
             cpu_ms_default=ms[False],
             cpu_ms_stitched=ms[True],
@@ -148,14 +179,16 @@ def run_models(names: list, progress=None, size: str = "bench", steps=STEPS) -> 
 
 
 def format_models(rows: list) -> str:
-    header = ("model", "step", "memory-intensive CUDA launches (default -> stitched)", "compute-intensive launches",
-              "modeled MB (default -> stitched)", "CUDA compile s (default / stitched)",
+    header = ("model", "step", "dtype", "memory-intensive CUDA launches (default -> stitched)",
+              "compute-intensive launches", "modeled MB (default -> stitched)",
+              "modeled CUDA memory ms (default -> stitched)", "CUDA compile s (default / stitched)",
               "CPU ms torch eager", "CPU ms default", "CPU ms stitched", "CPU speedup", "stitched / torch",
               "CPU compile s (default / stitched)", "max abs err vs PyTorch", "max rel err", "fallbacks")
     lines = [header]
     for r in rows:
-        lines.append((r.model, r.step, f"{r.memory_default} -> {r.memory_stitched}",
+        lines.append((r.model, r.step, r.dtype, f"{r.memory_default} -> {r.memory_stitched}",
                       f"{r.compute_default} -> {r.compute_stitched}", f"{r.mb_default:.1f} -> {r.mb_stitched:.1f}",
+                      f"{r.cuda_ms_default:.3f} -> {r.cuda_ms_stitched:.3f}",
                       f"{r.compile_s_default:.1f} / {r.compile_s_stitched:.1f}",
                       f"{r.cpu_ms_torch:.2f}", f"{r.cpu_ms_default:.2f}", f"{r.cpu_ms_stitched:.2f}",
                       f"{r.cpu_ms_default / r.cpu_ms_stitched:.2f}x", f"{r.cpu_ms_stitched / r.cpu_ms_torch:.2f}x",

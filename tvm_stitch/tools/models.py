@@ -225,32 +225,62 @@ MODELS = {
 }
 
 
-def make_model(name: str, size: str = "bench"):
-    """(torch module in eval mode, example inputs) of a model, seeded."""
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def make_model(name: str, size: str = "bench", dtype: str = "float32"):
+    """(torch module in eval mode, example inputs) of a model, seeded; cast to `dtype` (its floating
+    inputs too) as a user casts it, with `.to(torch.float16)` or `.to(torch.bfloat16)`."""
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     if size not in SIZES:
         raise ValueError(f"size must be one of {SIZES}, not {size!r}")
     torch = _require_torch()
     torch.manual_seed(0)
-    return MODELS[name].make(size)
+    model, inputs = MODELS[name].make(size)
+    return model.to(torch_dtype(dtype)), cast_floats(inputs, dtype)
 
 
-def import_model(name: str, size: str = "bench", dynamic_shapes=None):
-    """(Relax module, numpy inputs, PyTorch eager outputs as numpy) of a model's forward.
+def torch_dtype(dtype: str):
+    """The torch dtype of one of DTYPES."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, not {dtype!r}")
+    return getattr(_require_torch(), dtype)
+
+
+def cast_floats(tensors, dtype: str) -> tuple:
+    """The floating tensors of `tensors` cast to `dtype`, the others (token ids) as they are."""
+    target = torch_dtype(dtype)
+    return tuple(t.to(target) if t.is_floating_point() else t for t in tensors)
+
+
+def as_numpy(tensor):
+    """A torch tensor as numpy; bfloat16 as ml_dtypes' bfloat16 (numpy has none), which TVM reads."""
+    torch = _require_torch()
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def import_model(name: str, size: str = "bench", dynamic_shapes=None, dtype: str = "float32"):
+    """(Relax module, numpy inputs, PyTorch float32 eager outputs as numpy) of a model's forward.
 
     `dynamic_shapes`: torch.export's, for the model's positional inputs (a tuple).
+    `dtype`: the model is cast to it and imported so; the expected outputs are
+    always float32 eager's, of the same (cast) weights and inputs in float32.
     """
     import warnings
 
     from tvm_stitch.frontend import from_torch
 
-    torch = _require_torch()
-    model, inputs = make_model(name, size)
+    model, inputs = make_model(name, size, dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # from_torch's notes on the export settings of transformers models
         mod = from_torch(model, inputs, dynamic_shapes=dynamic_shapes)
-    return mod, [a.numpy() for a in inputs], eager_outputs(model, inputs)
+    return mod, [as_numpy(a) for a in inputs], eager_outputs(model.float(), cast_floats(inputs, "float32"))
 
 
 def eager_outputs(model, inputs) -> list:
@@ -261,4 +291,4 @@ def eager_outputs(model, inputs) -> list:
     if hasattr(expected, "to_tuple"):
         expected = expected.to_tuple()
     outputs = expected if isinstance(expected, tuple) else (expected,)
-    return [o.numpy() for o in outputs if isinstance(o, torch.Tensor)]
+    return [as_numpy(o) for o in outputs if isinstance(o, torch.Tensor)]

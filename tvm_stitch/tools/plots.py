@@ -58,7 +58,7 @@ def plot_results(rows: list, model_rows: list, stem: str) -> list:
         fig.savefig(paths[-1], dpi=100)
         plt.close(fig)
     if model_rows:
-        labels = [f"{r.model} {r.step}" for r in model_rows]
+        labels = [f"{r.model} {r.step}" + ("" if r.dtype == "float32" else f" {r.dtype}") for r in model_rows]
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         _bars(axes[0], labels, {"TVM default": [r.memory_default for r in model_rows],
                                 "tvm-stitch": [r.memory_stitched for r in model_rows]},

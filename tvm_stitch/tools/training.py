@@ -23,7 +23,7 @@ outputs: the new parameters and moments), checked against torch.optim.Adam.
 from __future__ import annotations
 
 from tvm_stitch.frontend import from_torch
-from tvm_stitch.tools.models import MODELS, _require_torch, make_model
+from tvm_stitch.tools.models import MODELS, _require_torch, as_numpy, cast_floats, make_model
 
 ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "step": 3}
 
@@ -102,19 +102,20 @@ def trained_parameters(name: str, model, inputs) -> list:
     return used
 
 
-def import_backward(name: str, size: str = "bench"):
+def import_backward(name: str, size: str = "bench", dtype: str = "float32"):
     """(Relax module, numpy inputs, PyTorch eager outputs) of a model's joint forward + backward.
 
     Inputs: model inputs, a random cotangent of the output, trained
     parameters; outputs: the model output, then one gradient per trained
-    parameter. The expected values come from eager `backward()`.
+    parameter. The expected values come from eager `backward()` in float32
+    (of the model cast to `dtype`, its weights and inputs then in float32).
     """
     torch = _require_torch()
     from torch.fx.experimental.proxy_tensor import make_fx
 
     if MODELS[name].no_backward:
         raise NotImplementedError(f"{name}: no backward graph: {MODELS[name].no_backward}")
-    model, inputs = make_model(name, size)
+    model, inputs = make_model(name, size, dtype)
     trained = trained_parameters(name, model, inputs)
     names = [n for n, _ in trained]
     params = tuple(p.detach().clone() for _, p in trained)
@@ -136,10 +137,11 @@ def import_backward(name: str, size: str = "bench"):
     check_layer_norm_stats(traced.graph)
     mod = _import_callable(traced, args)
 
-    out = model(*inputs)
-    out.backward(cotangent)
+    model.float()
+    out = model(*cast_floats(inputs, "float32"))
+    out.backward(cotangent.float())
     expected = [out.detach()] + [p.grad for _, p in trained]
-    return mod, [a.numpy() for a in args], [e.numpy() for e in expected]
+    return mod, [as_numpy(a) for a in args], [as_numpy(e) for e in expected]
 
 
 def _adam(lr, beta1, beta2, eps, step):
@@ -159,11 +161,12 @@ def _adam(lr, beta1, beta2, eps, step):
     return update
 
 
-def import_adam(name: str, size: str = "bench"):
+def import_adam(name: str, size: str = "bench", dtype: str = "float32"):
     """(Relax module, numpy inputs, torch.optim.Adam's results) of one Adam step over the model's parameters.
 
     Inputs: parameters, gradients, first moments, second moments (random,
-    seeded); outputs: new parameters, first moments, second moments.
+    seeded, all in `dtype`); outputs: new parameters, first moments, second
+    moments. The expected values are torch.optim.Adam's in float32 on the same values.
     """
     torch = _require_torch()
 
@@ -173,8 +176,10 @@ def import_adam(name: str, size: str = "bench"):
     m = [0.1 * torch.randn_like(p) for p in params]
     v = [0.01 * torch.rand_like(p) for p in params]
     beta1, beta2 = ADAM["betas"]
-    args = (*params, *grads, *m, *v)
+    args = cast_floats((*params, *grads, *m, *v), dtype)
     mod = _import_callable(_adam(ADAM["lr"], beta1, beta2, ADAM["eps"], ADAM["step"]), args)
+    n = len(params)
+    params, grads, m, v = (list(cast_floats(args[i * n:(i + 1) * n], "float32")) for i in range(4))
 
     weights = [torch.nn.Parameter(p.clone()) for p in params]
     optimizer = torch.optim.Adam(weights, lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"], foreach=False)
@@ -185,4 +190,4 @@ def import_adam(name: str, size: str = "bench"):
     optimizer.step()
     expected = ([w.detach() for w in weights] + [optimizer.state[w]["exp_avg"] for w in weights]
                 + [optimizer.state[w]["exp_avg_sq"] for w in weights])
-    return mod, [a.numpy() for a in args], [e.numpy() for e in expected]
+    return mod, [as_numpy(a) for a in args], [as_numpy(e) for e in expected]
