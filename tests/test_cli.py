@@ -43,7 +43,8 @@ def test_explain_prints_plans(capsys):
     out = capsys.readouterr().out
     (row,) = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
               if line.startswith("stitch_") and ": " not in line]
-    kernel, _ops, scheme, dominant, mapping, reuse, _mb = row
+    kernel, _ops, scheme, dominant, mapping, reuse, _mb, modeled = row
+    assert re.fullmatch(r"\d+\.\d+ us \(\d+%\)", modeled), modeled  # the time model's price, CUDA
     assert re.fullmatch(r"stitch_0_mean_\w+", kernel), kernel
     assert (scheme, dominant, mapping) == ("row-resident", "x_red,x_red1", "64 blocks x 128 thr, 1 row/blk")
     assert "1 stitched kernels, 0 fallbacks" in out
