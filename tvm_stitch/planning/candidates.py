@@ -119,7 +119,10 @@ def _cuda(rule: StitchPlan, spec: TargetSpec) -> list:
             fits = shared <= spec.shared_bytes_per_block
             # A barrier may not sit under a thread predicate: rows split evenly over blocks.
             even = threads == 1 or m.rows % per == 0
-            if fits and even:
+            # Rows moved first (strided slices per row) keep the rule's packing: packed otherwise, their
+            # blocks' cross-thread reductions race under Oclgrind (BatchNorm over channels).
+            kept = not rule.row_axes or per == m.rows_per_task
+            if fits and even and kept:
                 mapping = dataclasses.replace(m, threads=threads, rows_per_task=per, grid=-(-m.rows // per))
                 out.append(with_resources(dataclasses.replace(rule, mapping=mapping, shared_bytes=shared)))
             per *= 2
