@@ -116,8 +116,8 @@ def _kept(func: tirx.PrimFunc) -> tuple:
             continue
         sources = {written[r.buffer.name] for r in view.reads if r.buffer.name in written}
         limit = static_product(spatial)
-        small = limit is not None and all(
-            r.buffer.name in written or (static_product(r.buffer.shape) or 0) <= limit for r in view.reads)
+        small = all(r.buffer.name in written or (limit is not None and (static_product(r.buffer.shape) or 0) <= limit)
+                    for r in view.reads)
         if (len(sources) != 1 or not small or len(view.writes) != 1
                 or _without_units(static_int(e) for e in view.extents) != _without_units(spatial)):
             raise ColumnError("column-not-epilogue", block=view.name)
