@@ -22,23 +22,15 @@ from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import count_launches, primfunc_calls
 from tvm_stitch.tools.workloads import SIZES, SUITE
+from tvm_stitch.tools.workloads.relax_blocks import function as _module, tensor
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 BIG = 8 << 20
 op = relax.op
 
 
-def _module(params, body):
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def _t(name, shape, dtype="float32"):
-    return relax.Var(name, relax.TensorType(tuple(shape), dtype))
+    return tensor(name, shape, dtype)
 
 
 def _cross_entropy(rows, vocab):

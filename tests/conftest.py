@@ -7,6 +7,8 @@ import subprocess
 
 import numpy as np
 import pytest
+
+from tvm_stitch.tools.workloads import relax_blocks
 import tvm
 from tvm import relax
 
@@ -34,12 +36,7 @@ def nvcc(source: str, tmp_path, *, arch: str = "sm_90", ptx: bool = False, name:
 
 def make_module(params: list, body) -> tvm.IRModule:
     """A Relax module whose main takes `params` and returns body(bb, *params)."""
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(body(bb, *params))
-        bb.emit_func_output(out)
-    return bb.get()
+    return relax_blocks.function(params, body)
 
 
 def tensor(name: str, shape, dtype: str = "float32") -> relax.Var:
