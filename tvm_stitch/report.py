@@ -22,6 +22,9 @@ class GroupRecord:
     positions: tuple = ()  # (dataflow block index, binding index) of each binding (names may repeat)
     recomputed: tuple = ()  # ops of cheap producers the kernel computes again instead of reading
     stage: str = ""  # the last stage the group passed: "outlined", "planned" or "scheduled" ("": none)
+    # (condition on the sizes, plan) of each variant chosen at run time, in the dispatch's order, the
+    # last ("otherwise") being `plan`; () for a kernel of one plan
+    variants: tuple = ()
 
     @property
     def stitched(self) -> bool:
