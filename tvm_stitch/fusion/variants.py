@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, sym, tirx
 
@@ -103,20 +104,18 @@ def _at_count(plan: StitchPlan, rows: int) -> StitchPlan:
 def dispatching(fused: tirx.PrimFunc, general: tirx.PrimFunc, variants: tuple, planner: Planner) -> tirx.PrimFunc:
     """One PrimFunc running, per call, the first variant whose condition holds, else `general`."""
     var = row_size(fused, StitchPlan.from_json(str(general.attrs["tvm_stitch.plan"])))
-    branches = [(_condition(v.condition, var), _variant_func(fused, v, var, planner)) for v in variants]
     g_root = general.body.block
     body, allocs = g_root.body, list(g_root.alloc_buffers)
-    for cond, func in reversed(branches):
-        root = func.body.block
-        decls = [tirx.DeclBuffer(view, data=orig) for orig, view in zip(general.params, func.params)
-                 if not view.same_as(orig)]
+    for variant in reversed(variants):
+        root = _variant_func(fused, variant, var, general.params, planner).body.block
+        cond = _condition(variant.condition, var)
         wrapped = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", cond) if planner.device else cond
-        body = tirx.IfThenElse(wrapped, tirx.SeqStmt(decls + [root.body]) if decls else root.body, body)
+        body = tirx.IfThenElse(wrapped, root.body, body)
         allocs += list(root.alloc_buffers)
     root = s_tir.SBlock([], [], [], "root", body, alloc_buffers=allocs)
     func = tirx.PrimFunc(general.params, s_tir.SBlockRealize([], True, root), general.ret_type, general.attrs)
     recorded = [[_or_none(v.condition.low), _or_none(v.condition.high), v.condition.multiple, v.plan.kernels]
-                 for v in variants]
+                for v in variants]
     return func.with_attr(ATTR, recorded + [[-1, -1, 1, 1]])
 
 
@@ -139,9 +138,11 @@ def _condition(condition: SizeRange, var: tirx.Var):
     return out
 
 
-def _variant_func(fused: tirx.PrimFunc, variant: Variant, var: tirx.Var, planner: Planner) -> tirx.PrimFunc:
+def _variant_func(fused: tirx.PrimFunc, variant: Variant, var: tirx.Var, params: list,
+                  planner: Planner) -> tirx.PrimFunc:
     """The variant's plan scheduled on `fused` (on whole-block views where it packs rows with
-    barriers), with fresh variables so that it sits next to the other variants in one body."""
+    barriers), reading and writing `params` (the dispatching PrimFunc's), with fresh variables so
+    that it sits next to the other variants in one body."""
     plan = symbolic(variant.plan, _row_shape(fused, var, variant.plan.rank))
     source = fused
     if packs_with_barriers(plan):
@@ -150,7 +151,9 @@ def _variant_func(fused: tirx.PrimFunc, variant: Variant, var: tirx.Var, planner
         views = {p: tirx.decl_buffer([whole if d.same_as(var) else d for d in p.ty.shape], p.ty.dtype, p.name)
                  for p in fused.params if any(d.same_as(var) for d in p.ty.shape)}
         source = fused.specialize(views)
-    return _renamed(planner.schedule(source, plan), var)
+    scheduled = planner.schedule(source, plan)
+    # A view's rows are the first (n // k) * k of its tensor's, laid out alike: its accesses are the tensor's.
+    return _renamed(scheduled, var, dict(zip(scheduled.params, params)))
 
 
 def _row_shape(fused: tirx.PrimFunc, var: tirx.Var, rank: int) -> tuple:
@@ -158,14 +161,13 @@ def _row_shape(fused: tirx.PrimFunc, var: tirx.Var, rank: int) -> tuple:
     return tuple(str(d) for d in out.ty.shape[:rank])
 
 
-def _renamed(func: tirx.PrimFunc, var: tirx.Var) -> tirx.PrimFunc:
-    """`func` with a fresh copy of every variable it defines (loop, block and buffer variables;
-    not its parameters or sizes): TIR defines each variable once per function."""
-    kept = {p for p in func.params} | {var}
-    fresh: dict = {}
+def _renamed(func: tirx.PrimFunc, var: tirx.Var, params: dict) -> tirx.PrimFunc:
+    """`func` with its parameters replaced as `params` says and a fresh copy of every variable it
+    defines (loop, block and buffer variables): TIR defines each variable once per function."""
+    fresh = dict(params)
 
     def renew(v, _mutator):
-        if v in kept or any(v.same_as(k) for k in kept):
+        if v.same_as(var):
             return v
         if v not in fresh:
             fresh[v] = tirx.Var(v.name, v.ty)
@@ -196,7 +198,7 @@ def branch_at(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
     body = static.body.block.body
     while isinstance(body, tirx.IfThenElse):
         cond = body.condition
-        if isinstance(cond, tirx.Call) and cond.op.name == "tirx.tvm_thread_invariant":
+        if isinstance(cond, tvm.ir.Call) and cond.op.same_as(tvm.ir.Op.get("tirx.tvm_thread_invariant")):
             cond = cond.args[0]
         taken = analyzer.simplify(cond)
         if not isinstance(taken, tirx.IntImm):
