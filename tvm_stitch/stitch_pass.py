@@ -365,8 +365,6 @@ class _Stitcher:
             func = dispatching(fused, kernel.func, variants, planner).with_attr("tirx.is_scheduled", True)
             check_builds(func, self.target)
         except Exception as err:  # noqa: BLE001 - the variants are an optimisation: the plan for every size stays
-            if self.strict:
-                raise
             self.outcome.notes.append(f"{kernel.name}: size variants not built ({type(err).__name__}: {err})")
             return kernel
         return dataclasses.replace(kernel, func=func, variants=variants)

@@ -30,7 +30,9 @@ from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.variants import (MAX_VARIANTS, SizeRange, Variant, key, packs_with_barriers, ranges,
                                           sample_sizes, sampled_plans, symbolic)
 
-ATTR = "tvm_stitch.variants"  # on the dispatching PrimFunc: [[condition, kernels], ...], the last for every size
+# On the dispatching PrimFunc: [low, high, multiple, kernels] per variant in the dispatch's order (-1: no
+# bound), the last for every size.
+ATTR = "tvm_stitch.variants"
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Planner:
 
 def row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
     """The symbolic size that is the row count of a CUDA row-resident plan with barriers, when it is
-    the kernel's only size and no parameter holds it outside the row axes; else None."""
+    the kernel's only size and every parameter holds it as a whole extent of a row axis; else None."""
     if (plan.spec is None or plan.spec.family != "cuda" or plan.scheme != "row-resident" or plan.mapping.rows >= 0
             or plan.mapping.threads == 1 or plan.bounds or plan.row_axes):
         return None
@@ -59,7 +61,8 @@ def row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
     var = found[0]
     for param in fused.params:
         for index, dim in enumerate(param.ty.shape):
-            if index >= plan.rank and any(v.same_as(var) for v in tirx.analysis.undefined_vars(dim)):
+            held = any(v.same_as(var) for v in tirx.analysis.undefined_vars(dim))
+            if held and (index >= plan.rank or not dim.same_as(var)):
                 return None
     return var
 
@@ -79,8 +82,10 @@ def size_variants(fused: tirx.PrimFunc, general: StitchPlan, planner: Planner) -
         return ()
     kept = []
     for condition, sample, rule in ranges(var.name, samples, plans, general):
+        if packs_with_barriers(rule) and rule.rank > 1:
+            continue  # rows of several axes flattened, then packed: a symbolic extent TVM cannot allocate for
         plan = planner.choose(statics[sample], rule)
-        everywhere = planner.price(statics[sample], _at_count(general, sample))
+        everywhere = planner.price(statics[sample], _at_count(general, rule))
         if plan.modeled_us >= 0 and (everywhere < 0 or plan.modeled_us < everywhere * (1 - TIE)):
             gain = everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
             kept.append((gain, Variant(condition, _with_traffic(statics[sample], plan, planner), sample)))
@@ -96,9 +101,10 @@ def _with_traffic(static: tirx.PrimFunc, plan: StitchPlan, planner: Planner) -> 
     return replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
 
 
-def _at_count(plan: StitchPlan, rows: int) -> StitchPlan:
-    """A one-row-per-block plan of a symbolic count, for `rows` rows."""
-    return replace(plan, mapping=replace(plan.mapping, rows=rows, grid=rows), row_shape=(str(rows),))
+def _at_count(plan: StitchPlan, static: StitchPlan) -> StitchPlan:
+    """A one-row-per-block plan of a symbolic count, for the rows of a plan of a static count."""
+    rows = static.mapping.rows
+    return replace(plan, mapping=replace(plan.mapping, rows=rows, grid=rows), row_shape=static.row_shape)
 
 
 def dispatching(fused: tirx.PrimFunc, general: tirx.PrimFunc, variants: tuple, planner: Planner) -> tirx.PrimFunc:
