@@ -28,7 +28,7 @@ class ModuleTime:
     kernels: tuple  # (PrimFunc name, calls, KernelTime of each of its kernels)
     unpriced: tuple  # PrimFuncs that could not be priced (symbolic sizes without bounds)
     stitched: frozenset = frozenset()  # PrimFuncs the stitch pass made (a plan, or a packed launch of plans)
-    compute: frozenset = frozenset()  # PrimFuncs that contract two tensors (matmul, convolution)
+    compute: frozenset = frozenset()  # PrimFuncs left to TVM's rules that contract two tensors (matmul, conv)
 
     def over(self, nbytes: int, stitched_only: bool = False) -> list:
         """KernelTimes of the kernels that move at least `nbytes` (of stitched PrimFuncs only, if asked)."""
@@ -64,8 +64,10 @@ def module_time(lowered: tvm.IRModule, spec: TargetSpec) -> ModuleTime:
     funcs = dict(lowered.functions_items())
     attrs = {gv.name_hint: func.attrs or {} for gv, func in funcs.items()}
     stitched = frozenset(n for n, _, _ in kernels if "tvm_stitch.plan" in attrs[n] or "tvm_stitch.packed" in attrs[n])
+    # A stitched row of sum(a * b) reads like a contraction: compute means left to TVM's rules.
     compute = frozenset(gv.name_hint for gv, func in funcs.items()
-                        if gv.name_hint in calls and isinstance(func, tvm.tirx.PrimFunc) and is_compute_kernel(func))
+                        if gv.name_hint in calls and gv.name_hint not in stitched
+                        and isinstance(func, tvm.tirx.PrimFunc) and is_compute_kernel(func))
     return ModuleTime(total if not unpriced else -1.0, launches, tuple(kernels), tuple(unpriced), stitched, compute)
 
 
