@@ -60,6 +60,16 @@ def test_many_rows_keep_a_thread_per_row():
     assert not fill.few_wide_rows(1 << 17, 64, _plan(_rotate_half_with_slices(BENCH)[0]).spec)
 
 
+def test_spread_rows_that_do_not_fit_on_chip_keep_a_thread_per_row(rng):
+    # 16 rows of 65536: each row's halves (128 KB) would not fit a block's shared memory.
+    mod, ref = _rotate_half_with_slices((16, 65536))
+    a = rng.standard_normal((16, 65536)).astype("float32")
+    built = build(mod, LLVM, stitched=True, strict=True, emulate="cuda")
+    assert [p.mapping.threads for p in built.report.plans] == [1]
+    for out, expected in zip(run_cpu(built.executable, [a]), ref(a)):
+        np.testing.assert_array_equal(out, expected)
+
+
 @pytest.mark.parametrize("shape,share", [(BENCH, fill.FILL_SHARE), ((2, 2, 16, 64), 4096)])
 def test_spread_rows_match_numpy_emulated(shape, share, rng, monkeypatch):
     monkeypatch.setattr(fill, "FILL_SHARE", share)  # a small GPU to fill: the small shape takes the rule too
