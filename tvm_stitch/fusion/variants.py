@@ -44,7 +44,8 @@ class Planner:
     """What building variants needs from the pass: `rule(static fused)` -> the rule plan,
     `choose(static fused, rule plan)` -> the plan to build with its modeled_us, `price(static
     fused, plan)` -> the time model's KernelTime of each of its kernels (None: not priced),
-    `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds threads (a dispatch on the host around kernels)."""
+    `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds threads (a
+    dispatch on the host around kernels)."""
 
     rule: object
     choose: object
