@@ -4,13 +4,17 @@ import re
 
 import numpy as np
 import pytest
+import tvm
 from tvm import relax, tirx
 
+from tvm_stitch import stitch_pass
 from tvm_stitch.check.kernel_geometry import kernel_geometries
 from tvm_stitch.check.modeled_time import cuda_target
 from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion.variants import ATTR, branch_at, launches_at
+from tvm_stitch.fusion.variants import ATTR, least_us, branch_at, launches_at
 from tvm_stitch.planning.plan import StitchPlan, ThreadMapping
+from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.time_model import KernelGeometry, kernel_time
 from tvm_stitch.planning.variants import SizeRange, ranges, sample_sizes, sampled_plans
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
@@ -74,8 +78,29 @@ def test_sample_sizes_and_the_ranges_of_the_plans_made_there():
     assert found[1][0].holds(4096) and not found[1][0].holds(4100) and not found[1][0].holds(64)
 
 
-def test_short_rows_run_packed_at_many_rows_and_one_per_block_at_few():
+def test_no_kernel_is_modeled_below_one_launch_and_one_dram_round_trip():
+    spec = TargetSpec.from_target(tvm.target.Target(CUDA))
+    geometries = [KernelGeometry("tiny", 1, 32, loads=((4, 1),), stores=((4, 1),), load_sites=1, load_phases=1),
+                  KernelGeometry("wide", 4096, 256, loads=((16, 8),), stores=((16, 1),), load_sites=8, load_phases=2,
+                                 barriers=3),
+                  KernelGeometry("store", 64, 128, stores=((4, 1),))]
+    for geometry in geometries:
+        time = kernel_time(geometry, spec)
+        assert time.us >= least_us([time], spec)
+    loading, storing = (kernel_time(g, spec) for g in (geometries[0], geometries[2]))
+    assert least_us([loading], spec) == spec.launch_us + spec.dram_latency_us
+    assert least_us([storing], spec) == spec.launch_us
+
+
+def test_short_rows_run_packed_at_many_rows_and_one_per_block_at_few(monkeypatch):
+    chosen_at = []
+    timed = stitch_pass.choose_in_time
+    monkeypatch.setattr("tvm_stitch.stitch_pass.choose_in_time",
+                        lambda func, rule, spec: chosen_at.append(rule.mapping.rows) or timed(func, rule, spec))
     symbolic = build(_softmax([N, 32], upper=1 << 20), CUDA, stitched=True)
+    # The kernel's own plan, then the packed range's at 2^20; the 2-rows-per-block range planned at
+    # n = 512 is not searched: one row per block is modeled there at one launch and one DRAM round trip.
+    assert chosen_at == [-1, 1 << 20]
     (group,) = symbolic.report.groups
     (condition, packed), (otherwise, general) = group.variants
     assert packed.mapping.rows_per_task == 8 and "n % 8 == 0" in condition and otherwise == "otherwise"

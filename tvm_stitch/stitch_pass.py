@@ -30,7 +30,7 @@ from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
 from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
-from tvm_stitch.check.modeled_time import plan_us, scheduled_us
+from tvm_stitch.check.modeled_time import plan_times, plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import Outlined, outline_group
@@ -355,7 +355,7 @@ class _Stitcher:
         plan does not serve every size best (fusion/variants.py)."""
         planner = Planner(rule=lambda static: plan_kernel(static, self.spec, kernel.name, rows_first=False),
                           choose=lambda static, rule: (self.choose or _priced)(static, rule, self.spec),
-                          price=lambda static, plan: plan_us(static, plan, self.spec),
+                          price=lambda static, plan: plan_times(static, plan, self.spec),
                           schedule=lambda func, plan: schedule_for(func, plan, self.target).mod["main"],
                           device=self.target.kind.name == "cuda")
         try:

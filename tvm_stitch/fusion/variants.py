@@ -4,7 +4,9 @@ For a kernel whose row count is one symbolic size and whose plan has barriers
 (several threads per row), planning/variants.py says which sizes another plan
 serves (few long rows split over blocks, short rows packed into blocks); each
 such plan is priced against the plan valid for every size by the time model at
-the size it was made for, and kept where it is faster by more than TIE. The
+the size it was made for, and kept where it is faster by more than TIE. Where
+the plan for every size is modeled there at the least time any plan can have
+(one launch and one DRAM round trip), no plan is chosen and priced for the range. The
 kept plans are scheduled on the same PrimFunc and joined under one dispatch on
 the host: `if cond_1: variant_1 elif ...: else: the plan valid for every size`,
 so the Relax program keeps one call and every launch is one variant's.
@@ -27,6 +29,8 @@ from tvm_stitch.analysis.size_bounds import at_sizes, size_bounds, sizes
 from tvm_stitch.check.timed_choice import TIE
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.time_model import total_us
 from tvm_stitch.planning.variants import (MAX_VARIANTS, SizeRange, Variant, key, packs_with_barriers, ranges,
                                           sample_sizes, sampled_plans, symbolic)
 
@@ -39,8 +43,9 @@ ATTR = "tvm_stitch.variants"
 class Planner:
     """What building variants needs from the pass: `rule(static fused)` -> the rule plan,
     `choose(static fused, rule plan)` -> the plan to build with its modeled_us, `price(static
-    fused, plan)` -> modeled microseconds (-1: not priced), `schedule(func, plan)` -> the scheduled
-    PrimFunc, `device`: whether the target binds threads (a dispatch on the host around kernels)."""
+    fused, plan)` -> the time model's KernelTime of each of its kernels (None: not priced),
+    `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds threads (a
+    dispatch on the host around kernels)."""
 
     rule: object
     choose: object
@@ -84,13 +89,24 @@ def size_variants(fused: tirx.PrimFunc, general: StitchPlan, planner: Planner) -
     for condition, sample, rule in ranges(var.name, samples, plans, general):
         if packs_with_barriers(rule) and rule.rank > 1:
             continue  # rows of several axes flattened, then packed: a symbolic extent TVM cannot allocate for
+        times = planner.price(statics[sample], _at_count(general, rule))
+        everywhere = total_us(times) if times else -1.0
+        if everywhere >= 0 and least_us(times, rule.spec) >= everywhere * (1 - TIE):
+            continue  # `general` is modeled at the least time any plan here can have: no choice beats it
         plan = planner.choose(statics[sample], rule)
-        everywhere = planner.price(statics[sample], _at_count(general, rule))
         if plan.modeled_us >= 0 and (everywhere < 0 or plan.modeled_us < everywhere * (1 - TIE)):
             gain = everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
             kept.append((gain, Variant(condition, _with_traffic(statics[sample], plan, planner), sample)))
     best = sorted(kept, key=lambda pair: -pair[0])[:MAX_VARIANTS]
     return tuple(v for _, v in sorted(best, key=lambda pair: kept.index(pair)))
+
+
+def least_us(times: list, spec: TargetSpec) -> float:
+    """The least modeled time of any plan of the kernel priced as `times`: one launch and, where a
+    kernel loads from device memory (then every plan of the same function does), one DRAM round trip
+    (time_model.py: each wave of a loading kernel takes at least one)."""
+    loads = any(t.geometry is not None and any(count for _, count in t.geometry.loads) for t in times)
+    return spec.launch_us + (spec.dram_latency_us if loads else 0.0)
 
 
 def _with_traffic(static: tirx.PrimFunc, plan: StitchPlan, planner: Planner) -> StitchPlan:
