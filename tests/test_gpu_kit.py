@@ -349,3 +349,50 @@ def test_calibration_records_come_from_the_measured_primfuncs():
     (record,) = run_kit.calibration_records({"plan_arch": "sm_90", "gpu": "NVIDIA H200"}, rows)
     assert record["arch"] == "sm_90" and record["device"] == "NVIDIA H200" and record["build"] == "stitched"
     assert record["measured_us"] == 9.0 and record["kernels"][0]["grid"] == 1
+
+
+def test_kit_work_ends_with_the_half_precision_model_step():
+    work = kit_work("bench")
+    assert work[-1] == {"name": "llama_forward", "graph": "model:llama", "model": "llama", "step": "forward",
+                        "dtype": "float16", "model_size": "cpu", "dims": {}, "seed": 0, "rel_error": 3e-2}
+    assert sum("model" in w for w in work) == 1
+    assert not any("model" in w for w in kit_work("test", dtypes=("float32",)))
+    assert [w["name"] for w in kit_work("test", graphs=["llama_forward"])] == ["llama_forward"]
+
+
+def test_a_model_step_is_checked_from_its_data_file_by_relative_error(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(TOOLS)
+    monkeypatch.setattr(run_kit, "HERE", str(tmp_path))
+    expected = [np.array([[100.0, -50.0], [1.0, 2.0]], np.float32), np.array([1e-9, 0.0], np.float32)]
+    (tmp_path / "data").mkdir()
+    np.savez(tmp_path / "data" / "m.npz", input_0=np.arange(4, dtype=np.int64), input_1=np.ones(3, np.float16),
+             expected_0=expected[0], expected_1=expected[1])
+    entry = {"name": "m", "dtype": "float16", "data": os.path.join("data", "m.npz"), "rel_error": 3e-2,
+             "model": "m"}
+    inputs, refs = run_kit._data(entry)
+    assert [a.dtype for a in inputs] == [np.int64, np.float16] and inputs[0].tolist() == [0, 1, 2, 3]
+    assert all(r.dtype == np.float64 for r in refs)
+    # 2.0 off on an output of magnitude 100: 2e-2 relative passes, though the element-wise table would fail it
+    close = [np.array([[100.0, -50.0], [1.0, 4.0]], np.float16), np.array([0.0, 0.0], np.float16)]
+    assert run_kit._check(entry, close, refs) == (True, 0.02)
+    assert not run_kit._agree(close, refs, "float16")[0]
+    far = [np.array([[104.0, -50.0], [1.0, 2.0]], np.float16), close[1]]
+    assert run_kit._check(entry, far, refs)[0] is False
+    nan = [np.array([[np.nan, -50.0], [1.0, 2.0]], np.float16), close[1]]
+    ok, err = run_kit._check(entry, nan, refs)
+    assert not ok and np.isnan(err)
+    assert run_kit._check(entry, close[:1], refs) == (False, float("inf"))
+
+
+@pytest.mark.slow
+def test_the_model_step_builds_into_a_kit_whose_dry_run_passes(tmp_path):
+    """The half-precision model step through the kit: imported, built both ways to sm_90a cubins, its data
+    file written; the runner's dry run loads every library and the data file."""
+    out = str(tmp_path / "kit")
+    manifest = build_kit(out, size="test", graphs=["llama_forward"], wheel=False)
+    (entry,) = manifest["entries"]
+    assert entry["dtype"] == "float16" and entry["launches_stitched"] < entry["launches_default"]
+    assert os.path.exists(os.path.join(out, entry["data"]))
+    done = subprocess.run([sys.executable, os.path.join(out, "run_kit.py"), "--dry-run", "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -151,20 +151,27 @@ GEMM = textwrap.dedent("""
     built = build(bb.get(), {"kind": "cuda", "arch": "sm_90"}, stitched=True)
     names = [gv.name_hint for gv, f in built.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     rule = [str(built.lowered[n].attrs["tvm_stitch.schedule_rule"]) for n in names]
-    source = built.executable.mod.imports[0].inspect_source()
-    print("RULES", rule, "WMMA", "wmma::" in source or "mma.sync" in source, "HALF", "half" in source)
+    modules = [built.executable.mod]
+    for m in modules:
+        modules += [i for i in m.imports if i not in modules]
+    source = "".join(m.inspect_source() for m in modules if m.kind == "cuda")
+    print("RULES", rule, "WMMA", "wmma::mma_sync" in source, "HALF", "half" in source)
 """)
 
 
 def test_float16_gemm_builds_for_cuda_in_a_child_process():
-    """The GEMM that crashed TVM 0.27's Tensorize (a segfault) builds; run in a child so a regression fails
-    this test instead of killing pytest."""
+    """The GEMM that crashed TVM 0.27's Tensorize (a segfault) builds, run in a child so a regression fails
+    this test instead of killing pytest; on tensor cores (wmma) wherever the installed tvm-ffi lets TVM
+    tensorize, on the SIMT cores where the guard switched tensorization off."""
+    from tvm_stitch.tensorize_guard import tensorize_faults
+
     env = dict(os.environ, TVM_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", GEMM], capture_output=True, text=True, timeout=600, env=env,
+    done = subprocess.run([sys.executable, "-c", GEMM], capture_output=True, text=True, timeout=900, env=env,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0, done.stderr[-2000:]
     line = [s for s in done.stdout.splitlines() if s.startswith("RULES")][-1]
     assert "'Matmul'" in line and "HALF True" in line, line
+    assert f"WMMA {not tensorize_faults()}" in line, line
 
 
 @pytest.mark.slow

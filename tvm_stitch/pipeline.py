@@ -25,8 +25,8 @@
     CUDA only: TVM's dlight rules for those, each guarded, then a per-block
         schedule that is always valid (dlight 0.27 crashes on some graphs);
         each function records the rule in `tvm_stitch.schedule_rule`;
-        dlight's tensor-core path is switched off first (tensorize_guard:
-        TVM 0.27's Tensorize segfaults);
+        dlight's tensor-core path is switched off first where TVM's
+        Tensorize segfaults (tensorize_guard: a tvm-ffi newer than TVM's);
         then VectorSelectsAsBranches (a select under a vectorised loop as
         if_then_else: TVM's CUDA codegen emits code nvcc rejects for it)
     llvm only: tvm-stitch's CPU rules (schedules/cpu/contraction: matmuls and
@@ -56,7 +56,7 @@ from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
 from tvm_stitch.stitch_target import StitchTarget
 from tvm_stitch.target import backend_passes, warn_if_generic_cpu
-from tvm_stitch.tensorize_guard import without_tensorize
+from tvm_stitch.tensorize_guard import tensorize_faults, without_tensorize
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -83,11 +83,11 @@ class GuardedDefaultSchedule:
         spec = self.spec if self.spec is not None else TargetSpec.from_target(target)
         rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
                  dl.gpu.Fallback()]
-        updates = {}
+        updates, faults = {}, tensorize_faults()
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            func = without_tensorize(func)  # tensorize_guard: TVM 0.27's Tensorize segfaults
+            func = without_tensorize(func) if faults else func  # tensorize_guard
             sch, name = None, "per_block"
             for rule in rules:
                 try:

@@ -71,7 +71,7 @@ def default_pipeline(target: Target) -> tvm.transform.Pass:
     """TVM's own default Relax pipeline for the target (the baseline tvm-stitch is compared with).
 
     On CUDA, with dlight's tensor-core path switched off before its schedule
-    rules run (tensorize_guard: TVM 0.27's Tensorize segfaults on float16 GEMMs).
+    rules run where TVM's Tensorize segfaults (tensorize_guard).
     """
     if target.kind.name != "cuda":
         return backend_passes(target).get_default_pipeline(target)

@@ -12,8 +12,11 @@
 - run_kit.py (from gpu_runner/), the workloads package (inputs, numpy
   references and PyTorch versions of the suite graphs; it imports no TVM),
   tolerance.py and manifest.json.
-The entries: the suite at its bench size, and (at that size) the HBM set,
-shapes whose working set is several times the H200's 60 MB L2. Inputs are
+The entries: the suite at its bench size, (at that size) the HBM set,
+shapes whose working set is several times the H200's 60 MB L2, and one
+half-precision model step (MODEL_STEPS: the LLaMA block stack's forward in
+float16, its weights compiled into the libraries, its inputs and PyTorch
+float32 eager outputs stored under data/). Inputs are
 not stored: the runner regenerates them (and numpy references) from the
 seed and dims in the manifest, which keeps the pack small. The manifest
 also records, per kernel, registers, static shared memory, stack and spills
@@ -48,27 +51,40 @@ HBM = {
     "cross_entropy": ({"rows": 16384, "vocab": 8192}, ("float32",)),
     "adam_update": ({"cols": 2360}, ("float32",)),
 }
+# Model steps: entry name -> (model, step, dtype); the model at MODEL_SIZE[the kit's size] (tools/models.py).
+# Checked against PyTorch float32 eager by relative error (model_bench.relative_error) within MODEL_REL_ERROR.
+MODEL_STEPS = {"llama_forward": ("llama", "forward", "float16")}
+MODEL_SIZE = {"bench": "cpu", "test": "test"}
+MODEL_REL_ERROR = 3e-2
 _SKIP_IN_RUNTIME = ("libtvm_compiler.so", "3rdparty", "src", "include", "web", "__pycache__")
 _DRY_GRAPH = "layernorm_softmax"
 
 
 def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = True) -> list:
     """The kit's entries: {name, graph, dtype, dims, seed}; the suite at `size`, then (when `hbm`)
-    the HBM set, each named `<graph>_hbm`."""
+    the HBM set, each named `<graph>_hbm`, then the model steps (each {name, graph "model:<model>",
+    model, step, dtype, model_size, rel_error}) whose dtype is among `dtypes`. `graphs`: suite graphs
+    and model steps by name (default: all)."""
     from tvm_stitch.tools.workloads import SUITE, dims
 
-    names = graphs or list(SUITE)
-    unknown = [n for n in names if n not in SUITE]
+    names = graphs or list(SUITE) + list(MODEL_STEPS)
+    unknown = [n for n in names if n not in SUITE and n not in MODEL_STEPS]
     if unknown:
-        raise ValueError(f"unknown suite graphs: {', '.join(unknown)} (known: {', '.join(SUITE)})")
+        raise ValueError(f"unknown suite graphs: {', '.join(unknown)} "
+                         f"(known graphs and model steps: {', '.join(list(SUITE) + list(MODEL_STEPS))})")
     work = [{"name": n, "graph": n, "dtype": dt, "dims": dict(dims(size)), "seed": 0}
-            for n in names for dt in dtypes if dt in SUITE[n].dtypes]
+            for n in names if n in SUITE for dt in dtypes if dt in SUITE[n].dtypes]
     if hbm:
         for graph, (override, hbm_dtypes) in HBM.items():
             if graph in names:
                 work += [{"name": f"{graph}_hbm", "graph": graph, "dtype": dt,
                           "dims": dict(dims(size), **override), "seed": 0}
                          for dt in hbm_dtypes if dt in dtypes]
+    for name in (n for n in names if n in MODEL_STEPS):
+        model, step, dtype = MODEL_STEPS[name]
+        if dtype in dtypes:
+            work.append({"name": name, "graph": f"model:{model}", "model": model, "step": step, "dtype": dtype,
+                         "model_size": MODEL_SIZE[size], "dims": {}, "seed": 0, "rel_error": MODEL_REL_ERROR})
     return work
 
 
@@ -190,10 +206,11 @@ def _build_cuda(out: str, work: list) -> None:
     for i, item in enumerate(work):
         print(f"[{i + 1}/{len(work)}] {item['name']} {item['dtype']}", file=sys.stderr, flush=True)
         entry = dict(item)
+        mod = _entry_module(out, entry)
         for key, stitched in (("default", False), ("stitched", True)):
             rel = os.path.join("libs", f"{item['name']}_{item['dtype']}_{key}.so")
             resources.clear()
-            info = _export_cuda(item, stitched, os.path.join(out, rel), resources)
+            info = _export_cuda(mod, stitched, os.path.join(out, rel), resources)
             entry["ideal_bytes"] = info.pop("ideal_bytes")
             entry.update({f"{k}_{key}": v for k, v in info.items()})
             entry[key] = rel
@@ -220,13 +237,31 @@ def resource_warnings(entries: list) -> list:
     return warnings
 
 
-def _export_cuda(item: dict, stitched: bool, path: str, resources: dict) -> dict:
+def _entry_module(out: str, entry: dict):
+    """The Relax module of a kit entry. A model step is imported from PyTorch, its inputs and float32
+    eager outputs written to data/<name>_<dtype>.npz (recorded in `entry["data"]`)."""
+    from tvm_stitch.tools.workloads import SUITE
+
+    if "model" not in entry:
+        return SUITE[entry["graph"]].build(entry["dtype"], entry["dims"])
+    import numpy as np
+
+    from tvm_stitch.tools.model_bench import import_step
+
+    mod, inputs, expected = import_step(entry["model"], entry["step"], entry["model_size"], entry["dtype"])
+    entry["data"] = os.path.join("data", f"{entry['name']}_{entry['dtype']}.npz")
+    os.makedirs(os.path.join(out, "data"), exist_ok=True)
+    np.savez(os.path.join(out, entry["data"]), **{f"input_{i}": a for i, a in enumerate(inputs)},
+             **{f"expected_{i}": e for i, e in enumerate(expected)})
+    return mod
+
+
+def _export_cuda(mod, stitched: bool, path: str, resources: dict) -> dict:
     from tvm_stitch.tools import device_code
     from tvm_stitch.tools.build import build
     from tvm_stitch.tools.launches import count_launches, cuda_source, program_traffic
-    from tvm_stitch.tools.workloads import SUITE
 
-    built = build(SUITE[item["graph"]].build(item["dtype"], item["dims"]), PLAN_TARGET, stitched)
+    built = build(mod, PLAN_TARGET, stitched)
     built.executable.export_library(path)
     modeled, ideal = program_traffic(built.lowered, PLAN_TARGET)
     source = cuda_source(built.executable)
