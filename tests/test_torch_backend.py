@@ -115,14 +115,54 @@ def test_three_adamw_steps_match_eager_losses_and_weights(name, compiled_step):
     expected_optimizer = torch.optim.AdamW(reference.parameters(), **ADAMW)
     step = torch.compile(optimizer.step, backend=backend) if compiled_step else optimizer.step
     inputs = _input(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", EagerFallbackWarning)  # embedding and convolution gradients
-        losses = _train(model, torch.compile(model, backend=backend), step, optimizer, inputs)
+    losses = _train(model, torch.compile(model, backend=backend), step, optimizer, inputs)
     expected = _train(reference, reference, expected_optimizer.step, expected_optimizer, inputs)
     torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
     for (param_name, got), want in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, p=param_name: f"{p}: {m}")
     assert backend.counters.compiles >= 2 + compiled_step, backend.counters  # forward, backward (, the step)
+    assert backend.counters.eager_fallbacks == 0, backend.counters  # embedding and convolution gradients on TVM
+
+
+class _Embedded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = torch.nn.Embedding(50, 16), torch.nn.Embedding(20, 16)
+
+    def forward(self, ids):
+        return (self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))).tanh()
+
+
+class _Convolutions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.depthwise = torch.nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.grouped = torch.nn.Conv2d(8, 12, 3, stride=2, padding=1, dilation=2, groups=2)
+        self.unbiased = torch.nn.Conv2d(12, 6, 3, stride=3, bias=False)
+
+    def forward(self, x):
+        return self.unbiased(self.grouped(self.depthwise(self.patch(x)).relu()).tanh())
+
+
+@pytest.mark.parametrize("make, x", [
+    (_Embedded, torch.tensor([[1, 3, 3, 7, 1, 1], [3, 49, 0, 1, 7, 3]])),  # repeated ids accumulate
+    (_Convolutions, torch.randn(2, 3, 37, 41)),  # sizes the strides do not divide: output padding, crops
+], ids=["embedding", "convolution"])
+def test_embedding_and_convolution_gradients_are_built_on_tvm_and_match_eager(make, x):
+    torch.manual_seed(0)
+    model = make()
+    reference = copy.deepcopy(model)
+    x = x.requires_grad_() if x.is_floating_point() else x
+    x_ref = x.detach().clone().requires_grad_(x.requires_grad)
+    backend = ts.backend(strict=True)  # an op left to eager would raise
+    torch.compile(model, backend=backend)(x).pow(2).mean().backward()
+    reference(x_ref).pow(2).mean().backward()
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    if x.requires_grad:
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    assert (backend.counters.compiles, backend.counters.eager_fallbacks) == (2, 0), backend.counters
 
 
 class _Erfinv(torch.nn.Module):
