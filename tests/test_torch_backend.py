@@ -124,6 +124,26 @@ def test_three_adamw_steps_match_eager_losses_and_weights(name, compiled_step):
     assert backend.counters.eager_fallbacks == 0, backend.counters  # embedding and convolution gradients on TVM
 
 
+def _new_gelu_and_powers(x):
+    """GPT-2's GELU (transformers' NewGELUActivation: a float cube), an int square and a fractional power."""
+    gelu = 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+    return (gelu + x.pow(2) - x.abs().pow(2.5),)
+
+
+def test_a_small_whole_power_is_multiplications_not_a_libm_call():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tvm_stitch.torch.graph_import import import_graph
+
+    x = torch.randn(4, 8)
+    gm = make_fx(_new_gelu_and_powers)(x)
+    assert sorted(n.args[1] for n in gm.graph.nodes if "pow" in str(n.target)) == [2, 2.5, 3.0]
+    text = import_graph(gm, [x]).mod.script()
+    assert text.count("R.power(") == 1, text  # the cube and the square are multiplications; 2.5 stays a power
+    backend = ts.backend(strict=True)
+    torch.testing.assert_close(torch.compile(_new_gelu_and_powers, backend=backend)(x), _new_gelu_and_powers(x))
+
+
 class _Embedded(torch.nn.Module):
     def __init__(self):
         super().__init__()

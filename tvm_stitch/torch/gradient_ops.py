@@ -45,7 +45,7 @@ def _index_put(node, importer):
     accumulate = args[3] if args[3] is not None else node.kwargs.get("accumulate", False)
     data, values = env[args[0]], env[args[2]]
     indices = [env[i] if i is not None else None for i in args[1]]
-    if any(i is None or i.ty.dtype == "bool" for i in indices):
+    if any(i is None or str(i.ty.dtype) == "bool" for i in indices):
         return importer._index_put(node)
     sizes = _static(data, "indexed tensor", node)[: len(indices)]
     zero = None
