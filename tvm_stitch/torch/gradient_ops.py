@@ -8,6 +8,8 @@ output from parallel iterations: two equal ids (a repeated token) would race.
 Here an `index_put` whose indices are all tensors becomes `relax.scatter_nd`
 over the flattened index tuples, whose CPU kernel walks the indices in order
 and parallelises within a row: repeated ids accumulate exactly, as PyTorch's.
+An accumulating `index_put` under a full slice (`x[:, ids] += v`) would
+reach TVM's racing kernel: it runs on eager.
 
 `aten.convolution_backward` (2-d, not transposed) has no converter at all.
 Its three outputs are a transposed convolution (the input's gradient), a
@@ -28,9 +30,9 @@ def converters() -> dict:
             "convolution_backward.default": _convolution_backward}
 
 
-def _static(expr, what: str, node) -> list:
-    """The static sizes of `expr`; UnsupportedGraph where one is symbolic."""
-    sizes = list(expr.ty.shape.values) if isinstance(expr.ty.shape, relax.ShapeExpr) else None
+def _static(expr, what: str, node, dims: int | None = None) -> list:
+    """The static sizes of `expr` (its first `dims`); UnsupportedGraph where one is symbolic."""
+    sizes = list(expr.ty.shape.values)[:dims] if isinstance(expr.ty.shape, relax.ShapeExpr) else None
     if sizes is None or not all(isinstance(s, tirx.IntImm) for s in sizes):
         from tvm_stitch.torch.graph_import import module_path, op_name
 
@@ -39,15 +41,21 @@ def _static(expr, what: str, node) -> list:
 
 
 def _index_put(node, importer):
-    """`data[indices] (+)= values` as scatter_nd; indices with a None or a bool mask go to the importer's own."""
+    """`data[indices] (+)= values` as scatter_nd. Indices with a bool mask, or a None (a full slice) without
+    accumulation, go to the importer's own converter; accumulation under a None runs on eager."""
     env, emit = importer.env, importer.block_builder.emit
     args = list(node.args) + [None] * (4 - len(node.args))
     accumulate = args[3] if args[3] is not None else node.kwargs.get("accumulate", False)
     data, values = env[args[0]], env[args[2]]
     indices = [env[i] if i is not None else None for i in args[1]]
+    if accumulate and any(i is None for i in indices):
+        from tvm_stitch.torch.graph_import import module_path, op_name
+
+        raise UnsupportedGraph("index_put accumulating under a full slice: TVM's index_put adds from parallel "
+                               "iterations, which repeated indices would race", op_name(node), module_path(node))
     if any(i is None or str(i.ty.dtype) == "bool" for i in indices):
         return importer._index_put(node)
-    sizes = _static(data, "indexed tensor", node)[: len(indices)]
+    sizes = _static(data, "indexed axes", node, len(indices))
     zero = None
     for index in indices:
         term = emit(relax.op.multiply(index, relax.const(0, index.ty.dtype)))
