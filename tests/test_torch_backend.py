@@ -124,6 +124,23 @@ def test_three_adamw_steps_match_eager_losses_and_weights(name, compiled_step):
     assert backend.counters.eager_fallbacks == 0, backend.counters  # embedding and convolution gradients on TVM
 
 
+def _scatter_adds(x, rows, columns, values, order):
+    """x[rows, columns] += values: int32 rows against int64 columns broadcast (3, 1) x (4,), negative
+    columns, repeated pairs, values broadcast along the rows; and a plain put of rows in another order."""
+    added = torch.ops.aten.index_put(x, [rows, columns], values, True)
+    return added, torch.ops.aten.index_put(x, [order], x[:4] * 2, False)
+
+
+def test_index_put_with_broadcast_negative_and_repeated_indices_matches_eager():
+    x = torch.randn(6, 5)
+    rows = torch.tensor([[0], [2], [0]], dtype=torch.int32)
+    columns = torch.tensor([-1, 1, 1, -5])
+    values, order = torch.randn(4), torch.tensor([3, 0, -1, 1])
+    got = torch.compile(_scatter_adds, backend=ts.backend(strict=True))(x, rows, columns, values, order)
+    for g, w in zip(got, _scatter_adds(x, rows, columns, values, order)):
+        torch.testing.assert_close(g, w)
+
+
 def _new_gelu_and_powers(x):
     """GPT-2's GELU (transformers' NewGELUActivation: a float cube), an int square and a fractional power."""
     gelu = 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))

@@ -56,13 +56,14 @@ def _index_put(node, importer):
     if any(i is None or str(i.ty.dtype) == "bool" for i in indices):
         return importer._index_put(node)
     sizes = _static(data, "indexed axes", node, len(indices))
+    indices = [emit(relax.op.astype(index, "int64")) for index in indices]
     zero = None
     for index in indices:
-        term = emit(relax.op.multiply(index, relax.const(0, index.ty.dtype)))
+        term = emit(relax.op.multiply(index, relax.const(0, "int64")))
         zero = term if zero is None else emit(relax.op.add(zero, term))
     columns = []
     for index, size in zip(indices, sizes):
-        index = emit(relax.op.astype(relax.op.add(index, zero), "int64"))  # broadcast to the common shape
+        index = emit(relax.op.add(index, zero))  # broadcast to the common shape
         index = emit(relax.op.where(relax.op.less(index, relax.const(0, "int64")),
                                     relax.op.add(index, relax.const(size, "int64")), index))
         columns.append(emit(relax.op.expand_dims(index, -1)))
