@@ -115,14 +115,91 @@ def test_three_adamw_steps_match_eager_losses_and_weights(name, compiled_step):
     expected_optimizer = torch.optim.AdamW(reference.parameters(), **ADAMW)
     step = torch.compile(optimizer.step, backend=backend) if compiled_step else optimizer.step
     inputs = _input(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", EagerFallbackWarning)  # embedding and convolution gradients
-        losses = _train(model, torch.compile(model, backend=backend), step, optimizer, inputs)
+    losses = _train(model, torch.compile(model, backend=backend), step, optimizer, inputs)
     expected = _train(reference, reference, expected_optimizer.step, expected_optimizer, inputs)
     torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
     for (param_name, got), want in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, p=param_name: f"{p}: {m}")
     assert backend.counters.compiles >= 2 + compiled_step, backend.counters  # forward, backward (, the step)
+    assert backend.counters.eager_fallbacks == 0, backend.counters  # embedding and convolution gradients on TVM
+
+
+def _scatter_adds(x, rows, columns, values, order):
+    """x[rows, columns] += values: int32 rows against int64 columns broadcast (3, 1) x (4,), negative
+    columns, repeated pairs, values broadcast along the rows; and a plain put of rows in another order."""
+    added = torch.ops.aten.index_put(x, [rows, columns], values, True)
+    return added, torch.ops.aten.index_put(x, [order], x[:4] * 2, False)
+
+
+def test_index_put_with_broadcast_negative_and_repeated_indices_matches_eager():
+    x = torch.randn(6, 5)
+    rows = torch.tensor([[0], [2], [0]], dtype=torch.int32)
+    columns = torch.tensor([-1, 1, 1, -5])
+    values, order = torch.randn(4), torch.tensor([3, 0, -1, 1])
+    got = torch.compile(_scatter_adds, backend=ts.backend(strict=True))(x, rows, columns, values, order)
+    for g, w in zip(got, _scatter_adds(x, rows, columns, values, order)):
+        torch.testing.assert_close(g, w)
+
+
+def _new_gelu_and_powers(x):
+    """GPT-2's GELU (transformers' NewGELUActivation: a float cube), an int square and a fractional power."""
+    gelu = 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+    return (gelu + x.pow(2) - x.abs().pow(2.5),)
+
+
+def test_a_small_whole_power_is_multiplications_not_a_libm_call():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tvm_stitch.torch.graph_import import import_graph
+
+    x = torch.randn(4, 8)
+    gm = make_fx(_new_gelu_and_powers)(x)
+    assert sorted(n.args[1] for n in gm.graph.nodes if "pow" in str(n.target)) == [2, 2.5, 3.0]
+    text = import_graph(gm, [x]).mod.script()
+    assert text.count("R.power(") == 1, text  # the cube and the square are multiplications; 2.5 stays a power
+    backend = ts.backend(strict=True)
+    torch.testing.assert_close(torch.compile(_new_gelu_and_powers, backend=backend)(x), _new_gelu_and_powers(x))
+
+
+class _Embedded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = torch.nn.Embedding(50, 16), torch.nn.Embedding(20, 16)
+
+    def forward(self, ids):
+        return (self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))).tanh()
+
+
+class _Convolutions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.depthwise = torch.nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.grouped = torch.nn.Conv2d(8, 12, 3, stride=2, padding=1, dilation=2, groups=2)
+        self.unbiased = torch.nn.Conv2d(12, 6, 3, stride=3, bias=False)
+
+    def forward(self, x):
+        return self.unbiased(self.grouped(self.depthwise(self.patch(x)).relu()).tanh())
+
+
+@pytest.mark.parametrize("make, x", [
+    (_Embedded, torch.tensor([[1, 3, 3, 7, 1, 1], [3, 49, 0, 1, 7, 3]])),  # repeated ids accumulate
+    (_Convolutions, torch.randn(2, 3, 37, 41)),  # sizes the strides do not divide: output padding, crops
+], ids=["embedding", "convolution"])
+def test_embedding_and_convolution_gradients_are_built_on_tvm_and_match_eager(make, x):
+    torch.manual_seed(0)
+    model = make()
+    reference = copy.deepcopy(model)
+    x = x.requires_grad_() if x.is_floating_point() else x
+    x_ref = x.detach().clone().requires_grad_(x.requires_grad)
+    backend = ts.backend(strict=True)  # an op left to eager would raise
+    torch.compile(model, backend=backend)(x).pow(2).mean().backward()
+    reference(x_ref).pow(2).mean().backward()
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    if x.requires_grad:
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    assert (backend.counters.compiles, backend.counters.eager_fallbacks) == (2, 0), backend.counters
 
 
 class _Erfinv(torch.nn.Module):

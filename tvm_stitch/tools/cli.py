@@ -286,6 +286,9 @@ def _torch_compile(args) -> int:
     rows = run(models, steps, size=args.size, rounds=args.rounds, round_ms=args.round_ms,
                progress=lambda text: print(text, file=sys.stderr, flush=True))
     print(format_rows(rows))
+    from tvm_stitch.torch import counters
+
+    print(f"backend='tvm_stitch': {counters()}")
     return 0
 
 

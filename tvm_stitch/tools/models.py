@@ -69,9 +69,10 @@ def _gpt2_hf(size):
     torch = _require_torch()
     from transformers import GPT2Config, GPT2Model
 
-    d, layers, vocab, batch, seq = (768, 2, 50257, 4, 128) if size == "bench" else (64, 2, 1000, 2, 16)
-    cfg = GPT2Config(n_layer=layers, n_embd=d, n_head=12 if size == "bench" else 4, vocab_size=vocab,
-                     n_positions=1024 if size == "bench" else 128, bos_token_id=0, eos_token_id=0)
+    d, heads, vocab, batch, seq = {"bench": (768, 12, 50257, 4, 128), "cpu": (384, 6, 50257, 4, 128),
+                                   "test": (64, 4, 1000, 2, 16)}[size]
+    cfg = GPT2Config(n_layer=2, n_embd=d, n_head=heads, vocab_size=vocab,
+                     n_positions=128 if size == "test" else 1024, bos_token_id=0, eos_token_id=0)
     return GPT2Model(cfg).eval(), (torch.randint(0, vocab, (batch, seq)),)
 
 
@@ -79,10 +80,11 @@ def _llama_hf(size):
     torch = _require_torch()
     from transformers import LlamaConfig, LlamaModel
 
-    d, hidden, vocab, batch, seq = (512, 1376, 32000, 4, 128) if size == "bench" else (64, 160, 1000, 2, 16)
+    d, hidden, heads, vocab, batch, seq = {"bench": (512, 1376, 8, 32000, 4, 128), "cpu": (384, 1024, 6, 32000, 4, 128),
+                                           "test": (64, 160, 4, 1000, 2, 16)}[size]
     cfg = LlamaConfig(num_hidden_layers=2, hidden_size=d, intermediate_size=hidden, vocab_size=vocab,
-                      num_attention_heads=8 if size == "bench" else 4, num_key_value_heads=4 if size == "bench" else 2,
-                      max_position_embeddings=2048 if size == "bench" else 128)
+                      num_attention_heads=heads, num_key_value_heads=heads // 2,
+                      max_position_embeddings=128 if size == "test" else 2048)
     return LlamaModel(cfg).eval(), (torch.randint(0, vocab, (batch, seq)),)
 
 

@@ -12,6 +12,9 @@ And transformers' KV cache starts each layer's keys and values as
 1-d tensor of size 0 (its legacy rule), the importer refuses the mixed
 ranks; here such inputs are skipped as PyTorch skips them.
 
+`pow(x, 3)` (GPT-2's tanh GELU) is multiplications, not a libm call per
+element.
+
 Under `dynamic=True` dynamo turns a Python float computed from sizes
 (GPT-2's attention scale) into a 0-d float64 tensor input, which the graph
 casts with `prims.convert_element_type` and divides with
@@ -25,13 +28,33 @@ from tvm import relax, tirx
 
 from tvm_stitch.frontend import converters as frontend_converters
 from tvm_stitch.torch.foreach import converters as foreach_converters
+from tvm_stitch.torch.gradient_ops import converters as gradient_converters
 
 
 def converters() -> dict:
     """The importer's converters replaced for aot_autograd's graphs (ExportedProgram op names)."""
-    return {**frontend_converters(), **foreach_converters(), "native_layer_norm.default": _native_layer_norm,
+    return {**frontend_converters(), **foreach_converters(), **gradient_converters(),
+            "native_layer_norm.default": _native_layer_norm,
             "cat.default": _cat, "convert_element_type.default": _convert_element_type,
-            "true_divide.Tensor": _true_divide}
+            "true_divide.Tensor": _true_divide, "pow.Tensor_Scalar": _pow}
+
+
+SMALL_POWERS = range(1, 5)  # x ** n as n - 1 multiplications for these n
+
+
+def _pow(node, importer):
+    """A float tensor to a small whole power as multiplications: GPT-2's tanh GELU cubes its input, and
+    `pow` is a libm call per element on llvm (scalar, and the stitch planner keeps its result in memory
+    as an expensive op), where three multiplications vectorise and inline like the rest of the GELU."""
+    base, exponent = node.args[0], node.args[1]
+    x = importer.env[base] if hasattr(base, "op") else None
+    whole = isinstance(exponent, (int, float)) and not isinstance(exponent, bool) and float(exponent).is_integer()
+    if x is None or not whole or int(exponent) not in SMALL_POWERS or not str(x.ty.dtype).startswith("float"):
+        return importer._pow(node)
+    result = x
+    for _ in range(int(exponent) - 1):
+        result = importer.block_builder.emit(relax.op.multiply(result, x))
+    return result
 
 
 def _convert_element_type(node, importer):
