@@ -33,6 +33,7 @@ from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.modeled_time import plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, search_block
 from tvm_stitch.fusion.outline import Outlined, outline_group
 from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
@@ -186,6 +187,7 @@ class Kernel:
 
 
 OUTLINED, PLANNED, SCHEDULED = "outlined", "planned", "scheduled"
+FUSION_METHODS = ("greedy", "search")
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,7 @@ class _Outcome:
     opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
     packs: list = field(default_factory=list)  # (packed kernel, member kernels)
     notes: list = field(default_factory=list)
+    searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block
 
     def into(self, report: StitchReport, kernels: dict) -> None:
         """Fill `report`; `kernels` (name -> Kernel) are the kernels as finally built."""
@@ -228,6 +231,7 @@ class _Outcome:
         report.opaque.extend(self.opaque)
         report.packs.extend(self.packs)
         report.notes.extend(self.notes)
+        report.searches.extend(self.searches)
 
 
 @dataclass(frozen=True)
@@ -259,8 +263,11 @@ def _group(block: _Block, members: list, recomputed: tuple = ()) -> Group:
 class _Stitcher:
     """The stages of the pass for one module: outline, plan, schedule per group; groups per block."""
 
-    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, spec: TargetSpec, choose=None):
+    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, spec: TargetSpec, choose=None,
+                 fusion: str = "greedy"):
         self.mod = mod
+        self.fusion = fusion  # "greedy": partition.py's groups; "search": fusion_search.py's plan
+        self.search_seconds = SEARCH_SECONDS  # the solver's time limit per dataflow block
         self.choose = choose  # (fused, rule plan, spec) -> the plan to use; None: the rule plan
         self.target = target
         self.spec = spec
@@ -387,14 +394,42 @@ class _Stitcher:
         self.outcome.opaque.extend((node.var.name, node.reason) for node in graph.nodes if not node.stitchable)
         scope = _Block(function, graph, {b.var: (block_index, k) for k, b in enumerate(block.bindings)}, bounds,
                        recomputed_producers(graph, self.limits))
-        stitched = self._stitched_groups(scope)
-        still_read = _still_read(graph, scope.recomputed, stitched)
-        for members in partition(graph, self.limits, among=still_read):
-            if not _only_reshapes(graph, members):
-                stitched += self._kept([self.attempt(scope, members)])
+        searched = self._searched(scope, block_index) if self.fusion == "search" else None
+        if searched is not None:
+            stitched, scope = searched
+        else:
+            stitched = self._stitched_groups(scope)
+            still_read = _still_read(graph, scope.recomputed, stitched)
+            for members in partition(graph, self.limits, among=still_read):
+                if not _only_reshapes(graph, members):
+                    stitched += self._kept([self.attempt(scope, members)])
         if not stitched:
             return block
         return relax.DataflowBlock(self._bindings(scope, stitched, used_after, calls))
+
+    def _searched(self, scope: _Block, block_index: int) -> tuple | None:
+        """(stitched attempts, scope) of the fusion search's plan; None where greedy's plan stands (the
+        search found nothing cheaper, or a group of its plan did not stitch)."""
+        graph = scope.graph
+
+        def attempt(owned: list, recomputed: list) -> Attempt:
+            try:
+                return self.attempt(scope, owned, tuple(recomputed))
+            except StitchError as err:  # strict mode: a candidate that fails is no candidate
+                return Attempt(_group(scope, owned, tuple(recomputed)), "", reason=reason_of(err))
+
+        record, plan = search_block((scope.function, block_index), graph, self.limits, self.spec, attempt,
+                                    lambda node: _only_reshapes(graph, [node]), self.search_seconds)
+        self.outcome.searches.append(record)
+        if plan is None:
+            return None
+        attempts = [self.attempt(scope, list(owned), recomputed) for owned, recomputed in plan.groups]
+        if not all(a.stitched for a in attempts):
+            self.outcome.searches[-1] = dataclasses.replace(record, method="greedy", chosen_us=record.greedy_us,
+                                                            why="a group of the searched plan did not stitch")
+            return None
+        self.outcome.notes.extend(plan.notes)
+        return self._kept(attempts), dataclasses.replace(scope, recomputed=plan.copies_only)
 
     def _kept(self, attempts: list) -> list:
         """Record the final attempts of groups; the stitched ones."""
@@ -514,17 +549,18 @@ def _rewrite_function(stitcher: _Stitcher, name: str, func: relax.Function, call
 
 def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
                   report: StitchReport | None = None, spec: TargetSpec | None = None,
-                  choose=None) -> tvm.IRModule:
+                  choose=None, fusion: str = "greedy") -> tvm.IRModule:
     """Stitch `mod` for `target`; plans are made for `spec` (default: `target`'s).
 
     `choose(fused, rule_plan, spec)` returns the plan to build (e.g. the cost
     model's pick among candidates.py's variants); None keeps the rule plan.
+    `fusion`: "greedy" (partition.py) or "search" (fusion_search.py).
     """
     report = report if report is not None else StitchReport()
     spec = spec if spec is not None else TargetSpec.from_target(target)
     report.target = "cuda" if spec.family == "cuda" else "llvm"
     report.spec = spec
-    stitcher = _Stitcher(mod, target, strict, spec, choose)
+    stitcher = _Stitcher(mod, target, strict, spec, choose, fusion)
     bb = relax.BlockBuilder(mod)
     calls = _LazyGlobals(bb, stitcher.kernels)
     for gv, func in list(mod.functions_items()):
@@ -560,7 +596,7 @@ class _LazyGlobals(dict):
 
 def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, strict: bool = False,
                  report: StitchReport | None = None, emulate=None,
-                 cost_model=True, spec: TargetSpec | None = None) -> tvm.transform.Pass:
+                 cost_model=True, spec: TargetSpec | None = None, fusion: str = "greedy") -> tvm.transform.Pass:
     """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
 
     `target` defaults to the current target scope; plans are made for its
@@ -581,8 +617,13 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
     first) is used as given; `False` uses the rules only. `spec` plans for
     that `TargetSpec` instead of the target's own (another core count, an
     SM count no target attribute sets); its family must be the one planned
-    for.
+    for. `fusion="search"` chooses the groups by the fusion search (an
+    integer program over the groups' modeled times, fusion/fusion_search.py;
+    greedy's plan where the search finds nothing cheaper); "greedy" (the
+    default) by the greedy partition (fusion/partition.py).
     """
+    if fusion not in FUSION_METHODS:
+        raise ValueError(f"fusion must be one of {', '.join(FUSION_METHODS)}, not {fusion!r}")
     if isinstance(target, StitchTarget):
         if emulate is not None or spec is not None:
             raise TypeError("a StitchTarget already holds what emulate and spec would set")
@@ -602,7 +643,8 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
             if current is None:
                 raise ValueError("StitchFusion needs a target: pass one or run it inside `with target:`")
             made = StitchTarget.checked(as_target(current), emulation, spec)
-        return stitch_module(mod, made.target, strict, report, made.spec, _chooser(cost_model, made.spec.family))
+        return stitch_module(mod, made.target, strict, report, made.spec, _chooser(cost_model, made.spec.family),
+                             fusion)
 
     return _pass
 

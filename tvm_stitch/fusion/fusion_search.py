@@ -1,0 +1,162 @@
+"""The fusion search of one dataflow block: candidates priced, the cheapest acyclic plan solved for.
+
+FusionStitching's step after the greedy partition: enumerate candidate
+groups (candidate_groups.py), price each as the kernel it would become
+(group_pricing.py), and let the integer program (fusion_program.py) choose
+which to launch: every node computed, every value read from memory written
+by a launched group or computed again inside each reader, the launches
+orderable, the total modeled time least. Greedy's partition is priced the
+same way and is the incumbent: the search's plan is used only where it is
+cheaper; where the solve does not finish in time, finds nothing, or a price
+is missing (symbolic sizes without bounds), greedy's plan stands.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tvm_stitch.analysis.classify import OpKind
+from tvm_stitch.analysis.graph import Graph
+from tvm_stitch.fusion.candidate_groups import SearchLimits, Structure, enumerate_candidates, reads
+from tvm_stitch.fusion.fusion_program import Candidate, Problem, solve
+from tvm_stitch.fusion.group_pricing import Pricer
+from tvm_stitch.fusion.partition import group_rows, materialized_row_bytes, partition, recomputed_in, \
+    recomputed_producers
+
+SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
+SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
+GAIN = 1e-3  # the search's plan must be cheaper than greedy's by more than this share
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    """What the report says of one block's search."""
+
+    function: str
+    block: int
+    method: str  # "search" or "greedy" (the plan used)
+    chosen_us: float  # modeled time of the plan used (-1: not priced)
+    greedy_us: float  # of greedy's plan (-1: not priced)
+    proven: bool  # the solver proved its plan optimal among the candidates
+    seconds: float  # enumeration, pricing and solve
+    candidates: int = 0
+    why: str = ""  # why greedy's plan was kept
+
+
+@dataclass(frozen=True)
+class SearchedPlan:
+    """The groups to stitch, (owned, recomputed) node tuples; `left`: single nodes left to TVM."""
+
+    groups: tuple
+    left: tuple
+    copies_only: frozenset  # nodes computed again by their readers and launched by none
+    notes: tuple
+
+
+def block_structure(graph: Graph, reshape_only) -> tuple:
+    """(Structure, must): the free nodes are the stitchable ones; `must`: those whose result is read by
+    a fixed node or later code, or by nothing in the block (its output)."""
+    n = len(graph.nodes)
+    free = frozenset(node.index for node in graph.nodes if node.stitchable and node.ops)
+    producers = tuple(frozenset(graph.producers[i]) for i in range(n))
+    recomputable = frozenset(i for i in free if not reshape_only(i)
+                             and all(graph.ops[k].cls.kind in SPATIAL for k in graph.nodes[i].ops))
+    reads_of = [{ref for k in graph.nodes[i].ops for ref in graph.ops[k].inputs if ref.op not in graph.nodes[i].ops}
+                for i in range(n)]
+    siblings = tuple(frozenset(j for j in free if j != i and reads_of[i] & reads_of[j]) for i in range(n))
+    consumers = graph.consumers
+    must = frozenset(u for u in free if not consumers[u] or any(c not in free for c in consumers[u])
+                     or any(k in graph.escapes for k in graph.nodes[u].ops))
+    return Structure(producers, free, recomputable, siblings), must
+
+
+def _admissible(graph: Graph, limits):
+    """The cheap checks before pricing: a row's materialised intermediates fit on chip."""
+    def check(nodes: frozenset) -> bool:
+        ops = {k for n in nodes for k in graph.nodes[n].ops}
+        rank, rows = group_rows(graph, ops)
+        if rows < limits.long_rows_below:
+            return True
+        return materialized_row_bytes(graph, ops, rank) <= limits.row_bytes_limit
+    return check
+
+
+def greedy_groups(graph: Graph, limits) -> list:
+    """Greedy's groups as (owned, recomputed) frozensets."""
+    copies = recomputed_producers(graph, limits)
+    return [(frozenset(m), frozenset(recomputed_in(graph, m, copies))) for m in partition(graph, limits)]
+
+
+def _priced(pairs: list, structure: Structure, pricer: Pricer, reshape_only) -> tuple:
+    """(candidates, stitched flags): the pairs that price; reshapes alone are views (free, left to TVM)."""
+    cands, stitched = [], []
+    for owned, rec in pairs:
+        if not rec and all(reshape_only(u) for u in owned):
+            cost, stitches = 0.0, False
+        else:
+            cost, stitches = pricer.cost(owned, rec)
+        if cost is not None:
+            cands.append(Candidate(owned, rec, reads(structure, owned, rec), cost))
+            stitched.append(stitches)
+    return cands, stitched
+
+
+def _greedy_us(greedy: list, cands: list) -> float | None:
+    """Greedy's plan priced as the candidates are; None where one of its groups has no price."""
+    price = {(c.owned, c.recomputed): c.cost for c in cands}
+    if any(g not in price for g in greedy):
+        return None
+    return sum(price[g] for g in greedy)
+
+
+def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedPlan:
+    groups = tuple((tuple(sorted(cands[c].owned)), tuple(sorted(cands[c].recomputed))) for c in chosen if stitched[c])
+    left = tuple(u for c in chosen if not stitched[c] for u in sorted(cands[c].owned))
+    owned = {u for c in chosen for u in cands[c].owned}
+    copied: dict = {}
+    for c in chosen:
+        for r in cands[c].recomputed:
+            copied.setdefault(r, []).append(c)
+    notes = []
+    for r, where in sorted(copied.items()):
+        name = graph.nodes[r].var.name
+        readers = ", ".join(graph.nodes[min(cands[c].owned)].var.name for c in where)
+        notes.append(f"{name} computed again in the group(s) of {readers}: cheaper under the model than "
+                     + ("writing it and reading it back" if r not in owned else "reading it there (it is also written, "
+                                                                                "for its other readers)"))
+    return SearchedPlan(groups, left, frozenset(copied) - owned, tuple(notes))
+
+
+def search_block(where: tuple, graph: Graph, limits, spec, attempt, reshape_only, time_limit: float,
+                 search_limits: SearchLimits = SearchLimits()) -> tuple:
+    """(SearchRecord, SearchedPlan or None): the searched plan where it is cheaper than greedy's.
+    `where`: (function, dataflow block index); `attempt(owned, recomputed)`: the stitch pass's try at
+    a group; `reshape_only(node)`: whether a node only reshapes (a view: nothing launched)."""
+    start = time.perf_counter()
+    function, block = where
+    structure, must = block_structure(graph, reshape_only)
+    pricer = Pricer(graph, spec, attempt, must)
+    greedy = greedy_groups(graph, limits)
+    pairs = list(dict.fromkeys(enumerate_candidates(structure, _admissible(graph, limits), search_limits) + greedy))
+    cands, stitched = _priced(pairs, structure, pricer, reshape_only)
+    greedy_us = _greedy_us(greedy, cands)
+
+    def kept(why: str, proven: bool = False) -> tuple:
+        us = greedy_us if greedy_us is not None else -1.0
+        return SearchRecord(function, block, "greedy", us, us, proven, time.perf_counter() - start, len(cands),
+                            why), None
+
+    if pricer.unpriced:
+        return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
+    if greedy_us is None:
+        return kept("a group of greedy's falls back: its plan is not priced")
+    solution = solve(Problem(structure.producers, structure.free, must, tuple(cands)),
+                     max(0.1, time_limit - (time.perf_counter() - start)))
+    if solution is None:
+        return kept("no plan found in the time limit")
+    if solution.cost >= greedy_us * (1 - GAIN):
+        return kept("greedy's plan is as cheap", solution.proven)
+    record = SearchRecord(function, block, "search", solution.cost, greedy_us, solution.proven,
+                          time.perf_counter() - start, len(cands))
+    return record, _plan(cands, stitched, solution.chosen, graph)
