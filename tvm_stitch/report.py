@@ -97,8 +97,8 @@ class StitchReport:
         lines.extend(_search_line(record) for record in self.searches)
         for group in self.groups:
             if group.stitched and group.recomputed:
-                lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (reads no large tensor: "
-                             f"no launch of its own)")
+                lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (computed again "
+                             f"instead of read from memory)")
         lines.extend(self.notes)
         return "\n".join(lines)
 

@@ -33,8 +33,10 @@ from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.modeled_time import plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, search_block
+from tvm_stitch.fusion.group_pricing import estimated_plan
+from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, greedy_groups, search_block
 from tvm_stitch.fusion.outline import Outlined, outline_group
+from tvm_stitch.fusion.unfuse import opened_block
 from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.planning import cost_model as _cost_model
@@ -394,7 +396,7 @@ class _Stitcher:
         self.outcome.opaque.extend((node.var.name, node.reason) for node in graph.nodes if not node.stitchable)
         scope = _Block(function, graph, {b.var: (block_index, k) for k, b in enumerate(block.bindings)}, bounds,
                        recomputed_producers(graph, self.limits))
-        searched = self._searched(scope, block_index) if self.fusion == "search" else None
+        searched = self._searched(scope, block_index, block, used_after) if self.fusion == "search" else None
         if searched is not None:
             stitched, scope = searched
         else:
@@ -407,10 +409,15 @@ class _Stitcher:
             return block
         return relax.DataflowBlock(self._bindings(scope, stitched, used_after, calls))
 
-    def _searched(self, scope: _Block, block_index: int) -> tuple | None:
-        """(stitched attempts, scope) of the fusion search's plan; None where greedy's plan stands (the
-        search found nothing cheaper, or a group of its plan did not stitch)."""
-        graph = scope.graph
+    def _searched(self, fused: _Block, block_index: int, block: relax.DataflowBlock, used_after: set) -> tuple | None:
+        """(stitched attempts, scope) of the fusion search's plan, over the block with FuseOps' groups of
+        stitchable nodes opened (unfuse.py); None where greedy's plan stands (the search found nothing
+        cheaper, or a group of its plan did not stitch)."""
+        opened, origin = opened_block(self.mod, block, {n.var for n in fused.graph.nodes if n.stitchable})
+        graph = build_graph(self.mod, opened, used_after, self.analyses)
+        scope = dataclasses.replace(fused, graph=graph, recomputed=frozenset(),
+                                    where={b.var: (block_index, k) for k, b in enumerate(opened.bindings)})
+        greedy = greedy_groups(fused.graph, self.limits, graph, origin)
 
         def attempt(owned: list, recomputed: list) -> Attempt:
             try:
@@ -418,7 +425,11 @@ class _Stitcher:
             except StitchError as err:  # strict mode: a candidate that fails is no candidate
                 return Attempt(_group(scope, owned, tuple(recomputed)), "", reason=reason_of(err))
 
-        record, plan = search_block((scope.function, block_index), graph, self.limits, self.spec, attempt,
+        def estimate(owned: list, recomputed: list):
+            return estimated_plan(self.mod, graph, owned, recomputed, scope.bounds, self.spec, self.target)
+
+        record, plan = search_block((scope.function, block_index), graph, greedy, self.limits, self.spec,
+                                    (attempt, estimate),
                                     lambda node: _only_reshapes(graph, [node]), self.search_seconds)
         self.outcome.searches.append(record)
         if plan is None:

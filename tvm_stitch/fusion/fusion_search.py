@@ -5,10 +5,12 @@ groups (candidate_groups.py), price each as the kernel it would become
 (group_pricing.py), and let the integer program (fusion_program.py) choose
 which to launch: every node computed, every value read from memory written
 by a launched group or computed again inside each reader, the launches
-orderable, the total modeled time least. Greedy's partition is priced the
-same way and is the incumbent: the search's plan is used only where it is
-cheaper; where the solve does not finish in time, finds nothing, or a price
-is missing (symbolic sizes without bounds), greedy's plan stands.
+orderable, the total modeled time least. Greedy's partition is priced
+first, exactly, and is the incumbent: a block whose greedy plan is already at
+its bound (one launch moving only the bytes it must) is not searched; the
+search's plan is used only where it is cheaper; where the solve does not
+finish in time, finds nothing, or a price is missing (symbolic sizes without
+bounds), greedy's plan stands.
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from tvm import relax
+
 from tvm_stitch.analysis.classify import OpKind
 from tvm_stitch.analysis.graph import Graph
 from tvm_stitch.fusion.candidate_groups import SearchLimits, Structure, enumerate_candidates, reads
 from tvm_stitch.fusion.fusion_program import Candidate, Problem, solve
-from tvm_stitch.fusion.group_pricing import Pricer
+from tvm_stitch.fusion.group_pricing import Pricer, proxy_us, tensor_bytes
 from tvm_stitch.fusion.partition import group_rows, materialized_row_bytes, partition, recomputed_in, \
     recomputed_producers
 
 SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
 SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
 GAIN = 1e-3  # the search's plan must be cheaper than greedy's by more than this share
+SLACK = 0.02  # greedy's plan within this share of the block's bound (bound_us) is not searched
 
 
 @dataclass(frozen=True)
@@ -82,32 +87,48 @@ def _admissible(graph: Graph, limits):
     return check
 
 
-def greedy_groups(graph: Graph, limits) -> list:
-    """Greedy's groups as (owned, recomputed) frozensets."""
+def greedy_groups(graph: Graph, limits, opened: Graph | None = None, origin: dict | None = None) -> list:
+    """Greedy's groups as (owned, recomputed) frozensets; with `opened` (the graph of the block with
+    FuseOps' groups opened, unfuse.py) and `origin` (its variables to the block's), as sets of its nodes."""
     copies = recomputed_producers(graph, limits)
-    return [(frozenset(m), frozenset(recomputed_in(graph, m, copies))) for m in partition(graph, limits)]
+    groups = [(frozenset(m), frozenset(recomputed_in(graph, m, copies))) for m in partition(graph, limits)]
+    if opened is None:
+        return groups
+    node_of = {v: n.index for n in graph.nodes for v in [n.var] + [a.var for a in n.aliases]}
+    parts: dict = {}
+    for n in opened.nodes:
+        parts.setdefault(node_of[origin[n.var]], set()).add(n.index)
+    return [(frozenset(i for m in owned for i in parts[m]), frozenset(i for m in rec for i in parts[m]))
+            for owned, rec in groups]
 
 
-def _priced(pairs: list, structure: Structure, pricer: Pricer, reshape_only) -> tuple:
+def _priced(pairs: list, structure: Structure, pricer: Pricer, reshape_only, exact: bool = False) -> tuple:
     """(candidates, stitched flags): the pairs that price; reshapes alone are views (free, left to TVM)."""
     cands, stitched = [], []
     for owned, rec in pairs:
         if not rec and all(reshape_only(u) for u in owned):
             cost, stitches = 0.0, False
         else:
-            cost, stitches = pricer.cost(owned, rec)
+            cost, stitches = pricer.cost(owned, rec, exact)
         if cost is not None:
             cands.append(Candidate(owned, rec, reads(structure, owned, rec), cost))
             stitched.append(stitches)
     return cands, stitched
 
 
-def _greedy_us(greedy: list, cands: list) -> float | None:
-    """Greedy's plan priced as the candidates are; None where one of its groups has no price."""
-    price = {(c.owned, c.recomputed): c.cost for c in cands}
-    if any(g not in price for g in greedy):
-        return None
-    return sum(price[g] for g in greedy)
+def _tensor_bytes(ty) -> int:
+    if isinstance(ty, relax.TupleType):
+        return sum(_tensor_bytes(f) for f in ty.fields)
+    return tensor_bytes(ty)
+
+
+def bound_us(graph: Graph, structure: Structure, must: frozenset, spec) -> float:
+    """What no plan of the block goes below: one launch, the values it reads from outside read once and
+    the results later code reads written once, at the sustainable bandwidth."""
+    inputs = {ref for u in structure.free for k in graph.nodes[u].ops for ref in graph.ops[k].inputs if ref.op < 0}
+    moved = sum(_tensor_bytes(getattr(graph.externals[ref.output], "ty", None)) for ref in inputs)
+    moved += sum(_tensor_bytes(graph.nodes[u].var.ty) for u in must)
+    return proxy_us(spec, moved, 1)
 
 
 def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedPlan:
@@ -120,37 +141,53 @@ def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedP
             copied.setdefault(r, []).append(c)
     notes = []
     for r, where in sorted(copied.items()):
-        name = graph.nodes[r].var.name
-        readers = ", ".join(graph.nodes[min(cands[c].owned)].var.name for c in where)
-        notes.append(f"{name} computed again in the group(s) of {readers}: cheaper under the model than "
+        name = ",".join(graph.ops[i].name for i in graph.nodes[r].ops)
+        readers = "; ".join(",".join(graph.ops[i].name for u in sorted(cands[c].owned) for i in graph.nodes[u].ops)
+                            for c in where)
+        notes.append(f"[{name}] computed again in {len(where)} group(s) ([{readers}]): cheaper under the model than "
                      + ("writing it and reading it back" if r not in owned else "reading it there (it is also written, "
                                                                                 "for its other readers)"))
+    readers: dict = {}
+    for c in chosen:
+        for p in cands[c].reads:
+            readers[p] = readers.get(p, 0) + 1
+    for p, count in sorted(readers.items()):
+        name = ",".join(graph.ops[i].name for i in graph.nodes[p].ops)
+        notes.append(f"[{name}] written to memory and read by {count} group(s): computing it again in them "
+                     "costs more under the model")
     return SearchedPlan(groups, left, frozenset(copied) - owned, tuple(notes))
 
 
-def search_block(where: tuple, graph: Graph, limits, spec, attempt, reshape_only, time_limit: float,
-                 search_limits: SearchLimits = SearchLimits()) -> tuple:
+def search_block(where: tuple, graph: Graph, greedy: list, limits, spec, pricing: tuple, reshape_only,
+                 time_limit: float, search_limits: SearchLimits = SearchLimits()) -> tuple:
     """(SearchRecord, SearchedPlan or None): the searched plan where it is cheaper than greedy's.
-    `where`: (function, dataflow block index); `attempt(owned, recomputed)`: the stitch pass's try at
-    a group; `reshape_only(node)`: whether a node only reshapes (a view: nothing launched)."""
+    `where`: (function, dataflow block index); `greedy`: greedy's groups as (owned, recomputed) sets of
+    `graph`'s nodes; `pricing`: (attempt, estimate) as group_pricing.Pricer takes them;
+    `reshape_only(node)`: whether a node only reshapes (a view: nothing launched)."""
     start = time.perf_counter()
     function, block = where
     structure, must = block_structure(graph, reshape_only)
-    pricer = Pricer(graph, spec, attempt, must)
-    greedy = greedy_groups(graph, limits)
-    pairs = list(dict.fromkeys(enumerate_candidates(structure, _admissible(graph, limits), search_limits) + greedy))
-    cands, stitched = _priced(pairs, structure, pricer, reshape_only)
-    greedy_us = _greedy_us(greedy, cands)
+    pricer = Pricer(graph, spec, *pricing, must)
+    cands, stitched = _priced(greedy, structure, pricer, reshape_only, exact=True)
+    greedy_us = sum(c.cost for c in cands)
 
     def kept(why: str, proven: bool = False) -> tuple:
-        us = greedy_us if greedy_us is not None else -1.0
+        us = greedy_us if len(cands) >= len(greedy) and not pricer.unpriced else -1.0
         return SearchRecord(function, block, "greedy", us, us, proven, time.perf_counter() - start, len(cands),
                             why), None
 
     if pricer.unpriced:
         return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
-    if greedy_us is None:
+    if len(cands) < len(greedy):
         return kept("a group of greedy's falls back: its plan is not priced")
+    if greedy_us <= (1 + SLACK) * bound_us(graph, structure, must, spec):
+        return kept("greedy's plan is at the block's bound: one launch, compulsory bytes")
+    taken = set(greedy)
+    others = [p for p in enumerate_candidates(structure, _admissible(graph, limits), search_limits) if p not in taken]
+    more, more_stitched = _priced(others, structure, pricer, reshape_only)
+    cands, stitched = cands + more, stitched + more_stitched
+    if pricer.unpriced:
+        return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
     solution = solve(Problem(structure.producers, structure.free, must, tuple(cands)),
                      max(0.1, time_limit - (time.perf_counter() - start)))
     if solution is None:

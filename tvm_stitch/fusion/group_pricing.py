@@ -1,13 +1,18 @@
-"""What a candidate group costs: its kernel built and priced, memoised per structural signature.
+"""What a candidate group costs: its kernel planned and priced, memoised per structural signature.
 
-CUDA: the modeled microseconds of the kernel the stitch pass would build for
-the group (its plan chosen by the time model, scheduled, priced from its
-launch geometry and traffic: docs/time-model.md). CPU: a traffic and launch
-proxy of the built kernel (its modeled bytes over a per-core streaming rate,
-plus a launch overhead per kernel): the learned CPU model ranks one group's
-configurations, it does not compare groups. A group whose plan fails costs
-None (not a candidate); a single node that fails keeps TVM's default path
-and is priced by the same proxy from the bytes it reads and writes.
+CUDA: modeled microseconds from the kernel's launch geometry and traffic
+(docs/time-model.md). CPU: a traffic and launch proxy of the kernel (its
+modeled bytes over a per-core streaming rate, plus a launch overhead per
+kernel): the learned CPU model ranks one group's configurations, it does not
+compare groups. Greedy's groups are priced exactly, as the stitch pass builds
+them (`exact`: the plan the time model or cost model chooses, built and
+checked); every other candidate by its rule plan, scheduled and priced
+without the choice among variants or the build check (`estimate`), which
+costs a third as much: the choice only lowers a kernel's modeled time, so a
+plan cheaper than greedy's under the estimates is cheaper built. A group
+whose plan fails costs None (not a candidate); a single node that fails
+keeps TVM's default path and is priced by the same proxy from the bytes it
+reads and writes.
 
 Groups of a model's repeated layers are the same PrimFuncs wired the same
 way: the signature (the op functions' structural hashes, how they read each
@@ -17,10 +22,18 @@ computed before outlining, so a layer's groups are outlined and priced once.
 
 from __future__ import annotations
 
+import dataclasses
+
 import tvm
 import tvm_ffi
 from tvm import relax
 
+from schedules import schedule_for
+from tvm_stitch.analysis.size_bounds import with_size_bounds
+from tvm_stitch.check.modeled_time import plan_us
+from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.fusion.outline import outline_group
+from tvm_stitch.planning.planner import plan_kernel
 from tvm_stitch.planning.spec import CUDA_ACHIEVABLE_BANDWIDTH, TargetSpec
 
 # The CPU proxy's weights (not hardware facts: a model of the cost, fitted to nothing): bytes a core
@@ -36,7 +49,7 @@ def proxy_us(spec: TargetSpec, moved_bytes: float, launches: int) -> float:
     return launches * CPU_PROXY_LAUNCH_US + moved_bytes / (max(1, spec.cores) * CPU_PROXY_BYTES_PER_US_PER_CORE)
 
 
-def _bytes(ty) -> int:
+def tensor_bytes(ty) -> int:
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return 0
     total = max(1, tvm.DataType(str(ty.dtype)).bits // 8)
@@ -55,19 +68,21 @@ def fallback_us(graph, node: int, spec: TargetSpec) -> float:
     """A node left to TVM's default path: one launch reading its inputs and writing its results."""
     ops = set(graph.nodes[node].ops)
     inputs = {ref for i in ops for ref in graph.ops[i].inputs if ref.op not in ops}
-    moved = sum(_bytes(_type_of(graph, ref)) for ref in inputs)
-    moved += sum(_bytes(ty) for i in ops for ty in graph.ops[i].out_types)
+    moved = sum(tensor_bytes(_type_of(graph, ref)) for ref in inputs)
+    moved += sum(tensor_bytes(ty) for i in ops for ty in graph.ops[i].out_types)
     return proxy_us(spec, moved, 1)
 
 
 class Pricer:
-    """cost(owned, recomputed) of a block's candidate groups; `attempt(owned, recomputed)` builds one
-    (the stitch pass's attempt: a stitched one has its kernel's plan)."""
+    """cost(owned, recomputed) of a block's candidate groups. `attempt(owned, recomputed)` builds one
+    (the stitch pass's attempt: a stitched one has its kernel's plan); `estimate(owned, recomputed)`
+    plans one: its rule plan with `modeled_us` (CUDA) or `modeled_bytes` (CPU), None where it fails."""
 
-    def __init__(self, graph, spec: TargetSpec, attempt, escaping: frozenset):
+    def __init__(self, graph, spec: TargetSpec, attempt, estimate, escaping: frozenset):
         self.graph = graph
         self.spec = spec
         self.attempt = attempt
+        self.estimate = estimate
         self.escaping = escaping  # nodes whose result later code or an opaque binding reads
         self.memo: dict = {}
         self.hashes: dict = {}
@@ -94,23 +109,42 @@ class Pricer:
                 out.append((n in owned, leaves, self._hash(op), refs))
         return tuple(out)
 
-    def cost(self, owned: frozenset, recomputed: frozenset) -> tuple:
+    def cost(self, owned: frozenset, recomputed: frozenset, exact: bool = False) -> tuple:
         """(cost or None, whether the group stitches: a single node that does not is left to TVM)."""
-        key = self.signature(owned, recomputed)
+        key = (exact, self.signature(owned, recomputed))
         if key not in self.memo:
-            self.memo[key] = self._priced(owned, recomputed)
+            self.memo[key] = self._priced(owned, recomputed, exact)
         return self.memo[key]
 
-    def _priced(self, owned: frozenset, recomputed: frozenset) -> tuple:
-        attempt = self.attempt(sorted(owned), sorted(recomputed))
-        if not attempt.stitched:
+    def _priced(self, owned: frozenset, recomputed: frozenset, exact: bool) -> tuple:
+        if exact:
+            attempt = self.attempt(sorted(owned), sorted(recomputed))
+            plan = attempt.kernel.plan if attempt.stitched else None
+        else:
+            plan = self.estimate(sorted(owned), sorted(recomputed))
+        if plan is None:
             if len(owned) == 1 and not recomputed:
                 return fallback_us(self.graph, next(iter(owned)), self.spec), False
             return None, False
-        plan = attempt.kernel.plan
         if self.spec.family == "cuda" and plan.modeled_us >= 0:
             return plan.modeled_us, True
         if self.spec.family != "cuda" and plan.modeled_bytes >= 0:
             return proxy_us(self.spec, plan.modeled_bytes, plan.kernels), True
         self.unpriced = True
         return None, True
+
+
+def estimated_plan(mod, graph, owned: list, recomputed: list, bounds: dict, spec: TargetSpec, target):
+    """The rule plan of a group with its modeled cost (see the module docstring); None where the group
+    does not outline, plan or schedule."""
+    try:
+        outlined = outline_group(mod, graph, owned, "priced", recomputed)
+        fused = with_size_bounds(outlined.func, outlined.args, bounds)
+        plan = plan_kernel(fused, spec, "priced")
+        if spec.family == "cuda":
+            us = plan_us(fused, plan, spec)
+            return dataclasses.replace(plan, modeled_us=us) if us >= 0 else None
+        traffic = modeled_traffic(schedule_for(fused, plan, target).mod["main"], spec)
+    except Exception:  # noqa: BLE001 - a group that does not plan is no candidate
+        return None
+    return dataclasses.replace(plan, modeled_bytes=traffic.total) if traffic is not None else None
