@@ -15,6 +15,7 @@ bounds), greedy's plan stands.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from tvm_stitch.fusion.partition import group_rows, materialized_row_bytes, part
 SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
 SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
 GAIN = 1e-3  # the search's plan must be cheaper than greedy's by more than this share
+AS_CHEAP = "greedy's plan is as cheap"
 SLACK = 0.02  # greedy's plan within this share of the block's bound (bound_us) is not searched
 
 
@@ -184,16 +186,65 @@ def search_block(where: tuple, graph: Graph, greedy: list, limits, spec, pricing
         return kept("greedy's plan is at the block's bound: one launch, compulsory bytes")
     taken = set(greedy)
     others = [p for p in enumerate_candidates(structure, _admissible(graph, limits), search_limits) if p not in taken]
-    more, more_stitched = _priced(others, structure, pricer, reshape_only)
-    cands, stitched = cands + more, stitched + more_stitched
+    found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
+                           lambda o, r: lower_us(graph, structure, must, (o, r), spec),
+                           lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
+                           (greedy_us * (1 - GAIN), start + time_limit))
     if pricer.unpriced:
         return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
-    solution = solve(Problem(structure.producers, structure.free, must, tuple(cands)),
-                     max(0.1, time_limit - (time.perf_counter() - start)))
-    if solution is None:
-        return kept("no plan found in the time limit")
-    if solution.cost >= greedy_us * (1 - GAIN):
-        return kept("greedy's plan is as cheap", solution.proven)
+    if isinstance(found, str):
+        return kept(found, found == AS_CHEAP)
+    solution, cands, stitched = found
     record = SearchRecord(function, block, "search", solution.cost, greedy_us, solution.proven,
                           time.perf_counter() - start, len(cands))
     return record, _plan(cands, stitched, solution.chosen, graph)
+
+
+def _priced_lazily(problem: Problem, stitched: list, others: list, lower, price, limits: tuple):
+    """(solution, candidates, stitched flags) of the cheapest plan, or why there is none cheaper than
+    `limits[0]` (by `limits[1]`, a perf_counter deadline). `problem` holds the priced candidates; each
+    of `others` enters at its lower bound and is priced (`price(owned, recomputed)`: ([Candidate] or [],
+    [stitched])) only once a solution chooses it: a solution whose candidates are all priced is optimal,
+    every other candidate costing at least its bound."""
+    cands, stitched = list(problem.candidates), list(stitched)
+    known = [True] * len(cands)
+    for owned, rec in others:
+        cands.append(Candidate(owned, rec, reads(problem, owned, rec), lower(owned, rec)))
+        stitched.append(True)
+        known.append(False)
+    target, deadline = limits
+    while True:
+        solution = solve(dataclasses.replace(problem, candidates=tuple(cands)),
+                         max(0.1, deadline - time.perf_counter()))
+        if solution is None:
+            return "no plan found in the time limit"
+        if solution.cost >= target:
+            return AS_CHEAP if solution.proven else "no cheaper plan found in the time limit"
+        unknown = [c for c in solution.chosen if not known[c]]
+        if not unknown:
+            return solution, cands, stitched
+        if time.perf_counter() > deadline:
+            return "no cheaper plan priced in the time limit"
+        for c in sorted(unknown, reverse=True):
+            priced, flags = price(cands[c].owned, cands[c].recomputed)
+            if priced:
+                cands[c], stitched[c], known[c] = priced[0], flags[0], True
+            else:
+                del cands[c], stitched[c], known[c]
+
+
+def lower_us(graph: Graph, structure: Structure, must: frozenset, pair: tuple, spec) -> float:
+    """A bound below a group's modeled time: one launch, writing the results read outside it and reading
+    once what its element-wise, broadcast and reduction ops read from outside (an injective op may read
+    a part of its input)."""
+    owned, recomputed = pair
+    inside = owned | recomputed
+    ops = {k for n in inside for k in graph.nodes[n].ops}
+    inputs = {ref for k in ops if graph.ops[k].cls.kind != OpKind.INJECTIVE
+              for ref in graph.ops[k].inputs if ref.op not in ops}
+    consumers = graph.consumers
+    moved = sum(_tensor_bytes(getattr(graph.externals[r.output], "ty", None)) if r.op < 0
+                else tensor_bytes(graph.ops[r.op].out_types[r.output]) for r in inputs)
+    moved += sum(_tensor_bytes(graph.nodes[n].var.ty) for n in owned
+                 if n in must or any(c not in owned for c in consumers[n]))
+    return proxy_us(spec, moved, 1)
