@@ -3,14 +3,19 @@
 Every kernel of each build (stitched and TVM's default ones) is priced by the
 time model (tools/module_time.py); the compile time is the Relax pipeline's
 wall time, greedy and search built in alternating order. No GPU needed.
+`--cpu`: the CPU instead (this machine's llvm target): where the search's
+plan differs from greedy's in some block, both builds are timed in
+alternating rounds (tools/build.py: alternating_times) on the same inputs;
+where it does not, the two programs are the same ("same plan").
 Usage: python benchmarks/fusion_search.py [--suite] [--models bert,gpt2] [--steps forward,backward]
-       [--size test] [OUT.md]
+       [--size test] [--cpu] [OUT.md]
 """
 
 import argparse
 import sys
 import time
 
+import numpy as np
 import tvm
 
 from tvm_stitch.planning.spec import TargetSpec
@@ -51,18 +56,66 @@ def row(name: str, step: str, mod, target, spec, rounds: int = 1) -> str:
             f"{len(searched)}: {used} search, {len(searched) - used} greedy ({proven} proven) |")
 
 
+CPU_HEADER = ["| graph | step | kernels greedy / search | blocks searched: plan used | ms greedy | search | "
+              "search / greedy |", "|---|---|---|---|---|---|---|"]
+
+
+def cpu_row(name: str, step: str, mod, inputs) -> str:
+    from tvm_stitch.target import host_target
+    from tvm_stitch.tools.build import alternating_times, build, vm_round
+
+    target = host_target()
+    built = {f: build(mod, target, stitched=True, fusion=f) for f in ("greedy", "search")}
+    searched = built["search"].report.searches
+    used = sum(1 for r in searched if r.method == "search")
+    kernels = [sum(1 for g in built[f].report.groups if g.stitched) for f in ("greedy", "search")]
+    head = f"| {name} | {step} | {kernels[0]} / {kernels[1]} | {len(searched)}: {used} search |"
+    if not used:
+        return head + " same plan | same plan | 1 |"
+    args = [np.asarray(a) for a in inputs]
+    times = alternating_times({f: vm_round(b.executable, args) for f, b in built.items()})
+    return head + f" {times['greedy']:.3f} | {times['search']:.3f} | {times['search'] / times['greedy']:.3f} |"
+
+
+def fuzz_rows(n: int, seed: int) -> list:
+    """The fuzzer's random graphs: the modeled comparison row of each, and its searched build checked as
+    the fuzzer checks every build (llvm and emulated CUDA against TVM's default, the CUDA build, SIMT on
+    pocl; nvcc every 10th graph)."""
+    from tvm_stitch.tools.fuzz import build_module, check_spec, random_spec
+
+    target = as_target({"kind": "cuda", "arch": "sm_90"})
+    spec = TargetSpec.from_target(target)
+    rows, failures = [], []
+    for s in range(seed, seed + n):
+        graph = random_spec(s)
+        try:
+            mod = build_module(graph)
+        except Exception:  # noqa: BLE001 - the generator made an invalid graph, as the fuzzer skips it
+            continue
+        try:
+            rows.append(row(f"fuzz {s}", "-", mod, target, spec))
+        except Exception as err:  # noqa: BLE001 - reported in the table
+            rows.append(f"| fuzz {s} | - | {type(err).__name__}: {str(err).splitlines()[0][:80]} |")
+        outcome = check_spec(graph, cuda=True, nvcc=(s - seed) % 10 == 0, seed=s, simt=True, fusion="search")
+        if not outcome.ok:
+            failures.append(f"seed {s}: {outcome.message}")
+        print(rows[-1], outcome.message or "checked", file=sys.stderr, flush=True)
+    return rows, failures
+
+
 def _cases(args):
     if args.suite:
         from tvm_stitch.tools.workloads import SUITE, dims
 
         for name, graph in SUITE.items():
-            yield name, "-", lambda g=graph: g.build("float32", dims(args.size))
+            yield name, "-", lambda g=graph: (g.build("float32", dims(args.size)),
+                                              g.inputs(np.random.default_rng(0), "float32", dims(args.size)))
     if args.models:
         from tvm_stitch.tools.model_bench import import_step
 
         for name in args.models.split(","):
             for step in args.steps.split(","):
-                yield name, step, lambda n=name, s=step: import_step(n, s, args.size)[0]
+                yield name, step, lambda n=name, s=step: import_step(n, s, args.size)[:2]
 
 
 def main() -> None:
@@ -73,16 +126,22 @@ def main() -> None:
     parser.add_argument("--steps", default="forward,backward,adam")
     parser.add_argument("--size", default="test")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--cpu", action="store_true")
+    parser.add_argument("--fuzz", type=int, default=0, help="this many of the fuzzer's random graphs")
     args = parser.parse_args()
     target = as_target({"kind": "cuda", "arch": "sm_90"})
     spec = TargetSpec.from_target(target)
-    lines = list(HEADER)
+    lines = list(CPU_HEADER if args.cpu else HEADER)
     for name, step, make in _cases(args):
         try:
-            lines.append(row(name, step, make(), target, spec, args.rounds))
+            mod, inputs = make()
+            lines.append(cpu_row(name, step, mod, inputs) if args.cpu else row(name, step, mod, target, spec, args.rounds))
         except Exception as err:  # noqa: BLE001 - a step that does not import is reported, not fatal
             lines.append(f"| {name} | {step} | {type(err).__name__}: {str(err).splitlines()[0][:80]} |")
         print(lines[-1], file=sys.stderr, flush=True)
+    if args.fuzz:
+        fuzzed, failures = fuzz_rows(args.fuzz, 0)
+        lines += fuzzed + [f"\nsearched builds checked: {args.fuzz} graphs, {len(failures)} failures"] + failures
     text = "\n".join(lines)
     print(text)
     if args.out:
