@@ -396,7 +396,8 @@ class _Stitcher:
         self.outcome.opaque.extend((node.var.name, node.reason) for node in graph.nodes if not node.stitchable)
         scope = _Block(function, graph, {b.var: (block_index, k) for k, b in enumerate(block.bindings)}, bounds,
                        recomputed_producers(graph, self.limits))
-        searched = self._searched(scope, block_index, block, used_after) if self.fusion == "search" else None
+        search = self.fusion == "search" and any(node.stitchable for node in graph.nodes)
+        searched = self._searched(scope, block_index, block, used_after) if search else None
         if searched is not None:
             stitched, scope = searched
         else:

@@ -31,6 +31,7 @@ from tvm_stitch.fusion.partition import group_rows, materialized_row_bytes, part
 
 SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
 SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
+PRICED_PER_GROUP, PRICED_EXTRA = 2, 4  # candidates planned per block at most: per group of greedy's, and more
 GAIN = 1e-3  # the search's plan must be cheaper than greedy's by more than this share
 AS_CHEAP = "greedy's plan is as cheap"
 SLACK = 0.02  # greedy's plan within this share of the block's bound (bound_us) is not searched
@@ -189,7 +190,7 @@ def search_block(where: tuple, graph: Graph, greedy: list, limits, spec, pricing
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
                            lambda o, r: lower_us(graph, structure, must, (o, r), spec),
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
-                           (greedy_us * (1 - GAIN), start + time_limit))
+                           (greedy_us * (1 - GAIN), time_limit, PRICED_PER_GROUP * len(greedy) + PRICED_EXTRA))
     if pricer.unpriced:
         return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
     if isinstance(found, str):
@@ -202,20 +203,21 @@ def search_block(where: tuple, graph: Graph, greedy: list, limits, spec, pricing
 
 def _priced_lazily(problem: Problem, stitched: list, others: list, lower, price, limits: tuple):
     """(solution, candidates, stitched flags) of the cheapest plan, or why there is none cheaper than
-    `limits[0]` (by `limits[1]`, a perf_counter deadline). `problem` holds the priced candidates; each
-    of `others` enters at its lower bound and is priced (`price(owned, recomputed)`: ([Candidate] or [],
-    [stitched])) only once a solution chooses it: a solution whose candidates are all priced is optimal,
-    every other candidate costing at least its bound."""
+    `limits[0]`, the solves taking `limits[1]` seconds and the pricing `limits[2]` candidates at most
+    (a budget in candidates, not seconds: the plan does not depend on the machine's load). `problem`
+    holds the priced candidates; each of `others` enters at its lower bound and is priced
+    (`price(owned, recomputed)`: ([Candidate] or [], [stitched])) only once a solution chooses it: a
+    solution whose candidates are all priced is optimal, every other candidate costing at least its
+    bound."""
     cands, stitched = list(problem.candidates), list(stitched)
     known = [True] * len(cands)
     for owned, rec in others:
         cands.append(Candidate(owned, rec, reads(problem, owned, rec), lower(owned, rec)))
         stitched.append(True)
         known.append(False)
-    target, deadline = limits
+    target, seconds, budget = limits
     while True:
-        solution = solve(dataclasses.replace(problem, candidates=tuple(cands)),
-                         max(0.1, deadline - time.perf_counter()))
+        solution = solve(dataclasses.replace(problem, candidates=tuple(cands)), max(0.1, seconds))
         if solution is None:
             return "no plan found in the time limit"
         if solution.cost >= target:
@@ -223,8 +225,10 @@ def _priced_lazily(problem: Problem, stitched: list, others: list, lower, price,
         unknown = [c for c in solution.chosen if not known[c]]
         if not unknown:
             return solution, cands, stitched
-        if time.perf_counter() > deadline:
-            return "no cheaper plan priced in the time limit"
+        seconds -= solution.seconds
+        budget -= len(unknown)
+        if budget < 0:
+            return "no cheaper plan within the pricing budget"
         for c in sorted(unknown, reverse=True):
             priced, flags = price(cands[c].owned, cands[c].recomputed)
             if priced:
