@@ -3,6 +3,7 @@ cuts badly, the same plan where it does not, and kernels that compute the right 
 
 import numpy as np
 import pytest
+import tvm
 from tvm import relax
 
 import tvm_stitch
@@ -103,3 +104,18 @@ def test_a_layernorm_keeps_greedys_one_kernel():
 def test_an_unknown_fusion_method_is_refused():
     with pytest.raises(ValueError, match="fusion must be one of"):
         tvm_stitch.pipeline({"kind": "llvm"}, fusion="optimal")
+
+
+def test_opening_fuseops_groups_gives_one_binding_per_operator_and_keeps_the_result_variable():
+    from tvm_stitch.fusion.unfuse import opened_block
+
+    from conftest import fused
+
+    mod = fused(_centred_square_column_sum(128, 256))
+    (block,) = mod["main"].body.blocks
+    opened, origin = opened_block(mod, block, {b.var for b in block.bindings})
+    calls = [b for b in opened.bindings if isinstance(b.value, relax.Call)]
+    assert all(b.value.op.same_as(tvm.ir.Op.get("relax.call_tir")) for b in calls)
+    assert len(opened.bindings) > len(block.bindings)
+    assert {b.var for b in block.bindings} <= {b.var for b in opened.bindings}
+    assert set(origin.values()) == {b.var for b in block.bindings}

@@ -54,10 +54,9 @@ class SearchRecord:
 
 @dataclass(frozen=True)
 class SearchedPlan:
-    """The groups to stitch, (owned, recomputed) node tuples; `left`: single nodes left to TVM."""
+    """The groups to stitch, (owned, recomputed) node tuples (the other nodes keep TVM's path)."""
 
     groups: tuple
-    left: tuple
     copies_only: frozenset  # nodes computed again by their readers and launched by none
     notes: tuple
 
@@ -136,7 +135,6 @@ def bound_us(graph: Graph, structure: Structure, must: frozenset, spec) -> float
 
 def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedPlan:
     groups = tuple((tuple(sorted(cands[c].owned)), tuple(sorted(cands[c].recomputed))) for c in chosen if stitched[c])
-    left = tuple(u for c in chosen if not stitched[c] for u in sorted(cands[c].owned))
     owned = {u for c in chosen for u in cands[c].owned}
     copied: dict = {}
     for c in chosen:
@@ -158,7 +156,7 @@ def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedP
         name = ",".join(graph.ops[i].name for i in graph.nodes[p].ops)
         notes.append(f"[{name}] written to memory and read by {count} group(s): computing it again in them "
                      "costs more under the model")
-    return SearchedPlan(groups, left, frozenset(copied) - owned, tuple(notes))
+    return SearchedPlan(groups, frozenset(copied) - owned, tuple(notes))
 
 
 def search_block(where: tuple, graph: Graph, greedy: list, limits, spec, pricing: tuple, reshape_only,
