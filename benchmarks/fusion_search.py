@@ -103,8 +103,32 @@ def fuzz_rows(n: int, seed: int) -> list:
     return rows, failures
 
 
+def _issue_graphs():
+    """The two graphs the greedy order cuts badly (docs/fusion-search.md), at their sizes."""
+    from tvm import relax
+
+    from tvm_stitch.tools.workloads.relax_blocks import function, tensor
+
+    op = relax.op
+
+    def row_and_column_sums(bb, x):
+        p = bb.emit(op.multiply(op.exp(x), x))
+        return relax.Tuple([bb.emit(op.sum(p, axis=[1])), bb.emit(op.sum(p, axis=[0]))])
+
+    def centred_square_column_sum(bb, x):
+        d = bb.emit(op.subtract(x, bb.emit(op.mean(x, axis=[1], keepdims=True))))
+        return bb.emit(op.sum(op.multiply(d, d), axis=[0]))
+
+    rng = np.random.default_rng(0)
+    for name, body, shape in (("exp(x)*x -> row sum, column sum", row_and_column_sums, (4096, 1024)),
+                              ("mean -> subtract -> square -> column sum", centred_square_column_sum, (128, 32768))):
+        yield name, "-", lambda b=body, s=shape: (function([tensor("x", s, "float32")], b),
+                                                  [rng.standard_normal(s).astype("float32")])
+
+
 def _cases(args):
     if args.suite:
+        yield from _issue_graphs()
         from tvm_stitch.tools.workloads import SUITE, dims
 
         for name, graph in SUITE.items():

@@ -31,7 +31,9 @@ from tvm_stitch.fusion.partition import group_rows, materialized_row_bytes, part
 
 SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
 SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
-PRICED_PER_GROUP, PRICED_EXTRA = 2, 4  # candidates planned per block at most: per group of greedy's, and more
+# candidates planned per block at most: one per PRICED_PER_GROUPS groups of greedy's, and PRICED_EXTRA more
+# (greedy's groups are planned anyway: the budget keeps the search's compile time within a share of greedy's)
+PRICED_PER_GROUPS, PRICED_EXTRA = 4, 4
 GAIN = 1e-3  # the search's plan must be cheaper than greedy's by more than this share
 AS_CHEAP = "greedy's plan is as cheap"
 SLACK = 0.02  # greedy's plan within this share of the block's bound (bound_us) is not searched
@@ -188,7 +190,7 @@ def search_block(where: tuple, graph: Graph, greedy: list, limits, spec, pricing
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
                            lambda o, r: lower_us(graph, structure, must, (o, r), spec),
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
-                           (greedy_us * (1 - GAIN), time_limit, PRICED_PER_GROUP * len(greedy) + PRICED_EXTRA))
+                           (greedy_us * (1 - GAIN), time_limit, len(greedy) // PRICED_PER_GROUPS + PRICED_EXTRA))
     if pricer.unpriced:
         return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
     if isinstance(found, str):
