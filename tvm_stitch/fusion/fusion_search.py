@@ -33,7 +33,7 @@ SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
 SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
 # candidates planned per block at most: one per PRICED_PER_GROUPS groups of greedy's, and PRICED_EXTRA more
 # (greedy's groups are planned anyway: the budget keeps the search's compile time within a share of greedy's)
-PRICED_PER_GROUPS, PRICED_EXTRA = 4, 4
+PRICED_PER_GROUPS, PRICED_EXTRA = 4, 6
 GAIN = 1e-3  # the search's plan must be cheaper than greedy's by more than this share
 AS_CHEAP = "greedy's plan is as cheap"
 SLACK = 0.02  # greedy's plan within this share of the block's bound (bound_us) is not searched
