@@ -397,11 +397,12 @@ class _Stitcher:
         scope = _Block(function, graph, {b.var: (block_index, k) for k, b in enumerate(block.bindings)}, bounds,
                        recomputed_producers(graph, self.limits))
         search = self.fusion == "search" and any(node.stitchable for node in graph.nodes)
-        searched = self._searched(scope, block_index, block, used_after) if search else None
+        greedy = partition(graph, self.limits)
+        searched = self._searched(scope, block_index, (block, used_after), greedy) if search else None
         if searched is not None:
             stitched, scope = searched
         else:
-            stitched = self._stitched_groups(scope)
+            stitched = self._stitched_groups(scope, greedy)
             still_read = _still_read(graph, scope.recomputed, stitched)
             for members in partition(graph, self.limits, among=still_read):
                 if not _only_reshapes(graph, members):
@@ -410,15 +411,17 @@ class _Stitcher:
             return block
         return relax.DataflowBlock(self._bindings(scope, stitched, used_after, calls))
 
-    def _searched(self, fused: _Block, block_index: int, block: relax.DataflowBlock, used_after: set) -> tuple | None:
+    def _searched(self, fused: _Block, block_index: int, where: tuple, partitioned: list) -> tuple | None:
         """(stitched attempts, scope) of the fusion search's plan, over the block with FuseOps' groups of
         stitchable nodes opened (unfuse.py); None where greedy's plan stands (the search found nothing
-        cheaper, or a group of its plan did not stitch)."""
+        cheaper, or a group of its plan did not stitch). `where`: (the block, the variables later code
+        reads); `partitioned`: greedy's groups of the block."""
+        block, used_after = where
         opened, origin = opened_block(self.mod, block, {n.var for n in fused.graph.nodes if n.stitchable})
         graph = build_graph(self.mod, opened, used_after, self.analyses)
         scope = dataclasses.replace(fused, graph=graph, recomputed=frozenset(),
                                     where={b.var: (block_index, k) for k, b in enumerate(opened.bindings)})
-        greedy = greedy_groups(fused.graph, self.limits, graph, origin)
+        greedy = greedy_groups(fused.graph, self.limits, partitioned, (graph, origin))
 
         def attempt(owned: list, recomputed: list) -> Attempt:
             try:
@@ -429,7 +432,7 @@ class _Stitcher:
         def estimate(owned: list, recomputed: list):
             return estimated_plan(self.mod, graph, owned, recomputed, scope.bounds, self.spec, self.target)
 
-        record, plan = search_block((scope.function, block_index), graph, greedy, self.limits, self.spec,
+        record, plan = search_block((scope.function, block_index), graph, greedy, self.spec,
                                     (attempt, estimate),
                                     lambda node: _only_reshapes(graph, [node]), self.search_seconds)
         self.outcome.searches.append(record)
@@ -448,11 +451,11 @@ class _Stitcher:
         self.outcome.attempts.extend(attempts)
         return [a for a in attempts if a.stitched]
 
-    def _stitched_groups(self, scope: _Block) -> list:
+    def _stitched_groups(self, scope: _Block, partitioned: list) -> list:
         """The stitched attempts of the partition's groups; a group that fails and whose rows may be
         split is retried as its parts that keep rows on chip (see `_groups`)."""
         stitched = []
-        for members, parts in self._groups(scope.graph):
+        for members, parts in self._groups(scope.graph, partitioned):
             if _only_reshapes(scope.graph, members):
                 continue  # TVM turns these into views that launch nothing
             whole = self._recomputing(scope, members)
@@ -476,10 +479,10 @@ class _Stitcher:
                                   f"{attempt.reason.text}")
         return self.attempt(scope, members)
 
-    def _groups(self, graph: Graph) -> list:
-        """(group, parts) pairs: a group whose rows may be split (see partition_limits) has as parts the
-        groups that keep rows on chip, tried when the group itself cannot be stitched."""
-        groups = partition(graph, self.limits)
+    def _groups(self, graph: Graph, groups: list) -> list:
+        """(group, parts) pairs of the partition's `groups`: a group whose rows may be split (see
+        partition_limits) has as parts the groups that keep rows on chip, tried when the group itself
+        cannot be stitched."""
         if self.on_chip_limits is None:
             return [(g, []) for g in groups]
         on_chip = partition(graph, self.on_chip_limits)

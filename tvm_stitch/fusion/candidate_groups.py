@@ -3,7 +3,7 @@
 Enumerated from each free node outwards, in the spirit of FusionStitching's
 pruned search: a set grows by one neighbour at a time (a producer, a
 consumer, or a sibling reading a common value), breadth first, staying
-convex and passing `admissible` (the caller's row and on-chip checks); at
+convex and passing `admissible` where the caller gives one; at
 most `max_size` nodes and `per_seed` sets from each node; a set reached from
 several seeds is kept once. Each set `owned` comes with the variants of what
 it recomputes instead of reading: nothing, and the recomputable free nodes
@@ -80,7 +80,8 @@ class _Enumeration:
 
     def ok(self, nodes: frozenset) -> bool:
         if nodes not in self.seen:
-            self.seen[nodes] = convex(nodes, self.desc, self.anc) and self.admissible(nodes)
+            allowed = self.admissible is None or self.admissible(nodes)
+            self.seen[nodes] = convex(nodes, self.desc, self.anc) and allowed
         return self.seen[nodes]
 
     def grown(self, seed: int) -> list:
@@ -112,9 +113,9 @@ class _Enumeration:
         return frozenset(out)
 
 
-def enumerate_candidates(structure: Structure, admissible, limits: SearchLimits = SearchLimits()) -> list:
-    """(owned, recomputed) pairs of frozensets, each owned set convex, connected and admissible (a
-    singleton is always listed, admissible or not), without duplicates."""
+def enumerate_candidates(structure: Structure, admissible=None, limits: SearchLimits = SearchLimits()) -> list:
+    """(owned, recomputed) pairs of frozensets, each owned set convex, connected and admissible
+    (`admissible(nodes)`; None: every set; a singleton is always listed), without duplicates."""
     e = _Enumeration(structure, admissible, limits)
     out: dict = {}
     for seed in sorted(structure.free):

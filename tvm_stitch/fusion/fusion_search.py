@@ -26,8 +26,7 @@ from tvm_stitch.analysis.graph import Graph
 from tvm_stitch.fusion.candidate_groups import SearchLimits, Structure, enumerate_candidates, reads
 from tvm_stitch.fusion.fusion_program import Candidate, Problem, solve
 from tvm_stitch.fusion.group_pricing import Pricer, proxy_us, tensor_bytes
-from tvm_stitch.fusion.partition import group_rows, materialized_row_bytes, partition, recomputed_in, \
-    recomputed_producers
+from tvm_stitch.fusion.partition import recomputed_in, recomputed_producers
 
 SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
 SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
@@ -80,30 +79,19 @@ def block_structure(graph: Graph, reshape_only) -> tuple:
     return Structure(producers, free, recomputable, siblings), must
 
 
-def _admissible(graph: Graph, limits):
-    """The cheap checks before pricing: a row's materialised intermediates fit on chip."""
-    def check(nodes: frozenset) -> bool:
-        ops = {k for n in nodes for k in graph.nodes[n].ops}
-        rank, rows = group_rows(graph, ops)
-        if rows < limits.long_rows_below:
-            return True
-        return materialized_row_bytes(graph, ops, rank) <= limits.row_bytes_limit
-    return check
-
-
-def greedy_groups(graph: Graph, limits, opened: Graph | None = None, origin: dict | None = None) -> list:
-    """Greedy's groups as (owned, recomputed) frozensets; with `opened` (the graph of the block with
-    FuseOps' groups opened, unfuse.py) and `origin` (its variables to the block's), as sets of its nodes."""
+def greedy_groups(graph: Graph, limits, partitioned: list, opened: tuple) -> list:
+    """Greedy's groups (`partitioned`, partition.py's of `graph`) as (owned, recomputed) frozensets of
+    the nodes of `opened`: (the graph of the block with FuseOps' groups opened, unfuse.py; its
+    variables to the block's)."""
     copies = recomputed_producers(graph, limits)
-    groups = [(frozenset(m), frozenset(recomputed_in(graph, m, copies))) for m in partition(graph, limits)]
-    if opened is None:
-        return groups
+    opened_graph, origin = opened
     node_of = {v: n.index for n in graph.nodes for v in [n.var] + [a.var for a in n.aliases]}
     parts: dict = {}
-    for n in opened.nodes:
+    for n in opened_graph.nodes:
         parts.setdefault(node_of[origin[n.var]], set()).add(n.index)
-    return [(frozenset(i for m in owned for i in parts[m]), frozenset(i for m in rec for i in parts[m]))
-            for owned, rec in groups]
+    return [(frozenset(i for m in members for i in parts[m]),
+             frozenset(i for m in recomputed_in(graph, members, copies) for i in parts[m]))
+            for members in partitioned]
 
 
 def _priced(pairs: list, structure: Structure, pricer: Pricer, reshape_only, exact: bool = False) -> tuple:
@@ -161,7 +149,7 @@ def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedP
     return SearchedPlan(groups, frozenset(copied) - owned, tuple(notes))
 
 
-def search_block(where: tuple, graph: Graph, greedy: list, limits, spec, pricing: tuple, reshape_only,
+def search_block(where: tuple, graph: Graph, greedy: list, spec, pricing: tuple, reshape_only,
                  time_limit: float, search_limits: SearchLimits = SearchLimits()) -> tuple:
     """(SearchRecord, SearchedPlan or None): the searched plan where it is cheaper than greedy's.
     `where`: (function, dataflow block index); `greedy`: greedy's groups as (owned, recomputed) sets of
@@ -186,7 +174,7 @@ def search_block(where: tuple, graph: Graph, greedy: list, limits, spec, pricing
     if greedy_us <= (1 + SLACK) * bound_us(graph, structure, must, spec):
         return kept("greedy's plan is at the block's bound: one launch, compulsory bytes")
     taken = set(greedy)
-    others = [p for p in enumerate_candidates(structure, _admissible(graph, limits), search_limits) if p not in taken]
+    others = [p for p in enumerate_candidates(structure, limits=search_limits) if p not in taken]
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
                            lambda o, r: lower_us(graph, structure, must, (o, r), spec),
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
