@@ -78,7 +78,8 @@ def test_searched_kernels_match_numpy(rng, emulate):
     p = np.exp(x.astype("float64")) * x
     np.testing.assert_allclose(rows, p.sum(1), rtol=2e-4)
     np.testing.assert_allclose(cols, p.sum(0), rtol=2e-4)
-    assert _search_line(built.report).method == "search"
+    # the CPU's proxy prices traffic, not arithmetic: it never computes exp twice (greedy's plan stays)
+    assert _search_line(built.report).method == ("search" if emulate else "greedy")
     y = rng.standard_normal((128, 32768)).astype("float32")
     built = build(_centred_square_column_sum(), {"kind": "llvm"}, stitched=True, emulate=emulate, fusion="search",
                   fast_math=False)

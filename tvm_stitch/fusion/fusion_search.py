@@ -62,14 +62,17 @@ class SearchedPlan:
     notes: tuple
 
 
-def block_structure(graph: Graph, reshape_only) -> tuple:
+def block_structure(graph: Graph, reshape_only, expensive_copies: bool = True) -> tuple:
     """(Structure, must): the free nodes are the stitchable ones; `must`: those whose result is read by
-    a fixed node or later code, or by nothing in the block (its output)."""
+    a fixed node or later code, or by nothing in the block (its output). Element-wise, broadcast and
+    injective nodes may be computed again, those with expensive intrinsics (exp, erf...) only where
+    `expensive_copies` (CUDA, whose time model prices them; the CPU proxy prices traffic alone)."""
     n = len(graph.nodes)
     free = frozenset(node.index for node in graph.nodes if node.stitchable and node.ops)
     producers = tuple(frozenset(graph.producers[i]) for i in range(n))
-    recomputable = frozenset(i for i in free if not reshape_only(i)
-                             and all(graph.ops[k].cls.kind in SPATIAL for k in graph.nodes[i].ops))
+    recomputable = frozenset(i for i in free if not reshape_only(i) and all(
+        graph.ops[k].cls.kind in SPATIAL and (expensive_copies or not graph.ops[k].cls.expensive)
+        for k in graph.nodes[i].ops))
     reads_of = [{ref for k in graph.nodes[i].ops for ref in graph.ops[k].inputs if ref.op not in graph.nodes[i].ops}
                 for i in range(n)]
     siblings = tuple(frozenset(j for j in free if j != i and reads_of[i] & reads_of[j]) for i in range(n))
@@ -157,7 +160,7 @@ def search_block(where: tuple, graph: Graph, greedy: list, spec, pricing: tuple,
     `reshape_only(node)`: whether a node only reshapes (a view: nothing launched)."""
     start = time.perf_counter()
     function, block = where
-    structure, must = block_structure(graph, reshape_only)
+    structure, must = block_structure(graph, reshape_only, spec.family == "cuda")
     pricer = Pricer(graph, spec, *pricing, must)
     cands, stitched = _priced(greedy, structure, pricer, reshape_only, exact=True)
     greedy_us = sum(c.cost for c in cands)
