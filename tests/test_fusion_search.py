@@ -120,3 +120,28 @@ def test_opening_fuseops_groups_gives_one_binding_per_operator_and_keeps_the_res
     assert len(opened.bindings) > len(block.bindings)
     assert {b.var for b in block.bindings} <= {b.var for b in opened.bindings}
     assert set(origin.values()) == {b.var for b in block.bindings}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [_producer_read_by_row_and_column_sums, _centred_square_column_sum])
+def test_searched_kernels_under_simt_and_nvcc_without_spills(make, tmp_path):
+    import re
+
+    from tvm_stitch import simt
+    from tvm_stitch.check import opencl_run
+    from tvm_stitch.tools.launches import cuda_source
+
+    from conftest import NVCC, nvcc
+
+    try:
+        opencl_run.device_for(False)
+    except opencl_run.NoOpenclDevice as err:
+        pytest.skip(str(err))
+    mod = make()
+    report = simt.check(mod, fusion="search")
+    assert report.ok and report.kernels, str(report)
+    assert _search_line(report.stitch).method == "search"
+    if NVCC is not None:
+        built = build(mod, CUDA, stitched=True, fusion="search")
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", nvcc(cuda_source(built.executable), tmp_path))]
+        assert spills and max(spills) == 0
