@@ -29,7 +29,7 @@
         TVM 0.27's Tensorize segfaults);
         then VectorSelectsAsBranches (a select under a vectorised loop as
         if_then_else: TVM's CUDA codegen emits code nvcc rejects for it)
-    llvm only: our CPU rules (schedules/cpu/contraction: matmuls and
+    llvm only: tvm-stitch's CPU rules (schedules/cpu/contraction: matmuls and
         convolutions with their epilogues), each guarded; the rest stays as
         TVM leaves it
     dataflow lowering and finalisation (TVM)
@@ -126,7 +126,7 @@ CPU_RULES = (contraction.apply,)  # dlight's contract plus the spec: apply(func,
 
 @tvm.transform.module_pass(opt_level=0, name="GuardedCpuSchedule")
 class GuardedCpuSchedule:
-    """Our CPU rules for the PrimFuncs StitchFusion left (compute-intensive ops and fallbacks).
+    """tvm-stitch's CPU rules for the PrimFuncs StitchFusion left (compute-intensive ops and fallbacks).
 
     dlight 0.27 has CPU rules for GEMV and reductions only, TVM's topi no x86
     schedules. A rule that does not apply, or raises, leaves the function as

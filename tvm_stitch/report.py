@@ -22,6 +22,9 @@ class GroupRecord:
     positions: tuple = ()  # (dataflow block index, binding index) of each binding (names may repeat)
     recomputed: tuple = ()  # ops of cheap producers the kernel computes again instead of reading
     stage: str = ""  # the last stage the group passed: "outlined", "planned" or "scheduled" ("": none)
+    # (condition on the sizes, plan) of each variant chosen at run time, in the dispatch's order, the
+    # last ("otherwise") being `plan`; () for a kernel of one plan
+    variants: tuple = ()
 
     @property
     def stitched(self) -> bool:
@@ -96,6 +99,8 @@ class StitchReport:
             lines.append(f"fallback [{','.join(group.ops)}]: {group.fallback}")
         lines.extend(_search_line(record) for record in self.searches)
         for group in self.groups:
+            lines.extend(_variant_lines(group))
+        for group in self.groups:
             if group.stitched and group.recomputed:
                 lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (computed again "
                              f"instead of read from memory)")
@@ -126,6 +131,8 @@ class StitchReport:
                 out.append(f"  {inter.name:28s} {inter.level:8s} {inter.bytes_per_row:7d} B/row  {inter.why}")
             for note in plan.notes:
                 out.append(f"  note: {note}")
+        for group in self.groups:
+            out.extend(_variant_lines(group))
         return "\n".join(out)
 
     def __str__(self) -> str:
@@ -139,6 +146,21 @@ def _search_line(r) -> str:
     why = f" ({r.why})" if r.why else ""
     return (f"fusion {r.method} in {r.function} block {r.block}{why}: {times}, "
             f"optimum {'proven' if r.proven else 'not proven'}, {r.candidates} candidates, {r.seconds:.2f} s")
+
+
+def _variant_lines(group: GroupRecord) -> list:
+    """The size variants of a group's kernel, one line each, in the order the dispatch tries them."""
+    if not group.variants:
+        return []
+    lines = [f"size variants of {group.kernel} (chosen at run time, first whose condition holds):"]
+    for condition, plan in group.variants:
+        m = plan.mapping
+        shape = (f"{m.split} blocks/row x {m.threads} thr, {plan.kernels} kernels" if plan.scheme == "row-split"
+                 else f"{m.rows_per_task} row/blk x {m.threads} thr")
+        at = (f", at {plan.row_shape[0]} rows {plan.modeled_bytes / 1e6:.1f} MB, {_modeled_time(plan)}"
+              if m.rows >= 0 and plan.modeled_bytes >= 0 else "")
+        lines.append(f"  {condition}: {plan.scheme}, {shape}{at}")
+    return lines
 
 
 def _modeled_time(plan: StitchPlan) -> str:

@@ -34,9 +34,10 @@ from tvm import tirx
 
 from tvm_stitch.check.simt_kernel import KernelCheck, Reference, check_kernel
 from tvm_stitch.check.simt_inputs import written_params
-from tvm_stitch.check.symbolic_sizes import recorded_bounds, size_points
+from tvm_stitch.check.symbolic_sizes import describe, recorded_bounds, size_points
 from tvm_stitch.check import oclgrind_fit, opencl_run
 from tvm_stitch.check.timed_choice import choose_in_time
+from tvm_stitch.fusion.variants import ATTR as VARIANTS, branch_at
 from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning import cost_model
 from tvm_stitch.planning.plan import StitchPlan
@@ -82,7 +83,7 @@ def stitched_kernels(mod: tvm.IRModule, target, fusion: str = "greedy") -> tuple
     model = cost_model.SHIPPED.get("cuda")
 
     def choose(func, rule, spec):
-        fused[rule.kernel] = func
+        fused.setdefault(rule.kernel, func)  # the group's own PrimFunc: size variants choose at static sizes after it
         return cost_model.choose(model, func, rule, spec) if model is not None else choose_in_time(func, rule, spec)
 
     report = StitchReport()
@@ -140,11 +141,25 @@ def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int =
         except ValueError as err:
             result.kernels.append(KernelCheck(gv.name_hint, "unsupported", float("nan"), f"no sizes to check: {err}"))
             continue
-        kernel = check_kernel(gv.name_hint, func, refs, device, oclgrind, seed, points)
+        kernel = (_check_variants(gv.name_hint, func, refs, device, oclgrind, seed, points)
+                  if VARIANTS in func.attrs else check_kernel(gv.name_hint, func, refs, device, oclgrind, seed, points))
         if oclgrind and oclgrind_fit.over_resources(kernel.status, kernel.detail):
             kernel = _within_device(gv.name_hint, refs, report.spec, target, device, seed, points) or kernel
         result.kernels.append(kernel)
     return result
+
+
+def _check_variants(name: str, func: tirx.PrimFunc, refs: list, device, oclgrind: bool, seed: int,
+                    points: list) -> KernelCheck:
+    """The KernelCheck of a kernel choosing among size variants: at each point, the variant that
+    runs there (fusion/variants.branch_at), built and run on its own; the first failure, else the
+    check of the last point."""
+    checks = [check_kernel(name, branch_at(func, point), refs, device, oclgrind, seed, [{}]) for point in points]
+    bad = [c for c in checks if not c.ok]
+    sizes = tuple(describe(p) for p in points)
+    first = bad[0] if bad else checks[-1]
+    return dataclasses.replace(first, detail=f"size variants, each run where it is chosen ({'; '.join(sizes)}): "
+                               f"{first.detail}", sizes=sizes)
 
 
 def _within_device(name: str, refs: list, spec, target, device, seed: int, points: list):

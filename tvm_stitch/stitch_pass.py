@@ -30,7 +30,7 @@ from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
 from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
-from tvm_stitch.check.modeled_time import plan_us, scheduled_us
+from tvm_stitch.check.modeled_time import plan_times, plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.group_pricing import estimated_plan
@@ -39,6 +39,7 @@ from tvm_stitch.fusion.outline import Outlined, outline_group
 from tvm_stitch.fusion.unfuse import opened_block
 from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
+from tvm_stitch.fusion.variants import Planner, dispatching, size_variants
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.plan import StitchPlan
@@ -186,6 +187,7 @@ class Kernel:
     plan: StitchPlan
     func: tvm.tirx.PrimFunc  # scheduled, with its plan attached
     notes: tuple = ()  # what the report says of how it was made
+    variants: tuple = ()  # planning.variants.Variant chosen at run time before `plan` (fusion/variants.py)
 
 
 OUTLINED, PLANNED, SCHEDULED = "outlined", "planned", "scheduled"
@@ -214,7 +216,15 @@ class Attempt:
         return GroupRecord(function=g.function, bindings=g.bindings, positions=g.positions, ops=g.ops,
                            op_kinds=g.op_kinds, recomputed=g.recomputed_ops,
                            kernel=kernel.name if kernel else "",
-                           plan=kernel.plan if kernel else None, reason=self.reason, stage=self.reached)
+                           plan=kernel.plan if kernel else None, reason=self.reason, stage=self.reached,
+                           variants=_variant_pairs(kernel) if kernel else ())
+
+
+def _variant_pairs(kernel: Kernel) -> tuple:
+    """(condition on the sizes, plan) of each variant of `kernel`, the plan for every other size last."""
+    if not kernel.variants:
+        return ()
+    return tuple((v.condition.text(), v.plan) for v in kernel.variants) + (("otherwise", kernel.plan),)
 
 
 @dataclass
@@ -300,7 +310,7 @@ class _Stitcher:
             if kernel is None:
                 name, rule, plan = self._plan(fused, group.ops)
                 reached = PLANNED
-                kernel = self._add(fused, self._scheduled(fused, name, rule, plan))
+                kernel = self._add(fused, self._size_variants(fused, self._scheduled(fused, name, rule, plan)))
                 self._walk_variant(fused, kernel)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = reason_of(err)
@@ -348,6 +358,25 @@ class _Stitcher:
             plan = dataclasses.replace(plan, modeled_us=scheduled_us(scheduled, plan, self.spec)
                                        if self.target.kind.name == "cuda" else plan_us(fused, plan, self.spec))
         return Kernel(name, plan, scheduled.with_attr("tvm_stitch.plan", plan.to_json()), notes)
+
+    def _size_variants(self, fused: tvm.tirx.PrimFunc, kernel: Kernel) -> Kernel:
+        """`kernel` choosing at run time among the plans its symbolic row count calls for, where one
+        plan does not serve every size best (fusion/variants.py)."""
+        planner = Planner(rule=lambda static: plan_kernel(static, self.spec, kernel.name, rows_first=False),
+                          choose=lambda static, rule: (self.choose or _priced)(static, rule, self.spec),
+                          price=lambda static, plan: plan_times(static, plan, self.spec),
+                          schedule=lambda func, plan: schedule_for(func, plan, self.target).mod["main"],
+                          device=self.target.kind.name == "cuda")
+        try:
+            variants = size_variants(fused, kernel.plan, planner)
+            if not variants:
+                return kernel
+            func = dispatching(fused, kernel.func, variants, planner).with_attr("tirx.is_scheduled", True)
+            check_builds(func, self.target)
+        except Exception as err:  # noqa: BLE001 - the variants are an optimisation: the plan for every size stays
+            self.outcome.notes.append(f"{kernel.name}: size variants not built ({type(err).__name__}: {err})")
+            return kernel
+        return dataclasses.replace(kernel, func=func, variants=variants)
 
     def _walk_variant(self, fused: tvm.tirx.PrimFunc, kernel: Kernel) -> None:
         """Record the thread-per-column plan of a one-launch column-split kernel when it is packable."""
@@ -662,6 +691,11 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
                              fusion)
 
     return _pass
+
+
+def _priced(fused: tvm.tirx.PrimFunc, plan: StitchPlan, spec: TargetSpec) -> StitchPlan:
+    """`plan` with its modeled time (the rule plan where no model chooses)."""
+    return dataclasses.replace(plan, modeled_us=plan_us(fused, plan, spec))
 
 
 def _chooser(model, family: str):

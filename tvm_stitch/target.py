@@ -68,7 +68,7 @@ def backend_passes(target: Target):
 
 
 def default_pipeline(target: Target) -> tvm.transform.Pass:
-    """TVM's own default Relax pipeline for the target (the baseline we compare with).
+    """TVM's own default Relax pipeline for the target (the baseline tvm-stitch is compared with).
 
     On CUDA, with dlight's tensor-core path switched off before its schedule
     rules run (tensorize_guard: TVM 0.27's Tensorize segfaults on float16 GEMMs).

@@ -34,7 +34,7 @@ MAX_BYTES = 1 << 22  # the largest constant a fold may create (4 MiB)
 _NOT_FOLDED = ("relax.call", "relax.print", "relax.assert", "relax.random", "relax.null_value")
 
 
-def _static_tensor_bytes(ty) -> int | None:
+def static_tensor_bytes(ty) -> int | None:
     """Bytes of a tensor type of static shape, else None."""
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
@@ -44,7 +44,7 @@ def _static_tensor_bytes(ty) -> int | None:
 
 def _fits(ty, max_bytes: int) -> bool:
     fields = list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
-    sizes = [_static_tensor_bytes(f) for f in fields]
+    sizes = [static_tensor_bytes(f) for f in fields]
     return bool(fields) and all(s is not None and s <= max_bytes for s in sizes)
 
 

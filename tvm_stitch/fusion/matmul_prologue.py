@@ -19,8 +19,11 @@ of its output is a matmul:
 The matmul call then gets a PrimFunc of its own holding the producer's
 blocks before the matmul's (TVM's FuseTIR merges them), labelled like the
 matmul, kept only when dlight's Matmul rule schedules it (it inlines the
-producer into its global-to-shared load); a producer it would not schedule
-stays a kernel. A matmul's whole chain (every producer that folds, however
+producer into its global-to-shared load) and, on CUDA, the time model does
+not price it above the matmul and its producers apart (check/fold_price.py:
+every tile the matmul loads recomputes the producer, and a matmul of few
+threads waits on its loads); a producer it would not schedule, or that
+costs more folded, stays a kernel. A matmul's whole chain (every producer that folds, however
 deep) is composed and tried at once, and each distinct composition once:
 a composition costs a FuseTIR and a dlight trial (tens of milliseconds),
 and a model's layers repeat theirs. Where dlight refuses a whole chain,
@@ -37,7 +40,10 @@ from tvm.target import Target
 
 from tvm_stitch.analysis.classify import OpKind, classify_primfunc, is_compute_kernel
 from tvm_stitch.analysis.tir_view import vars_in
+from tvm_stitch.check.fold_price import fold_price
+from tvm_stitch.fusion.host_constants import static_tensor_bytes
 from tvm_stitch.fusion.matmul_epilogue import OUT_EWISE_FUSABLE, copy_kind
+from tvm_stitch.planning.spec import TargetSpec
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
@@ -207,6 +213,16 @@ def _composed(mod: tvm.IRModule, matmul: relax.Call, chain: list, leaves: list):
     return func, [index[a] for a in fused_call.args[1].fields]
 
 
+def _producer_bytes(matmul: relax.Call, chain: list) -> int:
+    """Bytes a kernel of the `chain`'s producers alone would move: the inputs they read from outside
+    the chain and the results the matmul reads, each once; -1 where a size is symbolic."""
+    inside = {var for var, _ in chain}
+    inputs = {a for _, p in chain for a in p.args[1].fields if a not in inside}
+    results = {a for a in matmul.args[1].fields if a in inside}
+    sizes = [static_tensor_bytes(v.ty) for v in inputs | results]
+    return -1 if None in sizes else sum(sizes)
+
+
 def defines_its_sizes(func: tirx.PrimFunc) -> bool:
     """Whether every size `func`'s body uses is a parameter, a dimension of a parameter's shape or a
     loop, block or let variable (a fold over symbolic shapes can leave a size of a folded producer
@@ -302,6 +318,7 @@ class PrologueFolder:
     def __init__(self, mod: tvm.IRModule, target: Target, report=None):
         self.mod = mod
         self.target = target
+        self.spec = TargetSpec.from_target(target) if target.kind.name == "cuda" else None  # prices folds
         self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
         self.kinds = _Kinds(mod)
         self.composed: dict = {}  # _wiring key -> (GlobalVar, argument order), or why it does not fold
@@ -341,10 +358,20 @@ class PrologueFolder:
         """(callee, argument order) of `chain` composed with `matmul`, or why it does not fold."""
         try:
             prim, order = _composed(self.mod, matmul, chain, leaves)
-            callee = self.scheduled(prim, f"{matmul.args[0].name_hint}_prologue")
+            slower = self.slower(prim, matmul, chain)
+            callee = None if slower else self.scheduled(prim, f"{matmul.args[0].name_hint}_prologue")
         except (tvm.error.TVMError, ValueError) as err:  # FuseTIR refused the composition
             return f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}"
-        return (callee, order) if callee is not None else "dlight's Matmul rule does not schedule the two as one"
+        return (callee, order) if callee is not None else slower or "dlight's Matmul rule does not schedule the two as one"
+
+    def slower(self, prim: tirx.PrimFunc, matmul: relax.Call, chain: list) -> str:
+        """Why the folded `prim` is not kept although dlight may schedule it: slower in modeled time
+        than the matmul and its producers apart (check/fold_price.py); "" where it is not."""
+        if self.spec is None or self.spec.hbm_bytes_per_us <= 0:
+            return ""
+        price = fold_price(prim, self.mod[matmul.args[0]], _producer_bytes(matmul, chain), self.target, self.spec)
+        return "" if price.pays else (f"folded, modeled {price.folded_us:.1f} us; apart {price.apart_us:.1f} us "
+                                      "(the matmul's loads recompute the producer per tile)")
 
     def fold(self, matmul: relax.Call, chain: list, note: bool) -> relax.Call | None:
         """The call of `matmul` reading through `chain`, or None (the reason noted in the report

@@ -57,11 +57,13 @@ def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recomput
     return _row_rules(spec.family).plan(func, spec, name, tuple(recompute), rank, analysis)
 
 
-def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool = True) -> StitchPlan:
+def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool = True,
+                rows_first: bool = True) -> StitchPlan:
     """The plan of a fused PrimFunc for the target `spec` describes, its row axes moved first
     where its blocks share more rows at axes that do not lead. `columns=False`: no column-split
-    plan (the thread-per-column walk, which packing can share a launch with others)."""
-    moved, row_axes = _rows_moved_first(func, spec.family)
+    plan (the thread-per-column walk, which packing can share a launch with others);
+    `rows_first=False`: the leading axes are the rows (no search for others)."""
+    moved, row_axes = _rows_moved_first(func, spec.family) if rows_first else (func, ())
     if spec.family != "cuda":
         plan = plan_row_resident(moved, spec, name)
     else:

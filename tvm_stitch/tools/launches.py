@@ -13,8 +13,10 @@ from collections import Counter
 import tvm
 from tvm import relax, tirx
 
+from tvm_stitch.analysis.size_bounds import size_bounds
 from tvm_stitch.analysis.tir_view import static_product
 from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.fusion.variants import launches_at
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import as_target
 
@@ -78,10 +80,24 @@ def primfunc_calls(lowered: tvm.IRModule) -> Counter:
     return calls
 
 
+def launches_per_call(lowered: tvm.IRModule, executable, calls) -> dict:
+    """Kernels per call of each PrimFunc named in `calls`: those TVM generated for it, or, for one
+    choosing among size variants (fusion/variants.py), those of the variant that runs at the upper
+    bound of its size (of the variant for every size where it has none)."""
+    per_func = kernels_per_primfunc(cuda_source(executable), calls)
+    for name in calls:
+        func = lowered[name]
+        upper = [high for _, high in size_bounds(func).values()] if isinstance(func, tirx.PrimFunc) else []
+        chosen = launches_at(func, upper[0] if len(upper) == 1 else None) if isinstance(func, tirx.PrimFunc) else None
+        if chosen is not None:
+            per_func[name] = chosen
+    return per_func
+
+
 def count_launches(lowered: tvm.IRModule, executable) -> int:
     """CUDA kernel launches of one call of every Relax function (one forward)."""
     calls = primfunc_calls(lowered)
-    per_func = kernels_per_primfunc(cuda_source(executable), calls)
+    per_func = launches_per_call(lowered, executable, calls)
     return sum(calls[name] * per_func[name] for name in calls)
 
 
@@ -95,7 +111,7 @@ def launches_by_kind(lowered: tvm.IRModule, executable) -> tuple:
     from tvm_stitch.analysis.classify import is_compute_kernel
 
     calls = primfunc_calls(lowered)
-    per_func = kernels_per_primfunc(cuda_source(executable), calls)
+    per_func = launches_per_call(lowered, executable, calls)
     memory = compute = 0
     for name, count in calls.items():
         launches = count * per_func[name]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from tvm_stitch.analysis.classify import is_compute_kernel
 from tvm_stitch.check.modeled_time import modeled_times
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
@@ -26,10 +27,17 @@ class ModuleTime:
     launches: int
     kernels: tuple  # (PrimFunc name, calls, KernelTime of each of its kernels)
     unpriced: tuple  # PrimFuncs that could not be priced (symbolic sizes without bounds)
+    stitched: frozenset = frozenset()  # PrimFuncs the stitch pass made (a plan, or a packed launch of plans)
+    compute: frozenset = frozenset()  # PrimFuncs left to TVM's rules that contract two tensors (matmul, conv)
 
-    def over(self, nbytes: int) -> list:
-        """KernelTimes of the kernels that move at least `nbytes`."""
-        return [t for _, _, times in self.kernels for t in times if t.bytes >= nbytes]
+    def over(self, nbytes: int, stitched_only: bool = False) -> list:
+        """KernelTimes of the kernels that move at least `nbytes` (of stitched PrimFuncs only, if asked)."""
+        return [t for name, _, times in self.kernels for t in times
+                if t.bytes >= nbytes and (name in self.stitched or not stitched_only)]
+
+    def compute_us(self) -> float:
+        """Modeled microseconds of the compute-intensive PrimFuncs' calls (matmuls, convolutions)."""
+        return sum(calls * sum(t.us for t in times) for name, calls, times in self.kernels if name in self.compute)
 
 
 def _registers(func) -> int:
@@ -53,7 +61,14 @@ def module_time(lowered: tvm.IRModule, spec: TargetSpec) -> ModuleTime:
         kernels.append((name, calls[name], tuple(times)))
         total += calls[name] * sum(t.us for t in times)
         launches += calls[name] * len(times)
-    return ModuleTime(total if not unpriced else -1.0, launches, tuple(kernels), tuple(unpriced))
+    funcs = dict(lowered.functions_items())
+    attrs = {gv.name_hint: func.attrs or {} for gv, func in funcs.items()}
+    stitched = frozenset(n for n, _, _ in kernels if "tvm_stitch.plan" in attrs[n] or "tvm_stitch.packed" in attrs[n])
+    # A stitched row of sum(a * b) reads like a contraction: compute means left to TVM's rules.
+    compute = frozenset(gv.name_hint for gv, func in funcs.items()
+                        if gv.name_hint in calls and gv.name_hint not in stitched
+                        and isinstance(func, tvm.tirx.PrimFunc) and is_compute_kernel(func))
+    return ModuleTime(total if not unpriced else -1.0, launches, tuple(kernels), tuple(unpriced), stitched, compute)
 
 
 def default_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTime:

@@ -33,3 +33,11 @@ def filling_row_threads(rows: int | None, row_length: int | None, threads: int, 
            and row_length >= threads * 2 * MIN_PER_THREAD):
         threads *= 2
     return threads
+
+
+def few_wide_rows(rows: int | None, row_length: int | None, spec: TargetSpec) -> bool:
+    """Whether a spatial-only kernel's rows are too few for a thread each to fill the GPU while its
+    elements would (a gather within rows of a recomputed rotary embedding whose slices are outputs:
+    4096 rows of 64 elements): its rows are then spread over threads like a reduction's."""
+    return (rows is not None and row_length is not None and row_length > 1 and rows < fill_threads(spec)
+            and rows * row_length >= fill_threads(spec))

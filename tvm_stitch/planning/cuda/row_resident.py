@@ -18,7 +18,7 @@ from tvm_stitch.analysis.row_alignment import ALIGNED, access_kind
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.common import PlanError, block_threads, wanted_blocks
 from tvm_stitch.planning.cuda.launch import row_threads, rows_per_block, vector_mapping, widest_bytes
-from tvm_stitch.planning.cuda.fill import filling_row_threads
+from tvm_stitch.planning.cuda.fill import few_wide_rows, filling_row_threads
 from tvm_stitch.planning.plan import SHARED, StitchPlan, ThreadMapping
 from tvm_stitch.planning.resources import cuda_shared_bytes
 from tvm_stitch.planning.row_resident import (Analysis, LevelRules, Rows, analyse, assemble, check_analysis,
@@ -81,7 +81,15 @@ def plan(func: tirx.PrimFunc, spec: TargetSpec, name: str, recompute: tuple = ()
         check_analysis(analysis, func, spec.family, recompute)
     rows = choose_rows(analysis, rank, lambda kept, depth, spatial: choose_rank(kept, depth, spatial, spec),
                        use_bounds=True, streams_symbolic=True)
-    thread_per_row = rows.spatial_only or rows.columns
+    if rows.spatial_only and not rows.columns and few_wide_rows(rows.rows, rows.within_max, spec):
+        try:  # rows spread over threads; where their shared values do not fit, a thread per row
+            return _planned(analysis, rows, False, spec, name)
+        except SharedMemoryError:
+            pass
+    return _planned(analysis, rows, rows.spatial_only or rows.columns, spec, name)
+
+
+def _planned(analysis: Analysis, rows: Rows, thread_per_row: bool, spec: TargetSpec, name: str) -> StitchPlan:
     if thread_per_row and rows.bounded:
         # A row in one thread keeps nothing shared: sized for the bound it would only grow.
         rows = dataclasses.replace(rows, within_max=None, bounds={}, bounded=())

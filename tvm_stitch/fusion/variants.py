@@ -1,0 +1,235 @@
+"""A kernel of symbolic row count compiled as a few variants, one chosen at run time by its size.
+
+For a kernel whose row count is one symbolic size and whose plan has barriers
+(several threads per row), planning/variants.py says which sizes another plan
+serves (few long rows split over blocks, short rows packed into blocks); each
+such plan is priced against the plan valid for every size by the time model at
+the size it was made for, and kept where it is faster by more than TIE. Where
+the plan for every size is modeled there at the least time any plan can have
+(one launch and one DRAM round trip), no plan is chosen and priced for the range. The
+kept plans are scheduled on the same PrimFunc and joined under one dispatch on
+the host: `if cond_1: variant_1 elif ...: else: the plan valid for every size`,
+so the Relax program keeps one call and every launch is one variant's.
+
+A variant packing rows into blocks with barriers needs whole blocks: it is
+scheduled on views of the buffers whose row count is `(n // k) * k`, which its
+condition (`n % k == 0`) makes the whole tensor; TVM then proves the packed
+split exact and emits no predicate around the barriers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, sym, tirx
+
+from tvm_stitch.analysis.size_bounds import at_sizes, size_bounds, sizes
+from tvm_stitch.check.timed_choice import TIE
+from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.planning.plan import StitchPlan
+from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.time_model import total_us
+from tvm_stitch.planning.variants import (MAX_VARIANTS, SizeRange, Variant, key, packs_with_barriers, ranges,
+                                          sample_sizes, sampled_plans, symbolic)
+
+# On the dispatching PrimFunc: [low, high, multiple, kernels] per variant in the dispatch's order (-1: no
+# bound), the last for every size.
+ATTR = "tvm_stitch.variants"
+
+
+@dataclass(frozen=True)
+class Planner:
+    """What building variants needs from the pass: `rule(static fused)` -> the rule plan,
+    `choose(static fused, rule plan)` -> the plan to build with its modeled_us, `price(static
+    fused, plan)` -> the time model's KernelTime of each of its kernels (None: not priced),
+    `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds threads (a
+    dispatch on the host around kernels)."""
+
+    rule: object
+    choose: object
+    price: object
+    schedule: object
+    device: bool
+
+
+def row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
+    """The symbolic size that is the row count of a CUDA row-resident plan with barriers, when it is
+    the kernel's only size and every parameter holds it as a whole extent of a row axis; else None."""
+    if (plan.spec is None or plan.spec.family != "cuda" or plan.scheme != "row-resident" or plan.mapping.rows >= 0
+            or plan.mapping.threads == 1 or plan.bounds or plan.row_axes):
+        return None
+    found = list(sizes(fused).values())
+    if len(found) != 1 or any(not isinstance(p.ty, tirx.BufferType) for p in fused.params):
+        return None
+    var = found[0]
+    for param in fused.params:
+        for index, dim in enumerate(param.ty.shape):
+            held = any(v.same_as(var) for v in tirx.analysis.undefined_vars(dim))
+            if held and (index >= plan.rank or not dim.same_as(var)):
+                return None
+    return var
+
+
+def size_variants(fused: tirx.PrimFunc, general: StitchPlan, planner: Planner) -> tuple:
+    """The variants worth compiling besides `general` (valid for every size), in the dispatch's
+    order; () when one plan serves every size (the rules at the bounds agree with `general`: the
+    sizes between are not planned)."""
+    var = row_size(fused, general)
+    if var is None:
+        return ()
+    low, high = size_bounds(fused).get(var.name, (None, None))
+    samples = sample_sizes(low, high)
+    statics = {s: at_sizes(fused, {var.name: s}) for s in samples}
+    plans = sampled_plans(samples, lambda s: planner.rule(statics[s]))
+    if all(key(plan) == key(general) for plan in plans):
+        return ()
+    kept = []
+    for condition, sample, rule in ranges(var.name, samples, plans, general):
+        if packs_with_barriers(rule) and rule.rank > 1:
+            continue  # rows of several axes flattened, then packed: a symbolic extent TVM cannot allocate for
+        times = planner.price(statics[sample], _at_count(general, rule))
+        everywhere = total_us(times) if times else -1.0
+        if everywhere >= 0 and least_us(times, rule.spec) >= everywhere * (1 - TIE):
+            continue  # `general` is modeled at the least time any plan here can have: no choice beats it
+        plan = planner.choose(statics[sample], rule)
+        if plan.modeled_us >= 0 and (everywhere < 0 or plan.modeled_us < everywhere * (1 - TIE)):
+            gain = everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
+            kept.append((gain, Variant(condition, _with_traffic(statics[sample], plan, planner), sample)))
+    best = sorted(kept, key=lambda pair: -pair[0])[:MAX_VARIANTS]
+    return tuple(v for _, v in sorted(best, key=lambda pair: kept.index(pair)))
+
+
+def least_us(times: list, spec: TargetSpec) -> float:
+    """The least modeled time of any plan of the kernel priced as `times`: one launch and, where a
+    kernel loads from device memory (then every plan of the same function does), one DRAM round trip
+    (time_model.py: each wave of a loading kernel takes at least one)."""
+    loads = any(t.geometry is not None and any(count for _, count in t.geometry.loads) for t in times)
+    return spec.launch_us + (spec.dram_latency_us if loads else 0.0)
+
+
+def _with_traffic(static: tirx.PrimFunc, plan: StitchPlan, planner: Planner) -> StitchPlan:
+    """`plan` (of a static row count) with the modeled traffic of its kernel."""
+    traffic = modeled_traffic(planner.schedule(static, plan), plan.spec)
+    if traffic is None:
+        return plan
+    return replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
+
+
+def _at_count(plan: StitchPlan, static: StitchPlan) -> StitchPlan:
+    """A one-row-per-block plan of a symbolic count, for the rows of a plan of a static count."""
+    rows = static.mapping.rows
+    return replace(plan, mapping=replace(plan.mapping, rows=rows, grid=rows), row_shape=static.row_shape)
+
+
+def dispatching(fused: tirx.PrimFunc, general: tirx.PrimFunc, variants: tuple, planner: Planner) -> tirx.PrimFunc:
+    """One PrimFunc running, per call, the first variant whose condition holds, else `general`."""
+    var = row_size(fused, StitchPlan.from_json(str(general.attrs["tvm_stitch.plan"])))
+    g_root = general.body.block
+    body, allocs = g_root.body, list(g_root.alloc_buffers)
+    for variant in reversed(variants):
+        root = _variant_func(fused, variant, var, general.params, planner).body.block
+        cond = _condition(variant.condition, var)
+        wrapped = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", cond) if planner.device else cond
+        body = tirx.IfThenElse(wrapped, root.body, body)
+        allocs += list(root.alloc_buffers)
+    root = s_tir.SBlock([], [], [], "root", body, alloc_buffers=allocs)
+    func = tirx.PrimFunc(general.params, s_tir.SBlockRealize([], True, root), general.ret_type, general.attrs)
+    recorded = [[_or_none(v.condition.low), _or_none(v.condition.high), v.condition.multiple, v.plan.kernels]
+                for v in variants]
+    return func.with_attr(ATTR, recorded + [[-1, -1, 1, 1]])
+
+
+def _or_none(bound: int | None) -> int:
+    return -1 if bound is None else bound
+
+
+def _condition(condition: SizeRange, var: tirx.Var):
+    const = lambda value: tirx.IntImm(str(var.ty), value)  # noqa: E731 - the size's integer type
+    parts = []
+    if condition.low is not None:
+        parts.append(tirx.GE(var, const(condition.low)))
+    if condition.high is not None:
+        parts.append(tirx.LE(var, const(condition.high)))
+    if condition.multiple > 1:
+        parts.append(tirx.EQ(tirx.floormod(var, const(condition.multiple)), const(0)))
+    out = parts[0] if parts else tirx.IntImm("bool", 1)
+    for part in parts[1:]:
+        out = tirx.And(out, part)
+    return out
+
+
+def _variant_func(fused: tirx.PrimFunc, variant: Variant, var: tirx.Var, params: list,
+                  planner: Planner) -> tirx.PrimFunc:
+    """The variant's plan scheduled on `fused` (on whole-block views where it packs rows with
+    barriers), reading and writing `params` (the dispatching PrimFunc's), with fresh variables so
+    that it sits next to the other variants in one body."""
+    plan = symbolic(variant.plan, _row_shape(fused, var, variant.plan.rank))
+    source = fused
+    if packs_with_barriers(plan):
+        k = tirx.IntImm(str(var.ty), plan.mapping.rows_per_task)
+        whole = tirx.floordiv(var, k) * k
+        views = {p: tirx.decl_buffer([whole if d.same_as(var) else d for d in p.ty.shape], p.ty.dtype, p.name)
+                 for p in fused.params if any(d.same_as(var) for d in p.ty.shape)}
+        source = fused.specialize(views)
+    scheduled = planner.schedule(source, plan)
+    # A view's rows are the first (n // k) * k of its tensor's, laid out alike: its accesses are the tensor's.
+    return _renamed(scheduled, var, dict(zip(scheduled.params, params)))
+
+
+def _row_shape(fused: tirx.PrimFunc, var: tirx.Var, rank: int) -> tuple:
+    out = next(p for p in fused.params if any(d.same_as(var) for d in p.ty.shape))
+    return tuple(str(d) for d in out.ty.shape[:rank])
+
+
+def _renamed(func: tirx.PrimFunc, var: tirx.Var, params: dict) -> tirx.PrimFunc:
+    """`func` with its parameters replaced as `params` says and a fresh copy of every variable it
+    defines (loop, block and buffer variables): TIR defines each variable once per function."""
+    fresh = dict(params)
+
+    def renew(v, _mutator):
+        if v.same_as(var):
+            return v
+        if v not in fresh:
+            fresh[v] = tirx.Var(v.name, v.ty)
+        return fresh[v]
+
+    return tvm_ffi.structural_mutate(func, [(tirx.Var, renew)])
+
+
+def launches_at(func: tirx.PrimFunc, value: int | None) -> int | None:
+    """Kernels one call of a dispatching PrimFunc launches where its size is `value` (None: the
+    variant for every size); None for a PrimFunc without variants."""
+    recorded = func.attrs.get(ATTR) if func.attrs is not None else None
+    if not recorded:
+        return None
+    for low, high, multiple, kernels in recorded:
+        condition = SizeRange("", None if int(low) < 0 else int(low), None if int(high) < 0 else int(high),
+                              int(multiple))
+        if condition.holds(value) if value is not None else condition == SizeRange(""):
+            return int(kernels)
+    return None
+
+
+def branch_at(func: tirx.PrimFunc, values: dict) -> tirx.PrimFunc:
+    """The dispatching PrimFunc at static sizes `values`, reduced to the branch that runs there: a
+    plain scheduled PrimFunc, as a static build's kernel (for checks of launches and traffic)."""
+    static = at_sizes(func, values)
+    analyzer = sym.Analyzer()
+    body = static.body.block.body
+    while isinstance(body, tirx.IfThenElse):
+        cond = body.condition
+        if isinstance(cond, tvm.ir.Call) and cond.op.same_as(tvm.ir.Op.get("tirx.tvm_thread_invariant")):
+            cond = cond.args[0]
+        taken = analyzer.simplify(cond)
+        if not isinstance(taken, tirx.IntImm):
+            raise ValueError(f"the dispatch condition {cond} is not decided at {values}")
+        body = body.then_case if taken.value else body.else_case
+    used = {v for v in tirx.analysis.undefined_vars(body)}
+    root = static.body.block
+    allocs = [b for b in root.alloc_buffers if b in used]
+    new_root = s_tir.SBlock([], [], [], "root", body, alloc_buffers=allocs)
+    return tirx.PrimFunc(static.params, s_tir.SBlockRealize([], True, new_root), static.ret_type,
+                         static.attrs).without_attr(ATTR)
+
