@@ -217,12 +217,12 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
 
 def stitch_passes(target, *, strict: bool = False, report: StitchReport | None = None,
                   emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True,
-                  spec=None) -> list:
+                  spec=None, fusion: str = "greedy") -> list:
     """The passes up to and including StitchFusion (shared by `pipeline` and `explain`); `target`: a
     StitchTarget, or a target it is made from with `emulate` and `spec`."""
     if not isinstance(target, StitchTarget):
         target = StitchTarget.make(target, emulate, spec)
-    stitch = StitchFusion(target, strict=strict, report=report, cost_model=cost_model)
+    stitch = StitchFusion(target, strict=strict, report=report, cost_model=cost_model, fusion=fusion)
     # Groups fall back one by one; a failure of the pass as a whole (a bug) leaves TVM's path.
     return (grouping_passes(target.target, fast_math=fast_math, report=report)
             + [stitch if strict else guarded(stitch, report)])
@@ -230,7 +230,7 @@ def stitch_passes(target, *, strict: bool = False, report: StitchReport | None =
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
              emulate: str | None = None, fast_math: bool | None = None,
-             cost_model: bool = True, spec=None) -> tvm.transform.Pass:
+             cost_model: bool = True, spec=None, fusion: str = "greedy") -> tvm.transform.Pass:
     """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
 
     `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
@@ -246,13 +246,14 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     (planning/cost_models/, CPU only) pick each kernel's configuration among
     the rule plan's variants; `False` keeps the rules alone. Plans are made
     for the target's `TargetSpec`, or for `spec` where given (see `StitchFusion`).
+    `fusion="search"` groups by the fusion search, "greedy" by the greedy partition (see `StitchFusion`).
     An llvm target without `mcpu` warns (GenericCpuWarning): see `target.host_target()`.
     """
     made = StitchTarget.make(target, emulate, spec)
     target = made.target
     warn_if_generic_cpu(target)
     passes = (
-        stitch_passes(made, strict=strict, report=report, fast_math=fast_math, cost_model=cost_model)
+        stitch_passes(made, strict=strict, report=report, fast_math=fast_math, cost_model=cost_model, fusion=fusion)
         + [relax.transform.FuseTIR()]
         + ([GuardedDefaultSchedule(made.target_spec), guarded(VectorSelectsAsBranches(), report)]
            if target.kind.name == "cuda" else [GuardedCpuSchedule(made.target_spec)])

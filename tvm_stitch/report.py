@@ -44,6 +44,7 @@ class StitchReport:
     opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
     packs: list = field(default_factory=list)  # (packed kernel, member kernels): one launch each
     notes: list = field(default_factory=list)
+    searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block searched
 
     @property
     def plans(self) -> list:
@@ -96,12 +97,13 @@ class StitchReport:
             lines.append(f"independent: {packed} launches {len(members)} kernels at once: {', '.join(members)}")
         for group in self.fallbacks:
             lines.append(f"fallback [{','.join(group.ops)}]: {group.fallback}")
+        lines.extend(_search_line(record) for record in self.searches)
         for group in self.groups:
             lines.extend(_variant_lines(group))
         for group in self.groups:
             if group.stitched and group.recomputed:
-                lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (reads no large tensor: "
-                             f"no launch of its own)")
+                lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (computed again "
+                             f"instead of read from memory)")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -135,6 +137,15 @@ class StitchReport:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _search_line(r) -> str:
+    """One block's fusion search: the plan used, its modeled time and greedy's, proven or not, time taken."""
+    times = (f"{r.chosen_us:.1f} us against greedy's {r.greedy_us:.1f} us" if r.greedy_us >= 0
+             else "not priced")
+    why = f" ({r.why})" if r.why else ""
+    return (f"fusion {r.method} in {r.function} block {r.block}{why}: {times}, "
+            f"optimum {'proven' if r.proven else 'not proven'}, {r.candidates} candidates, {r.seconds:.2f} s")
 
 
 def _variant_lines(group: GroupRecord) -> list:

@@ -76,8 +76,9 @@ class SimtReport:
         return "\n".join(self.lines())
 
 
-def stitched_kernels(mod: tvm.IRModule, target) -> tuple:
-    """(stitched module, StitchReport, {kernel name: fused PrimFunc}) for `target`, as the pipeline makes them."""
+def stitched_kernels(mod: tvm.IRModule, target, fusion: str = "greedy") -> tuple:
+    """(stitched module, StitchReport, {kernel name: fused PrimFunc}) for `target`, as the pipeline makes them
+    (grouped by `fusion`, as `pipeline`'s)."""
     fused = {}
     model = cost_model.SHIPPED.get("cuda")
 
@@ -88,7 +89,7 @@ def stitched_kernels(mod: tvm.IRModule, target) -> tuple:
     report = StitchReport()
     with target:
         grouped = tvm.transform.Sequential(grouping_passes(target))(tvm.IRModule(mod.functions, attrs=mod.attrs))
-        out = stitch_module(grouped, target, report=report, choose=choose)
+        out = stitch_module(grouped, target, report=report, choose=choose, fusion=fusion)
     return out, report, fused
 
 
@@ -111,13 +112,13 @@ def _references(func: tirx.PrimFunc, name: str, fused: dict, packs: dict) -> lis
 
 
 def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int = 0,
-          sizes: dict | None = None) -> SimtReport:
+          sizes: dict | None = None, fusion: str = "greedy") -> SimtReport:
     """Run every stitched CUDA kernel of `mod` with SIMT semantics; see the module docstring.
 
     `target`: the CUDA target the kernels are planned for (default sm_90).
     `oclgrind=True` runs on the Oclgrind simulator (slow: small shapes).
     `sizes`: symbolic variable name -> the values its kernels run at
-    (default: from the recorded bounds, see symbolic_sizes).
+    (default: from the recorded bounds, see symbolic_sizes). `fusion`: the grouping, as `pipeline`'s.
     """
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"simt.check expects a Relax IRModule, got {type(mod).__name__}")
@@ -125,7 +126,7 @@ def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int =
     if target.kind.name != "cuda":
         raise ValueError(f"simt.check runs CUDA kernels; target kind {target.kind.name!r} is not cuda")
     device = opencl_run.device_for(oclgrind)
-    stitched, report, fused = stitched_kernels(mod, target)
+    stitched, report, fused = stitched_kernels(mod, target, fusion)
     packs = {packed: members for packed, members in report.packs}
     result = SimtReport(stitch=report, platform=device.platform.name)
     lower, upper = recorded_bounds(mod)

@@ -33,7 +33,10 @@ from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.modeled_time import plan_times, plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.fusion.group_pricing import estimated_plan
+from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, greedy_groups, search_block
 from tvm_stitch.fusion.outline import Outlined, outline_group
+from tvm_stitch.fusion.unfuse import opened_block
 from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.fusion.variants import Planner, dispatching, size_variants
@@ -188,6 +191,7 @@ class Kernel:
 
 
 OUTLINED, PLANNED, SCHEDULED = "outlined", "planned", "scheduled"
+FUSION_METHODS = ("greedy", "search")
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,7 @@ class _Outcome:
     opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
     packs: list = field(default_factory=list)  # (packed kernel, member kernels)
     notes: list = field(default_factory=list)
+    searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block
 
     def into(self, report: StitchReport, kernels: dict) -> None:
         """Fill `report`; `kernels` (name -> Kernel) are the kernels as finally built."""
@@ -238,6 +243,7 @@ class _Outcome:
         report.opaque.extend(self.opaque)
         report.packs.extend(self.packs)
         report.notes.extend(self.notes)
+        report.searches.extend(self.searches)
 
 
 @dataclass(frozen=True)
@@ -269,8 +275,11 @@ def _group(block: _Block, members: list, recomputed: tuple = ()) -> Group:
 class _Stitcher:
     """The stages of the pass for one module: outline, plan, schedule per group; groups per block."""
 
-    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, spec: TargetSpec, choose=None):
+    def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, spec: TargetSpec, choose=None,
+                 fusion: str = "greedy"):
         self.mod = mod
+        self.fusion = fusion  # "greedy": partition.py's groups; "search": fusion_search.py's plan
+        self.search_seconds = SEARCH_SECONDS  # the solver's time limit per dataflow block
         self.choose = choose  # (fused, rule plan, spec) -> the plan to use; None: the rule plan
         self.target = target
         self.spec = spec
@@ -416,25 +425,66 @@ class _Stitcher:
         self.outcome.opaque.extend((node.var.name, node.reason) for node in graph.nodes if not node.stitchable)
         scope = _Block(function, graph, {b.var: (block_index, k) for k, b in enumerate(block.bindings)}, bounds,
                        recomputed_producers(graph, self.limits))
-        stitched = self._stitched_groups(scope)
-        still_read = _still_read(graph, scope.recomputed, stitched)
-        for members in partition(graph, self.limits, among=still_read):
-            if not _only_reshapes(graph, members):
-                stitched += self._kept([self.attempt(scope, members)])
+        search = self.fusion == "search" and any(node.stitchable for node in graph.nodes)
+        greedy = partition(graph, self.limits)
+        searched = self._searched(scope, block_index, (block, used_after), greedy) if search else None
+        if searched is not None:
+            stitched, scope = searched
+        else:
+            stitched = self._stitched_groups(scope, greedy)
+            still_read = _still_read(graph, scope.recomputed, stitched)
+            for members in partition(graph, self.limits, among=still_read):
+                if not _only_reshapes(graph, members):
+                    stitched += self._kept([self.attempt(scope, members)])
         if not stitched:
             return block
         return relax.DataflowBlock(self._bindings(scope, stitched, used_after, calls))
+
+    def _searched(self, fused: _Block, block_index: int, where: tuple, partitioned: list) -> tuple | None:
+        """(stitched attempts, scope) of the fusion search's plan, over the block with FuseOps' groups of
+        stitchable nodes opened (unfuse.py); None where greedy's plan stands (the search found nothing
+        cheaper, or a group of its plan did not stitch). `where`: (the block, the variables later code
+        reads); `partitioned`: greedy's groups of the block."""
+        block, used_after = where
+        opened, origin = opened_block(self.mod, block, {n.var for n in fused.graph.nodes if n.stitchable})
+        graph = build_graph(self.mod, opened, used_after, self.analyses)
+        scope = dataclasses.replace(fused, graph=graph, recomputed=frozenset(),
+                                    where={b.var: (block_index, k) for k, b in enumerate(opened.bindings)})
+        greedy = greedy_groups(fused.graph, self.limits, partitioned, (graph, origin))
+
+        def attempt(owned: list, recomputed: list) -> Attempt:
+            try:
+                return self.attempt(scope, owned, tuple(recomputed))
+            except StitchError as err:  # strict mode: a candidate that fails is no candidate
+                return Attempt(_group(scope, owned, tuple(recomputed)), "", reason=reason_of(err))
+
+        def estimate(owned: list, recomputed: list):
+            return estimated_plan(self.mod, graph, owned, recomputed, scope.bounds, self.spec, self.target)
+
+        record, plan = search_block((scope.function, block_index), graph, greedy, self.spec,
+                                    (attempt, estimate),
+                                    lambda node: _only_reshapes(graph, [node]), self.search_seconds)
+        self.outcome.searches.append(record)
+        if plan is None:
+            return None
+        attempts = [self.attempt(scope, list(owned), recomputed) for owned, recomputed in plan.groups]
+        if not all(a.stitched for a in attempts):
+            self.outcome.searches[-1] = dataclasses.replace(record, method="greedy", chosen_us=record.greedy_us,
+                                                            why="a group of the searched plan did not stitch")
+            return None
+        self.outcome.notes.extend(plan.notes)
+        return self._kept(attempts), dataclasses.replace(scope, recomputed=plan.copies_only)
 
     def _kept(self, attempts: list) -> list:
         """Record the final attempts of groups; the stitched ones."""
         self.outcome.attempts.extend(attempts)
         return [a for a in attempts if a.stitched]
 
-    def _stitched_groups(self, scope: _Block) -> list:
+    def _stitched_groups(self, scope: _Block, partitioned: list) -> list:
         """The stitched attempts of the partition's groups; a group that fails and whose rows may be
         split is retried as its parts that keep rows on chip (see `_groups`)."""
         stitched = []
-        for members, parts in self._groups(scope.graph):
+        for members, parts in self._groups(scope.graph, partitioned):
             if _only_reshapes(scope.graph, members):
                 continue  # TVM turns these into views that launch nothing
             whole = self._recomputing(scope, members)
@@ -458,10 +508,10 @@ class _Stitcher:
                                   f"{attempt.reason.text}")
         return self.attempt(scope, members)
 
-    def _groups(self, graph: Graph) -> list:
-        """(group, parts) pairs: a group whose rows may be split (see partition_limits) has as parts the
-        groups that keep rows on chip, tried when the group itself cannot be stitched."""
-        groups = partition(graph, self.limits)
+    def _groups(self, graph: Graph, groups: list) -> list:
+        """(group, parts) pairs of the partition's `groups`: a group whose rows may be split (see
+        partition_limits) has as parts the groups that keep rows on chip, tried when the group itself
+        cannot be stitched."""
         if self.on_chip_limits is None:
             return [(g, []) for g in groups]
         on_chip = partition(graph, self.on_chip_limits)
@@ -543,17 +593,18 @@ def _rewrite_function(stitcher: _Stitcher, name: str, func: relax.Function, call
 
 def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
                   report: StitchReport | None = None, spec: TargetSpec | None = None,
-                  choose=None) -> tvm.IRModule:
+                  choose=None, fusion: str = "greedy") -> tvm.IRModule:
     """Stitch `mod` for `target`; plans are made for `spec` (default: `target`'s).
 
     `choose(fused, rule_plan, spec)` returns the plan to build (e.g. the cost
     model's pick among candidates.py's variants); None keeps the rule plan.
+    `fusion`: "greedy" (partition.py) or "search" (fusion_search.py).
     """
     report = report if report is not None else StitchReport()
     spec = spec if spec is not None else TargetSpec.from_target(target)
     report.target = "cuda" if spec.family == "cuda" else "llvm"
     report.spec = spec
-    stitcher = _Stitcher(mod, target, strict, spec, choose)
+    stitcher = _Stitcher(mod, target, strict, spec, choose, fusion)
     bb = relax.BlockBuilder(mod)
     calls = _LazyGlobals(bb, stitcher.kernels)
     for gv, func in list(mod.functions_items()):
@@ -589,7 +640,7 @@ class _LazyGlobals(dict):
 
 def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, strict: bool = False,
                  report: StitchReport | None = None, emulate=None,
-                 cost_model=True, spec: TargetSpec | None = None) -> tvm.transform.Pass:
+                 cost_model=True, spec: TargetSpec | None = None, fusion: str = "greedy") -> tvm.transform.Pass:
     """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
 
     `target` defaults to the current target scope; plans are made for its
@@ -610,8 +661,13 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
     first) is used as given; `False` uses the rules only. `spec` plans for
     that `TargetSpec` instead of the target's own (another core count, an
     SM count no target attribute sets); its family must be the one planned
-    for.
+    for. `fusion="search"` chooses the groups by the fusion search (an
+    integer program over the groups' modeled times, fusion/fusion_search.py;
+    greedy's plan where the search finds nothing cheaper); "greedy" (the
+    default) by the greedy partition (fusion/partition.py).
     """
+    if fusion not in FUSION_METHODS:
+        raise ValueError(f"fusion must be one of {', '.join(FUSION_METHODS)}, not {fusion!r}")
     if isinstance(target, StitchTarget):
         if emulate is not None or spec is not None:
             raise TypeError("a StitchTarget already holds what emulate and spec would set")
@@ -631,7 +687,8 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
             if current is None:
                 raise ValueError("StitchFusion needs a target: pass one or run it inside `with target:`")
             made = StitchTarget.checked(as_target(current), emulation, spec)
-        return stitch_module(mod, made.target, strict, report, made.spec, _chooser(cost_model, made.spec.family))
+        return stitch_module(mod, made.target, strict, report, made.spec, _chooser(cost_model, made.spec.family),
+                             fusion)
 
     return _pass
 

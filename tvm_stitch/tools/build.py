@@ -24,18 +24,18 @@ class Built:
 
 
 def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False,
-          emulate=None, cost_model=True, spec=None, fast_math=None) -> Built:
+          emulate=None, cost_model=True, spec=None, fast_math=None, fusion: str = "greedy") -> Built:
     """Compile `mod` with the stitch pipeline (stitched=True) or TVM's default one.
 
     `emulate="cuda"` (llvm only): the CUDA schedules, without thread bindings.
     `cost_model=False`: kernel configurations from the rules alone.
     `spec`: plan for this TargetSpec instead of the target's own.
-    `fast_math`: as `pipeline`'s (None: on for llvm, off for CUDA).
+    `fast_math`: as `pipeline`'s (None: on for llvm, off for CUDA). `fusion`: as `pipeline`'s.
     """
     target = as_target(target)
     report = StitchReport() if stitched else None
     pipe = (pipeline(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec,
-                     fast_math=fast_math)
+                     fast_math=fast_math, fusion=fusion)
             if stitched
             else default_pipeline(target))
     start = time.perf_counter()
@@ -45,9 +45,9 @@ def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False,
     return Built(executable, lowered, report, time.perf_counter() - start)
 
 
-def cuda_launches(mod: tvm.IRModule, stitched: bool, arch: str = "sm_90") -> int:
+def cuda_launches(mod: tvm.IRModule, stitched: bool, arch: str = "sm_90", fusion: str = "greedy") -> int:
     """CUDA kernel launches per call of `main` (no GPU needed: counts the built module)."""
-    built = build(mod, {"kind": "cuda", "arch": arch}, stitched)
+    built = build(mod, {"kind": "cuda", "arch": arch}, stitched, fusion=fusion)
     return count_launches(built.lowered, built.executable)
 
 

@@ -419,7 +419,7 @@ def _elements(spec: Spec) -> int:
     return sum(int(np.prod(shape)) for shape, _ in spec.inputs)
 
 
-def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0) -> tuple:
+def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0, fusion: str = "greedy") -> tuple:
     """(Outcome, platform): the stitched CUDA kernels run with SIMT semantics (tvm_stitch.simt).
 
     Symbolic graphs are built symbolic and their kernels run at each of the
@@ -432,7 +432,7 @@ def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0) -> tuple:
     sizes = spec.sizes.get("n")
     largest = _concrete_spec(spec, max(sizes)) if sizes else spec
     on_oclgrind = oclgrind and _elements(largest) <= OCLGRIND_MAX_ELEMENTS
-    report = simt.check(build_module(spec), oclgrind=on_oclgrind, seed=seed, sizes=spec.sizes)
+    report = simt.check(build_module(spec), oclgrind=on_oclgrind, seed=seed, sizes=spec.sizes, fusion=fusion)
     bad = [k for k in report.kernels if not k.ok]
     outcome = Outcome(not bad, "; ".join(f"SIMT {k.status} in {k.name}: {k.detail}" for k in bad[:2]),
                       simt_kernels=len(report.kernels), simt_platform=report.platform)
@@ -440,10 +440,11 @@ def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0) -> tuple:
 
 
 def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0, simt: bool = False,
-               oclgrind: bool = False) -> Outcome:
+               oclgrind: bool = False, fusion: str = "greedy") -> Outcome:
     """Stitched llvm builds (native CPU schedules, and the CUDA schedules without thread
     bindings) vs TVM's default llvm build; optionally the CUDA build compiles, and (`simt`)
-    the stitched CUDA kernels run with SIMT semantics on pocl (or Oclgrind)."""
+    the stitched CUDA kernels run with SIMT semantics on pocl (or Oclgrind). `fusion`: the
+    stitched builds' grouping, as `pipeline`'s."""
     from tvm_stitch.tools.build import build, run_cpu
 
     try:
@@ -458,7 +459,7 @@ def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0
     for emulate in (None, "cuda"):
         label = "CUDA schedule on llvm" if emulate else "stitched llvm"
         try:
-            builds[label] = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate)
+            builds[label] = build(mod, {"kind": "llvm"}, stitched=True, emulate=emulate, fusion=fusion)
         except Exception as err:  # noqa: BLE001
             return Outcome(False, f"{label} build failed: {type(err).__name__}: {_last_line(err)}")
     report = builds["stitched llvm"].report
@@ -483,14 +484,14 @@ def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0
                     return Outcome(False, f"{label}: output {k} differs (size {size}): max abs diff {err}")
     if cuda:
         try:
-            built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+            built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True, fusion=fusion)
             if nvcc:
                 _nvcc_check(built.executable)
         except Exception as err:  # noqa: BLE001
             return Outcome(False, f"CUDA build failed: {type(err).__name__}: {_last_line(err)}")
     outcome = Outcome(True, "", len(report.plans), len(report.fallbacks))
     if simt:
-        checked, _ = simt_check(spec, oclgrind, seed)
+        checked, _ = simt_check(spec, oclgrind, seed, fusion)
         outcome.simt_kernels, outcome.simt_platform = checked.simt_kernels, checked.simt_platform
         if not checked.ok:
             return dataclasses.replace(outcome, ok=False, message=checked.message)

@@ -79,13 +79,13 @@ def default_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTi
     return module_time(lowered, spec)
 
 
-def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTime:
-    """`mod` built by the stitch pipeline for the CUDA `target`, priced."""
+def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = "greedy") -> ModuleTime:
+    """`mod` built by the stitch pipeline for the CUDA `target` (grouped by `fusion`), priced."""
     from tvm_stitch.pipeline import pipeline
 
     target = as_target(target)
     with target:
-        lowered = pipeline(target)(tvm.IRModule(mod.functions, attrs=mod.attrs))
+        lowered = pipeline(target, fusion=fusion)(tvm.IRModule(mod.functions, attrs=mod.attrs))
     return module_time(lowered, spec)
 
 
