@@ -163,7 +163,7 @@ def test_float16_gemm_builds_for_cuda_in_a_child_process():
     """The GEMM that crashed TVM 0.27's Tensorize (a segfault) builds, run in a child so a regression fails
     this test instead of killing pytest; on tensor cores (wmma) wherever the installed tvm-ffi lets TVM
     tensorize, on the SIMT cores where the guard switched tensorization off."""
-    from tvm_stitch.tensorize_guard import tensorize_faults
+    from schedules.tensorize_guard import tensorize_faults
 
     env = dict(os.environ, TVM_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", GEMM], capture_output=True, text=True, timeout=900, env=env,

@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_stitch.tensorize_guard import (FIRST_FAULTING_FFI, NO_TENSORIZE, NoTensorize, ffi_release,
+from schedules.tensorize_guard import (FIRST_FAULTING_FFI, NO_TENSORIZE, NoTensorize, ffi_release,
                                         tensorize_faults)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

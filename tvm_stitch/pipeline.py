@@ -43,6 +43,7 @@ from tvm.target import Target
 
 from schedules.cpu import contraction
 from schedules.cuda import per_block
+from schedules.cuda.dlight_default import first_dlight_schedule
 from schedules.cuda.vector_selects import selects_as_branches
 
 from tvm_stitch.fusion.closed_forms import ComputeClosedForms
@@ -56,7 +57,6 @@ from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import StitchFusion
 from tvm_stitch.stitch_target import StitchTarget
 from tvm_stitch.target import backend_passes, warn_if_generic_cpu
-from tvm_stitch.tensorize_guard import tensorize_faults, without_tensorize
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
@@ -77,30 +77,15 @@ class GuardedDefaultSchedule:
         self.spec = spec
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from tvm.s_tir import dlight as dl
-
         target = Target.current(allow_none=False)
         spec = self.spec if self.spec is not None else TargetSpec.from_target(target)
-        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-                 dl.gpu.Fallback()]
-        updates, faults = {}, tensorize_faults()
+        updates = {}
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            func = without_tensorize(func) if faults else func  # tensorize_guard
-            sch, name = None, "per_block"
-            for rule in rules:
-                try:
-                    sch = rule.apply(func, target, False)
-                except Exception:  # noqa: BLE001 - a crashing dlight rule means: try the next one
-                    sch = None
-                if isinstance(sch, list):
-                    sch = sch[0] if sch else None
-                if sch is not None:
-                    name = type(rule).__name__
-                    break
+            sch, name = first_dlight_schedule(func, target)
             if sch is None:
-                sch = per_block.apply(func, spec)
+                sch, name = per_block.apply(func, spec), "per_block"
             updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_stitch.schedule_rule": name})
         for gv, func in updates.items():
             mod[gv] = func

@@ -75,7 +75,7 @@ def default_pipeline(target: Target) -> tvm.transform.Pass:
     """
     if target.kind.name != "cuda":
         return backend_passes(target).get_default_pipeline(target)
-    from tvm_stitch.tensorize_guard import NoTensorize
+    from schedules.tensorize_guard import NoTensorize
 
     backend = backend_passes(target)
     legalize = backend.legalize_passes(target)  # ends with dlight's ApplyDefaultSchedule

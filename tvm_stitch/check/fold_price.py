@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.target import Target
 
+from schedules.cuda.dlight_default import first_dlight_schedule
 from tvm_stitch.check.modeled_time import modeled_times
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import total_us
@@ -39,25 +40,10 @@ class FoldPrice:
         return self.folded_us < 0 or self.apart_us < 0 or self.folded_us <= self.apart_us
 
 
-def dlight_scheduled(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
-    """`func` scheduled by the first of dlight's default GPU rules that applies (None if none does)."""
-    from tvm.s_tir import dlight as dl
-
-    for rule in (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()):
-        try:
-            sch = rule.apply(func, target, False)
-        except Exception:  # noqa: BLE001 - a crashing dlight rule means: try the next one
-            sch = None
-        if isinstance(sch, list):
-            sch = sch[0] if sch else None
-        if sch is not None:
-            return sch.mod["main"]
-    return None
-
-
 def default_us(func: tirx.PrimFunc, target: Target, spec: TargetSpec) -> float:
     """Modeled microseconds of `func` as dlight schedules it; -1.0 where it cannot be priced."""
-    scheduled = dlight_scheduled(func, target)
+    sch, _ = first_dlight_schedule(func, target)
+    scheduled = sch.mod["main"] if sch is not None else None
     times = modeled_times(scheduled, spec) if scheduled is not None else None
     return total_us(times) if times else -1.0
 
