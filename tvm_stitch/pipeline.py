@@ -6,6 +6,8 @@
     ComputeClosedForms (fusion/closed_forms: what depends on symbolic sizes
         alone, e.g. a decoder's causal mask, as kernels with no input that
         the stitched kernels reading them recompute)
+    FuseAttention (fusion/attention: Q K^T, scale, mask, softmax, P V as one
+        planned kernel per chain)
     library dispatch (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
@@ -45,6 +47,7 @@ from schedules.cpu import contraction
 from schedules.cuda import per_block
 from schedules.cuda.vector_selects import selects_as_branches
 
+from tvm_stitch.fusion.attention import FuseAttention
 from tvm_stitch.fusion.closed_forms import ComputeClosedForms
 from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.host_constants import FoldHostConstants
@@ -195,6 +198,8 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
         # What a symbolic size leaves of those: each read binding one kernel of no input (recomputed
         # by its readers' stitched kernels), before the dispatch makes a cumsum a scan.
         + [guarded(ComputeClosedForms(report=report), report)]
+        # attention chains as one kernel each, while softmax is still a Relax op (FastMath rewrites it)
+        + [guarded(FuseAttention(target, report=report), report)]
         + backend_passes(target).library_dispatch_passes(target)
         + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]
         + ([guarded(FastMath(), report)] if fast_math else [])

@@ -41,6 +41,7 @@ class StitchReport:
     opaque: list = field(default_factory=list)  # (binding, reason) left to TVM's default path
     packs: list = field(default_factory=list)  # (packed kernel, member kernels): one launch each
     notes: list = field(default_factory=list)
+    attention: list = field(default_factory=list)  # fusion/attention.AttentionRecord per attention chain
 
     @property
     def plans(self) -> list:
@@ -97,6 +98,7 @@ class StitchReport:
             if group.stitched and group.recomputed:
                 lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (reads no large tensor: "
                              f"no launch of its own)")
+        lines.extend(record.line() for record in self.attention)
         lines.extend(self.notes)
         return "\n".join(lines)
 

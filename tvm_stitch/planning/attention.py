@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm_stitch.planning.common import PlanError
+from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 
 MASK_KINDS = ("none", "causal", "additive")
