@@ -27,18 +27,19 @@ def build(plan) -> tirx.PrimFunc:
             T.func_name("fused_attention")
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
             bufs = arguments(s)
-            with T.parallel(0, plan.tasks) as task:
-                tile = {
-                    "q": T.alloc_buffer((plan.q_tile, s.head_dim), "float32"),
-                    "kt": T.alloc_buffer((s.head_dim, plan.k_tile), "float32"),
-                    "v": T.alloc_buffer((plan.k_tile, s.head_dim), "float32"),
-                    "s": T.alloc_buffer((plan.k_tile,), "float32"),
-                    "acc": T.alloc_buffer((plan.q_tile, s.head_dim), "float32"),
-                    "m": T.alloc_buffer((plan.q_tile,), "float32"),
-                    "l": T.alloc_buffer((plan.q_tile,), "float32"),
-                    "t": T.alloc_buffer((2,), "float32"),
-                }
-                _task(plan, bufs, tile, task)
+            with T.sblock("root"):
+                with T.parallel(0, plan.tasks) as task:
+                    tile = {
+                        "q": T.alloc_buffer((plan.q_tile, s.head_dim), "float32"),
+                        "kt": T.alloc_buffer((s.head_dim, plan.k_tile), "float32"),
+                        "v": T.alloc_buffer((plan.k_tile, s.head_dim), "float32"),
+                        "s": T.alloc_buffer((plan.k_tile,), "float32"),
+                        "acc": T.alloc_buffer((plan.q_tile, s.head_dim), "float32"),
+                        "m": T.alloc_buffer((plan.q_tile,), "float32"),
+                        "l": T.alloc_buffer((plan.q_tile,), "float32"),
+                        "t": T.alloc_buffer((2,), "float32"),
+                    }
+                    _task(plan, bufs, tile, task)
     return ib.get()
 
 

@@ -26,22 +26,23 @@ def build(plan) -> tirx.PrimFunc:
             T.func_name("fused_attention")
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
             bufs = arguments(s)
-            with T.thread_binding(plan.tasks, thread="blockIdx.x") as bx:
-                with T.thread_binding(plan.threads, thread="threadIdx.x") as tx:
-                    smem = {
-                        "q": _Padded(plan.q_tile, s.head_dim),
-                        "k": _Padded(plan.k_tile, s.head_dim),
-                        "v": _Padded(plan.k_tile, s.head_dim),
-                        "p": _Padded(plan.q_tile, plan.k_tile),
-                    }
-                    regs = {
-                        "acc": T.alloc_buffer((s.head_dim // plan.lanes,), "float32", scope="local"),
-                        "m": T.alloc_buffer((1,), "float32", scope="local"),
-                        "l": T.alloc_buffer((1,), "float32", scope="local"),
-                        "t": T.alloc_buffer((1,), "float32", scope="local"),
-                        "a": T.alloc_buffer((1,), "float32", scope="local"),
-                    }
-                    _block_body(plan, bufs, smem, regs, bx, tx)
+            with T.sblock("root"):
+                with T.thread_binding(plan.tasks, thread="blockIdx.x") as bx:
+                    with T.thread_binding(plan.threads, thread="threadIdx.x") as tx:
+                        smem = {
+                            "q": _Padded(plan.q_tile, s.head_dim),
+                            "k": _Padded(plan.k_tile, s.head_dim),
+                            "v": _Padded(plan.k_tile, s.head_dim),
+                            "p": _Padded(plan.q_tile, plan.k_tile),
+                        }
+                        regs = {
+                            "acc": T.alloc_buffer((s.head_dim // plan.lanes,), "float32", scope="local"),
+                            "m": T.alloc_buffer((1,), "float32", scope="local"),
+                            "l": T.alloc_buffer((1,), "float32", scope="local"),
+                            "t": T.alloc_buffer((1,), "float32", scope="local"),
+                            "a": T.alloc_buffer((1,), "float32", scope="local"),
+                        }
+                        _block_body(plan, bufs, smem, regs, bx, tx)
     return ib.get()
 
 

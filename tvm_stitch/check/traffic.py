@@ -57,7 +57,12 @@ def _global(buffer, params: list, root_allocs: list) -> bool:
 
 
 def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
-    """Bytes the function moves to and from device memory on `spec`'s target; None for symbolic shapes."""
+    """Bytes the function moves to and from device memory on `spec`'s target; None for symbolic shapes.
+    A kernel built from a plan that models its own traffic (a fused attention kernel) records it in
+    its `tvm_stitch.traffic` attribute: (loaded, stored, ideal)."""
+    recorded = func.attrs.get("tvm_stitch.traffic") if func.attrs is not None else None
+    if recorded is not None:
+        return Traffic(*(int(x) for x in recorded))
     params = buffer_params(func)
     root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
     root_allocs = list(root.alloc_buffers) if root is not None else []

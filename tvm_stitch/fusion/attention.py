@@ -29,6 +29,7 @@ from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mas
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.fusion.host_constants import constant_bindings, evaluate_bindings
 from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
+from tvm_stitch.planning.attention_cost import modeled_us, traffic
 from tvm_stitch.planning.reasons import PlanError, Reason
 from tvm_stitch.planning.spec import TargetSpec
 
@@ -48,7 +49,11 @@ class AttentionRecord:
     def line(self) -> str:
         where = f"{self.function}: [{','.join(self.bindings)}]"
         if self.plan is not None:
-            return f"attention {self.kernel} {where}: {self.plan.describe()}"
+            loaded, stored, ideal = traffic(self.plan)
+            us = modeled_us(self.plan)
+            cost = f"; modeled {(loaded + stored) / 1e6:.2f} MB (ideal {ideal / 1e6:.2f})" + (
+                f", {us:.1f} us" if us >= 0 else "")
+            return f"attention {self.kernel} {where}: {self.plan.describe()}{cost}"
         return f"attention fallback {where}: {self.reason.text}"
 
 
@@ -106,7 +111,8 @@ class FuseAttention:
     def _planned(self, function: str, chain: AttentionChain, spec: TargetSpec) -> tuple:
         try:
             plan = plan_attention(shape_of(chain), spec)
-            kernel = kernel_for(plan).with_attr("op_pattern", OPAQUE)
+            kernel = kernel_for(plan).with_attrs({"op_pattern": OPAQUE, "tvm_stitch.attention": plan.describe(),
+                                                  "tvm_stitch.traffic": list(traffic(plan))})
             check_builds(kernel, self.target)
         except PlanError as err:
             return AttentionRecord(function, chain.bindings, reason=err.reason), None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm_stitch.planning.attention_cost import modeled_us
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 
@@ -116,21 +117,21 @@ def check_shape(shape: AttentionShape) -> None:
 
 
 def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
-    """The largest tiles (query tile first) that fit the spec's shared memory and threads per block."""
+    """Of the tiles that fit the spec's shared memory and threads per block, those the time model
+    (planning/attention_cost.py) prices fastest; the largest among equals."""
     check_shape(shape)
     d = shape.head_dim
     lanes = next((n for n in (4, 2, 1) if d % n == 0 and d // n <= 32), None)
     if lanes is None:
         raise PlanError("attention-head-dim", head_dim=d)
-    for q_tile in (64, 32, 16):
-        for k_tile in (64, 32, 16):
-            threads = q_tile * lanes
-            if k_tile % lanes or threads > spec.max_threads_per_block:
-                continue
-            if cuda_shared_bytes(q_tile, k_tile, d) <= spec.shared_bytes_per_block:
-                return AttentionPlan(shape, spec, q_tile=min(q_tile, _pow2_at_least(shape.q_len, 16)),
-                                     k_tile=k_tile, lanes=lanes)
-    raise PlanError("attention-shared-memory", head_dim=d, limit=spec.shared_bytes_per_block)
+    fitting = [AttentionPlan(shape, spec, q_tile=min(q_tile, _pow2_at_least(shape.q_len, 16)), k_tile=k_tile,
+                             lanes=lanes)
+               for q_tile in (64, 32, 16) for k_tile in (64, 32, 16)
+               if k_tile % lanes == 0 and q_tile * lanes <= spec.max_threads_per_block
+               and cuda_shared_bytes(q_tile, k_tile, d) <= spec.shared_bytes_per_block]
+    if not fitting:
+        raise PlanError("attention-shared-memory", head_dim=d, limit=spec.shared_bytes_per_block)
+    return min(fitting, key=lambda plan: max(modeled_us(plan), 0.0))
 
 
 def plan_cpu(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
