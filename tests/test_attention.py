@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.relax import op
 
 from conftest import needs_nvcc, nvcc
-from tvm_stitch.analysis.attention_chain import find_chains
+from tvm_stitch.analysis.attention_chain import find_chains, mask_kind
 from tvm_stitch.check import opencl_run
 from tvm_stitch.check.attention_reference import reference_func
 from tvm_stitch.check.oclgrind_fit import fitting_specs
@@ -193,3 +193,12 @@ def test_plans_are_plain_data():
     plan = plan_attention(AttentionShape(1, 2, 2, 16, 16, 64, "float32", 0.1, "none"),
                           TargetSpec.from_target(tvm.target.Target(CUDA)))
     assert dataclasses.asdict(plan)["q_tile"] == plan.q_tile and "online softmax" in plan.describe()
+
+
+def test_mask_kind_reads_the_mask_values():
+    causal = Chain(1, 1, 6, 8, 16, mask="causal").causal_mask()
+    assert mask_kind(relax.const(np.repeat(causal, 2, axis=0)), 6, 8) == "causal"  # one slice per batch
+    assert mask_kind(relax.const(np.zeros((2, 1, 6, 8), "float32")), 6, 8) == "none"
+    shifted = causal.copy()
+    shifted[..., 0, 3] = 0.0  # one key past the diagonal (query 0 sees keys 0..2) visible: not causal
+    assert mask_kind(relax.const(shifted), 6, 8) == "additive"

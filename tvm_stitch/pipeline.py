@@ -3,11 +3,11 @@
     CUDA only: FoldHostConstants (fusion/host_constants: bindings that read
         no parameter evaluated once on the host, before library dispatch
         makes a cumsum a scan kernel FoldConstant cannot run)
+    FuseAttention (fusion/attention: Q K^T, scale, mask, softmax, P V as one
+        planned kernel per chain)
     ComputeClosedForms (fusion/closed_forms: what depends on symbolic sizes
         alone, e.g. a decoder's causal mask, as kernels with no input that
         the stitched kernels reading them recompute)
-    FuseAttention (fusion/attention: Q K^T, scale, mask, softmax, P V as one
-        planned kernel per chain)
     library dispatch (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
@@ -197,9 +197,10 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
         ([guarded(FoldHostConstants(report=report), report)] if target.kind.name == "cuda" else [])
         # What a symbolic size leaves of those: each read binding one kernel of no input (recomputed
         # by its readers' stitched kernels), before the dispatch makes a cumsum a scan.
-        + [guarded(ComputeClosedForms(report=report), report)]
         # attention chains as one kernel each, while softmax is still a Relax op (FastMath rewrites it)
+        # and a mask of constants is still Relax ops (ComputeClosedForms makes kernels of them)
         + [guarded(FuseAttention(target, report=report), report)]
+        + [guarded(ComputeClosedForms(report=report), report)]
         + backend_passes(target).library_dispatch_passes(target)
         + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]
         + ([guarded(FastMath(), report)] if fast_math else [])

@@ -218,8 +218,8 @@ def _transposed(graph: _Graph, expr):
 
 
 def mask_kind(mask, q_len: int, kv_len: int) -> str:
-    """"none" (no mask, or a constant of zeros), "causal" (a constant that is 0 on and below the
-    diagonal aligned at the end and at most MASKED above it), else "additive"."""
+    """"none" (no mask, or a constant of zeros), "causal" (a constant whose every (batch, head) slice is
+    0 on and below the diagonal aligned at the end and at most MASKED above it), else "additive"."""
     if mask is None:
         return "none"
     if not isinstance(mask, tvm.ir.Constant):
@@ -227,13 +227,12 @@ def mask_kind(mask, q_len: int, kv_len: int) -> str:
     data = mask.value.numpy().astype(np.float64)
     if not data.any():
         return "none"
-    data = data.reshape((1,) * (4 - data.ndim) + data.shape)
-    if data.shape[:2] != (1, 1) or data.shape[2:] != (q_len, kv_len):
+    if data.ndim < 2 or data.shape[-2:] != (q_len, kv_len):
         return "additive"
     i, j = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
     seen = j <= i + (kv_len - q_len)
-    rows = data[0, 0]
-    return "causal" if not rows[seen].any() and np.all(rows[~seen] <= MASKED) else "additive"
+    rows = data.reshape(-1, q_len, kv_len)  # every (batch, head) slice the same causal mask
+    return "causal" if not rows[:, seen].any() and np.all(rows[:, ~seen] <= MASKED) else "additive"
 
 
 def _as_4d(shape: tuple | None) -> tuple | None:

@@ -27,7 +27,7 @@ from schedules.cpu import attention as cpu_attention
 from schedules.cuda import attention as cuda_attention
 from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mask_kind
 from tvm_stitch.check.builds import check_builds
-from tvm_stitch.fusion.host_constants import constant_bindings, evaluate_bindings
+from tvm_stitch.fusion.host_constants import evaluate_bindings
 from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
 from tvm_stitch.planning.attention_cost import modeled_us, traffic
 from tvm_stitch.planning.reasons import PlanError, Reason
@@ -127,8 +127,8 @@ def _with_evaluated_mask(func: relax.Function, chain: AttentionChain) -> Attenti
     """`chain`, its mask kind decided from the mask's value where the mask depends on constants alone."""
     if chain.mask is None or not isinstance(chain.mask, relax.Var):
         return chain
-    bindings, _ = constant_bindings(func)
-    if chain.mask not in {b.var for b in bindings}:
+    bindings = constant_slice(func, chain.mask)
+    if bindings is None:
         return chain
     value = evaluate_bindings(bindings, [chain.mask])[0]
     q_len, kv_len = _four(chain.q)[2], _four(chain.k)[2]
@@ -136,6 +136,30 @@ def _with_evaluated_mask(func: relax.Function, chain: AttentionChain) -> Attenti
     if kind == "additive":
         return chain
     return AttentionChain(chain.output, chain.q, chain.k, chain.v, None, kind, chain.scale, chain.bindings)
+
+
+def constant_slice(func: relax.Function, var: relax.Var) -> list | None:
+    """The bindings (in order) that compute `var` from constants alone: Relax operators over constants
+    (bound to vars or not), no parameter, no call of a function; None where `var` needs anything else."""
+    bound = {b.var: b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)}
+    needed, stack = set(), [var]
+    while stack:
+        v = stack.pop()
+        if v in needed:
+            continue
+        binding = bound.get(v)
+        value = binding.value if binding is not None else None
+        if value is None or (isinstance(value, relax.Call) and not _evaluable(value.op)):
+            return None
+        needed.add(v)
+        stack.extend(relax.analysis.free_vars(value))
+    return [b for b in bound.values() if b.var in needed]
+
+
+def _evaluable(op) -> bool:
+    """A Relax operator the host evaluates alone (not a call of a function, packed or printing op)."""
+    return (isinstance(op, tvm.ir.Op) and op.name.startswith("relax.")
+            and not op.name.startswith(("relax.call", "relax.print", "relax.assert", "relax.random")))
 
 
 @relax.expr_functor.mutator
