@@ -28,11 +28,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
-from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.spec import CPU_RESIDENT_PER_MILLE, CUDA_RESIDENT_PER_MILLE, TargetSpec
 
-# The share of the last-level cache a re-read buffer keeps while the kernel streams the rest through it.
-CUDA_RESIDENT_PER_MILLE = 80  # 4 MB of an H100's 50 MB L2
-CPU_RESIDENT_PER_MILLE = 125  # 4 MB of a 32 MB L3
 
 
 @dataclass(frozen=True)

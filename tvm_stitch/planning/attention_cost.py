@@ -14,7 +14,7 @@ max, the rescale and the P V update are serial FMA loops here) and exps.
 
 from __future__ import annotations
 
-from tvm_stitch.check.traffic import CPU_RESIDENT_PER_MILLE, CUDA_RESIDENT_PER_MILLE
+from tvm_stitch.planning.spec import CPU_RESIDENT_PER_MILLE, CUDA_RESIDENT_PER_MILLE
 from tvm_stitch.planning.time_model import KernelGeometry, kernel_time
 
 REGISTERS_BESIDE_ACCUMULATORS = 40  # indices, the running max and sum, a score, loop counters
