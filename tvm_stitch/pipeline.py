@@ -3,6 +3,8 @@
     CUDA only: FoldHostConstants (fusion/host_constants: bindings that read
         no parameter evaluated once on the host, before library dispatch
         makes a cumsum a scan kernel FoldConstant cannot run)
+    FuseAttention (fusion/attention: Q K^T, scale, mask, softmax, P V as one
+        planned kernel per chain)
     ComputeClosedForms (fusion/closed_forms: what depends on symbolic sizes
         alone, e.g. a decoder's causal mask, as kernels with no input that
         the stitched kernels reading them recompute)
@@ -46,6 +48,7 @@ from schedules.cuda import per_block
 from schedules.cuda.dlight_default import first_dlight_schedule
 from schedules.cuda.vector_selects import selects_as_branches
 
+from tvm_stitch.fusion.attention import FuseAttention
 from tvm_stitch.fusion.closed_forms import ComputeClosedForms
 from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.host_constants import FoldHostConstants
@@ -179,6 +182,9 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
         ([guarded(FoldHostConstants(report=report), report)] if target.kind.name == "cuda" else [])
         # What a symbolic size leaves of those: each read binding one kernel of no input (recomputed
         # by its readers' stitched kernels), before the dispatch makes a cumsum a scan.
+        # attention chains as one kernel each, while softmax is still a Relax op (FastMath rewrites it)
+        # and a mask of constants is still Relax ops (ComputeClosedForms makes kernels of them)
+        + [guarded(FuseAttention(target, report=report), report)]
         + [guarded(ComputeClosedForms(report=report), report)]
         + backend_passes(target).library_dispatch_passes(target)
         + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]

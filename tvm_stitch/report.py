@@ -45,6 +45,7 @@ class StitchReport:
     packs: list = field(default_factory=list)  # (packed kernel, member kernels): one launch each
     notes: list = field(default_factory=list)
     searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block searched
+    attention: list = field(default_factory=list)  # fusion/attention.AttentionRecord per attention chain
 
     @property
     def plans(self) -> list:
@@ -104,6 +105,7 @@ class StitchReport:
             if group.stitched and group.recomputed:
                 lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (computed again "
                              f"instead of read from memory)")
+        lines.extend(record.line() for record in self.attention)
         lines.extend(self.notes)
         return "\n".join(lines)
 

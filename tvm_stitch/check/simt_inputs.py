@@ -25,14 +25,18 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def written_params(func: tirx.PrimFunc) -> list:
-    """Indices of the parameters some block writes (the call_tir outputs)."""
+    """Indices of the parameters some block, or a store outside blocks, writes (the call_tir outputs)."""
     written = set()
 
     def visit(block):
         for region in block.writes:
             written.add(region.source)
 
+    def visit_store(store):
+        written.add(store.buffer)
+
     tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="pre")
+    tvm_ffi.structural_walk(func.body, (tirx.BufferStore, visit_store), order="pre")
     return [i for i, p in enumerate(func.params) if any(p.same_as(w) for w in written)]
 
 

@@ -28,11 +28,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
-from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.spec import CPU_RESIDENT_PER_MILLE, CUDA_RESIDENT_PER_MILLE, TargetSpec
 
-# The share of the last-level cache a re-read buffer keeps while the kernel streams the rest through it.
-CUDA_RESIDENT_PER_MILLE = 80  # 4 MB of an H100's 50 MB L2
-CPU_RESIDENT_PER_MILLE = 125  # 4 MB of a 32 MB L3
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,12 @@ def _global(buffer, params: list, root_allocs: list) -> bool:
 
 
 def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
-    """Bytes the function moves to and from device memory on `spec`'s target; None for symbolic shapes."""
+    """Bytes the function moves to and from device memory on `spec`'s target; None for symbolic shapes.
+    A kernel built from a plan that models its own traffic (a fused attention kernel) records it in
+    its `tvm_stitch.traffic` attribute: (loaded, stored, ideal)."""
+    recorded = func.attrs.get("tvm_stitch.traffic") if func.attrs is not None else None
+    if recorded is not None:
+        return Traffic(*(int(x) for x in recorded))
     params = buffer_params(func)
     root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
     root_allocs = list(root.alloc_buffers) if root is not None else []

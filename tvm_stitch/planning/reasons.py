@@ -65,6 +65,22 @@ MESSAGES = MappingProxyType({
     "column-cuda-only": lambda p: "column-split is a CUDA scheme",
     "column-no-row-divisor": lambda p: f"{p['rows']} rows have no divisor that gives a warp of threads per column tile",
     "column-no-chunks": lambda p: f"{p['elements']} elements: no split into 2..{p['most']} chunks",
+    # attention chains (analysis/attention_chain.py, planning/attention.py)
+    "attention-weights-read": lambda p: f"the attention weights {p['binding']} are read outside the chain",
+    "attention-softmax-axis": lambda p: f"softmax {p['binding']} is not over the last axis",
+    "attention-no-second-matmul": lambda p: f"softmax {p['binding']} does not feed a matmul",
+    "attention-no-scores": lambda p: f"{p['binding']} is not a scaled (and masked) matmul",
+    "attention-no-transpose": lambda p: f"softmax {p['binding']}: the scores' right operand is not a transposed K",
+    "attention-shapes": lambda p: f"Q, K, V shapes {p['shapes']} do not make attention",
+    "attention-dtypes": lambda p: f"Q, K, V and the output differ in dtype ({p['dtypes']})",
+    "attention-mask-shape": lambda p: f"mask of shape {p['shape']} does not broadcast to the scores",
+    "attention-dtype": lambda p: f"attention in {p['dtype']}: the kernel computes float32, float16 and bfloat16",
+    "attention-mask": lambda p: f"mask kind {p['mask']}",
+    "attention-heads": lambda p: f"{p['heads']} heads are not a multiple of {p['kv_heads']} KV heads",
+    "attention-causal-short": lambda p: f"a causal mask over {p['kv_len']} keys for {p['q_len']} queries",
+    "attention-head-dim": lambda p: f"head dimension {p['head_dim']}: no split into lanes of at most 32 elements",
+    "attention-shared-memory": lambda p: (f"head dimension {p['head_dim']}: the smallest tiles exceed "
+                                          f"{p['limit']} B of shared memory"),
     # anything else that stopped a group
     "error": lambda p: f"{p['type']}: {p['message']}",
 })

@@ -1,0 +1,60 @@
+"""What the CUDA and CPU attention kernels share: their parameters, the score of one (query, key) pair,
+and which keys a query sees (kernels built with TVM's IR builder from an `AttentionPlan`)."""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+NEG = -3.0e38  # the running max before any key, and the score of a key a query does not see
+
+
+def arguments(shape) -> dict:
+    """The kernel's buffers, in call order: q, k, v, [mask], out (declared in the current prim_func frame)."""
+    s = shape
+    bufs = {
+        "q": T.arg("q", T.buffer((s.batch, s.heads, s.q_len, s.head_dim), s.dtype)),
+        "k": T.arg("k", T.buffer((s.batch, s.kv_heads, s.kv_len, s.head_dim), s.dtype)),
+        "v": T.arg("v", T.buffer((s.batch, s.kv_heads, s.kv_len, s.head_dim), s.dtype)),
+    }
+    if s.mask == "additive":
+        bufs["mask"] = T.arg("mask", T.buffer(s.mask_shape, s.mask_dtype))
+    bufs["out"] = T.arg("out", T.buffer((s.batch, s.heads, s.q_len, s.head_dim), s.dtype))
+    return bufs
+
+
+def load(buf, *indices):
+    """buf[indices] as an expression (the IR builder's buffer indexing gives a TensorLoad)."""
+    return tirx.BufferLoad(buf, [tirx.const(i, "int32") if isinstance(i, int) else i for i in indices])
+
+
+def f32(value):
+    return value if str(value.ty) == "float32" else tirx.Cast("float32", value)
+
+
+def seen(shape, qi, kj):
+    """Whether query row `qi` sees key `kj`: inside the keys, and on or below the diagonal when causal
+    (aligned at the end: key j is seen by query i where j <= i + kv_len - q_len)."""
+    cond = kj < shape.kv_len
+    if shape.mask == "causal":
+        cond = tirx.all(cond, kj <= qi + (shape.kv_len - shape.q_len))
+    return cond
+
+
+def score(shape, bufs, dot, b, h, qi, kj):
+    """scale * dot (+ the additive mask, broadcast over the mask's axes of extent 1), float32."""
+    value = dot * tirx.const(shape.scale, "float32")
+    if shape.mask != "additive":
+        return value
+    mb, mh, mq, _ = shape.mask_shape
+    index = (b if mb > 1 else 0, h if mh > 1 else 0, qi if mq > 1 else 0, kj)
+    return value + f32(load(bufs["mask"], *index))
+
+
+def causal_key_tiles(plan, q0):
+    """Key tiles a query tile starting at row `q0` needs (all of them unless causal)."""
+    s = plan.shape
+    if s.mask != "causal":
+        return plan.k_tiles
+    last_row = tirx.min(q0 + plan.q_tile, s.q_len) - 1
+    return tirx.min(plan.k_tiles, (last_row + (s.kv_len - s.q_len)) // plan.k_tile + 1)

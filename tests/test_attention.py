@@ -1,0 +1,204 @@
+"""Attention chains as one kernel (fusion/attention.py): recognition, numerics on llvm against numpy
+float64, one CUDA launch, modeled traffic, the SIMT checker, nvcc, fallbacks with their reasons."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax import op
+
+from conftest import needs_nvcc, nvcc
+from tvm_stitch.analysis.attention_chain import find_chains, mask_kind
+from tvm_stitch.check import opencl_run
+from tvm_stitch.check.attention_reference import reference_func
+from tvm_stitch.check.oclgrind_fit import fitting_specs
+from tvm_stitch.check.simt_kernel import Reference, check_kernel
+from tvm_stitch.fusion.attention import kernel_for, shape_of
+from tvm_stitch.planning.attention import AttentionShape, plan_attention
+from tvm_stitch.planning.reasons import PlanError
+from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.target import host_target
+from tvm_stitch.tools.build import build
+from tvm_stitch.tools.launches import count_launches, cuda_source, launches_by_kind, program_traffic
+from tvm_stitch.tools.workloads.attention import Chain
+from tvm_stitch.tools.workloads.relax_blocks import function, tensor
+
+CUDA = {"kind": "cuda", "arch": "sm_90"}
+SMALL = [
+    Chain(2, 4, 24, 40, 32, kv_heads=2, mask="causal"),  # GQA, causal aligned at the end, ragged tiles
+    Chain(2, 2, 16, 50, 64, mask="additive"),  # padding mask read per key tile
+    Chain(1, 2, 17, 33, 64, form="4d"),  # 4-d matmuls, cross-attention lengths
+    Chain(1, 4, 16, 16, 128, "float16", kv_heads=2, mask="causal"),
+]
+# The issue's shapes: (batch, heads, q, kv, head_dim)
+DONE_WHEN = [
+    Chain(8, 12, 128, 128, 64),
+    Chain(2, 12, 512, 512, 64),
+    Chain(1, 32, 1024, 1024, 128, "float16", kv_heads=8, mask="causal"),
+    Chain(1, 12, 128, 2048, 64),
+]
+
+
+def _run_llvm(chain: Chain, rng):
+    built = build(chain.module(), host_target(), stitched=True)
+    arrays = chain.inputs(rng)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu())
+    return built, vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy(), chain.reference(arrays)
+
+
+def _rel_error(got, want) -> float:
+    return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("chain", SMALL, ids=str)
+def test_chain_is_one_kernel_matching_numpy_on_llvm(chain, rng):
+    built, got, want = _run_llvm(chain, rng)
+    prims = [gv.name_hint for gv, f in built.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims == ["fused_attention"]
+    assert [r.plan.shape.mask for r in built.report.attention] == [chain.mask]
+    assert _rel_error(got, want) < (1e-4 if chain.dtype == "float32" else 2e-3)
+
+
+@pytest.mark.parametrize("chain", SMALL[:2] + SMALL[3:], ids=str)
+def test_chain_is_one_cuda_launch_moving_q_k_v_o_once(chain):
+    built = build(chain.module(), CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    assert launches_by_kind(built.lowered, built.executable) == (0, 1)  # two GEMMs: compute-intensive
+    modeled, _ = program_traffic(built.lowered, CUDA)
+    e = 4 if chain.dtype == "float32" else 2
+    qkvo = sum(int(np.prod(s)) for s in chain.shapes()[:3]) * e + int(np.prod(chain.shapes()[0])) * e
+    mask = int(np.prod(chain.shapes()[3])) * 4 if chain.mask == "additive" else 0
+    assert abs(modeled - qkvo - mask) <= 0.1 * qkvo
+
+
+def test_attention_weights_read_elsewhere_fall_back_with_reason(rng):
+    """A chain whose probabilities are also returned keeps TVM's path (the softmax has a reader outside)."""
+    q, k, v = (tensor(n, (1, 2, 8, 16), "float32") for n in "qkv")
+
+    def body(bb, q, k, v):
+        s = bb.emit(op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), relax.const(0.25, "float32")))
+        p = bb.emit(op.nn.softmax(s, axis=-1))
+        return relax.Tuple([bb.emit(op.matmul(p, v)), p])
+
+    built = build(function([q, k, v], body), host_target(), stitched=True)
+    assert [r.reason.code for r in built.report.attention] == ["attention-weights-read"]
+    arrays = [rng.standard_normal((1, 2, 8, 16)).astype("float32") for _ in range(3)]
+    out = relax.VirtualMachine(built.executable, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    want = Chain(1, 2, 8, 8, 16, form="4d").reference(arrays)
+    assert _rel_error(out[0].numpy(), want) < 1e-5
+
+
+def test_head_dim_without_a_lane_split_falls_back_with_reason():
+    shape = AttentionShape(1, 2, 2, 16, 16, 256, "float32", 0.1, "none")
+    with pytest.raises(PlanError) as err:
+        plan_attention(shape, TargetSpec.from_target(tvm.target.Target(CUDA)))
+    assert err.value.code == "attention-head-dim"
+    built = build(Chain(1, 2, 16, 16, 256).module(), CUDA, stitched=True)
+    assert [r.reason.code for r in built.report.attention] == ["attention-head-dim"]
+
+
+def test_gqa_and_causal_mask_are_recognised():
+    chain = find_chains(Chain(1, 8, 32, 32, 64, kv_heads=2, mask="causal").module()["main"])[0][0]
+    shape = shape_of(chain)
+    assert (shape.heads, shape.kv_heads, shape.mask, chain.mask) == (8, 2, "causal", None)
+
+
+def test_cuda_plans_fit_the_spec():
+    spec = TargetSpec.from_target(tvm.target.Target(CUDA))
+    for chain in DONE_WHEN + SMALL:
+        plan = plan_attention(shape_of(find_chains(chain.module()["main"])[0][0]), spec)
+        assert plan.shared_bytes() <= spec.shared_bytes_per_block
+        assert plan.threads <= spec.max_threads_per_block and plan.shape.head_dim // plan.lanes <= 32
+
+
+def _simt(shape: AttentionShape, oclgrind: bool):
+    try:
+        device = opencl_run.device_for(oclgrind)
+    except opencl_run.NoOpenclDevice as err:
+        pytest.skip(str(err))
+    spec = TargetSpec.from_target(tvm.target.Target(CUDA))
+    if oclgrind:
+        spec = fitting_specs(spec, device)[0]
+    ref = reference_func(shape)
+    return check_kernel("fused_attention", kernel_for(plan_attention(shape, spec)),
+                        [Reference(ref, tuple(range(len(ref.params))))], device, oclgrind, 0)
+
+
+def test_cuda_kernel_matches_under_simt_on_pocl():
+    result = _simt(AttentionShape(1, 2, 1, 20, 40, 32, "float32", 0.125, "causal"), oclgrind=False)
+    assert result.ok, result.detail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [
+    AttentionShape(1, 2, 2, 24, 50, 32, "float32", 0.2, "additive", (1, 1, 1, 50), "float32"),
+    AttentionShape(1, 2, 1, 17, 40, 64, "float16", 0.1, "causal"),
+    AttentionShape(1, 1, 1, 20, 33, 128, "bfloat16", 0.1, "none"),
+], ids=str)
+def test_cuda_kernel_is_clean_under_oclgrind(shape):
+    result = _simt(shape, oclgrind=True)
+    assert result.ok, result.detail
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chain", DONE_WHEN, ids=str)
+def test_issue_shapes_one_launch_traffic_and_llvm_numerics(chain, rng):
+    built = build(chain.module(), CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    modeled, ideal = program_traffic(built.lowered, CUDA)
+    assert abs(modeled - ideal) <= 0.1 * ideal
+    _, got, want = _run_llvm(chain, rng)
+    assert _rel_error(got, want) < (1e-4 if chain.dtype == "float32" else 2e-3)
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("chain", DONE_WHEN, ids=str)
+def test_issue_shapes_compile_with_nvcc_without_spills(chain, tmp_path):
+    built = build(chain.module(), CUDA, stitched=True)
+    report = nvcc(cuda_source(built.executable), tmp_path, arch="sm_90")
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
+    assert spills and max(spills) == 0, report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [
+    AttentionShape(8, 12, 12, 128, 128, 64, "float32", 0.125, "none"),
+    AttentionShape(1, 32, 8, 128, 128, 128, "float16", 0.1, "causal"),
+    AttentionShape(1, 12, 12, 32, 2048, 64, "float32", 0.125, "none"),
+], ids=str)
+def test_issue_like_shapes_match_under_simt_on_pocl(shape):
+    result = _simt(shape, oclgrind=False)
+    assert result.ok, result.detail
+
+
+def test_bfloat16_plan_on_the_cpu_matches_numpy(rng):
+    shape = AttentionShape(1, 2, 2, 20, 24, 64, "bfloat16", 0.125, "causal")
+    plan = plan_attention(shape, TargetSpec.from_target(host_target()))
+    lib = tvm.tirx.build(tvm.IRModule({"main": kernel_for(plan).with_attr("global_symbol", "main")}),
+                         target=host_target())
+    chain = Chain(1, 2, 20, 24, 64, "bfloat16", mask="causal")
+    import ml_dtypes
+
+    arrays = [a.astype(ml_dtypes.bfloat16) for a in chain.inputs(rng)[:3]]
+    out = tvm.runtime.empty(arrays[0].shape, "bfloat16", tvm.cpu())
+    lib["main"](*[tvm.runtime.tensor(a) for a in arrays], out)
+    assert _rel_error(out.numpy().astype(np.float32), chain.reference(arrays)) < 2e-2
+
+
+def test_plans_are_plain_data():
+    plan = plan_attention(AttentionShape(1, 2, 2, 16, 16, 64, "float32", 0.1, "none"),
+                          TargetSpec.from_target(tvm.target.Target(CUDA)))
+    assert dataclasses.asdict(plan)["q_tile"] == plan.q_tile and "online softmax" in plan.describe()
+
+
+def test_mask_kind_reads_the_mask_values():
+    causal = Chain(1, 1, 6, 8, 16, mask="causal").causal_mask()
+    assert mask_kind(relax.const(np.repeat(causal, 2, axis=0)), 6, 8) == "causal"  # one slice per batch
+    assert mask_kind(relax.const(np.zeros((2, 1, 6, 8), "float32")), 6, 8) == "none"
+    shifted = causal.copy()
+    shifted[..., 0, 3] = 0.0  # one key past the diagonal (query 0 sees keys 0..2) visible: not causal
+    assert mask_kind(relax.const(shifted), 6, 8) == "additive"

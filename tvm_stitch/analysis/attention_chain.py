@@ -1,0 +1,305 @@
+"""Attention chains in a Relax function, as they arrive from transformers' eager attention.
+
+A chain is, per (batch, head):
+
+    scores = matmul(Q, permute_dims(K))            (optionally through a 3-d batched matmul:
+                                                    broadcast_to / reshape views of 4-d tensors)
+    logits = scores * c | scores / c | scores       (c a scalar constant)
+             (+ mask)                               (an additive mask, broadcast to the scores)
+    P      = softmax(logits, axis=-1)               (astype around it allowed)
+    O      = matmul(P, V)                           (reshaped back to 4-d where it was 3-d)
+
+K and V may be repeated KV heads (grouped-query attention: `expand_dims`,
+`broadcast_to`, `reshape` of a (batch, kv_heads, len, dim) tensor), and the
+query length may differ from the key length (cross-attention). Every
+intermediate of the chain must be read by the chain alone: a score or
+probability tensor read elsewhere (returned attention weights) keeps the
+chain unfused. `find_chains` returns what it found as plain data, and for
+every softmax that looks like the middle of a chain but is not one, the
+reason (a code of planning/reasons.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+VIEW_OPS = ("relax.reshape", "relax.broadcast_to")
+MASKED = -1.0e4  # an additive mask value at or below this hides the key (exp underflows in float32)
+
+
+@dataclass(frozen=True)
+class AttentionChain:
+    """One chain: the Relax expressions the fused kernel reads and the binding it replaces."""
+
+    output: relax.Var  # the binding whose value the kernel's result replaces
+    q: relax.Expr  # (batch, heads, q_len, head_dim)
+    k: relax.Expr  # (batch, kv_heads, kv_len, head_dim)
+    v: relax.Expr
+    mask: relax.Expr | None  # an additive mask read by the kernel (None: no mask, or causal)
+    mask_kind: str  # "none", "causal" or "additive"
+    scale: float
+    bindings: tuple  # names of the chain's bindings (the report's)
+
+
+@dataclass(frozen=True)
+class NotAChain:
+    """A softmax that is not the middle of a fusable chain: where, and why (a reason code)."""
+
+    binding: str
+    code: str
+    params: dict
+
+
+def _shape(expr) -> tuple | None:
+    ty = expr.ty if hasattr(expr, "ty") else None
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    dims = ty.shape.values
+    return tuple(int(d) for d in dims) if all(isinstance(d, tirx.IntImm) for d in dims) else None
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+class _Graph:
+    """The bindings of a function's dataflow blocks: var -> value, and how often each var is read."""
+
+    def __init__(self, func: relax.Function):
+        self.value, self.uses, self.order = {}, {}, []
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, relax.VarBinding):
+                    self.value[binding.var] = binding.value
+                    self.order.append(binding.var)
+                for var in relax.analysis.free_vars(binding.value):
+                    self.uses[var] = self.uses.get(var, 0) + 1
+        for var in relax.analysis.free_vars(func.body.body):
+            self.uses[var] = self.uses.get(var, 0) + 1
+        self.readers = {}
+        for var in self.order:
+            for used in relax.analysis.free_vars(self.value[var]):
+                self.readers.setdefault(used, []).append(var)
+
+    def call(self, expr, *ops):
+        """The call `expr` is bound to, if it is a call of one of `ops`."""
+        value = self.value.get(expr) if isinstance(expr, relax.Var) else None
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in ops:
+            return value
+        return None
+
+    def single_reader(self, var):
+        readers = self.readers.get(var, [])
+        return readers[0] if len(readers) == 1 and self.uses.get(var, 0) == 1 else None
+
+
+def _through_views(graph: _Graph, expr):
+    """`expr` with the views before it that keep its elements in order removed: broadcast_to its own
+    shape, reshapes that merge or split leading axes only (the last two axes kept)."""
+    while True:
+        call = graph.call(expr, *VIEW_OPS)
+        if call is None:
+            return expr
+        inner, outer = _shape(call.args[0]), _shape(expr)
+        if inner is None or outer is None or not 2 <= len(inner) <= 4 or len(outer) < 2:
+            return expr  # a 5-d input: the repeat of grouped-query attention (see _kv_heads)
+        if call.op.name == "relax.broadcast_to" and inner != outer:
+            return expr
+        if inner[-2:] != outer[-2:] or int(np.prod(inner)) != int(np.prod(outer)):
+            return expr
+        expr = call.args[0]
+
+
+def _kv_heads(graph: _Graph, expr):
+    """(the KV tensor, group) where `expr` repeats each KV head `group` times, else (expr, 1)."""
+    reshape = graph.call(expr, "relax.reshape")
+    bcast = graph.call(reshape.args[0], "relax.broadcast_to") if reshape is not None else None
+    expand = graph.call(bcast.args[0], "relax.expand_dims") if bcast is not None else None
+    if expand is None or [int(a) for a in expand.attrs.axis] != [2]:
+        return expr, 1
+    kv, repeated = _shape(expand.args[0]), _shape(bcast)
+    if kv is None or repeated is None or len(kv) != 4 or repeated[:2] + repeated[3:] != kv[:2] + kv[2:]:
+        return expr, 1
+    return expand.args[0], repeated[2]
+
+
+def _scalar(expr) -> float | None:
+    if isinstance(expr, tvm.ir.Constant):
+        data = expr.value.numpy()
+        return float(data.reshape(-1)[0]) if data.size == 1 else None
+    return None
+
+
+def _view_users(graph: _Graph, var, chain: list):
+    """Follow `var`'s single reader through astype and views; the first other reader's call and var.
+    Raises _Stop where a var of the chain has another reader."""
+    while True:
+        reader = graph.single_reader(var)
+        if reader is None:
+            raise _Stop("attention-weights-read", binding=var.name)
+        chain.append(reader)
+        call = graph.value[reader]
+        if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                and call.op.name in VIEW_OPS + ("relax.astype",)):
+            return call, reader
+        var = reader
+
+
+class _Stop(Exception):
+    def __init__(self, code: str, **params):
+        super().__init__(code)
+        self.code, self.params = code, params
+
+
+def _unwrap(graph: _Graph, expr, ops: tuple):
+    """`expr` with single-use bindings of `ops` (views, astype) before it removed."""
+    while True:
+        call = graph.call(expr, *ops)
+        if call is None or graph.uses.get(expr, 0) != 1:
+            return expr
+        expr = call.args[0]
+
+
+def _scores(graph: _Graph, logits):
+    """(Q operand, K^T operand, scale, mask expr or None) of the logits' producers."""
+    logits = _unwrap(graph, logits, ("relax.astype",))
+    mask = None
+    add = graph.call(logits, "relax.add")
+    if add is not None:
+        for scores, other in ((add.args[0], add.args[1]), (add.args[1], add.args[0])):
+            if _product(graph, scores) is not None:
+                logits, mask = scores, other
+                break
+        else:
+            raise _Stop("attention-no-scores", binding=logits.name)
+    found = _product(graph, logits)
+    if found is None:
+        raise _Stop("attention-no-scores", binding=logits.name)
+    return (*found, mask)
+
+
+def _product(graph: _Graph, expr):
+    """(A, B, scale) where expr = matmul(A, B) * scale (through views; scale 1.0 without one), else None."""
+    scale = 1.0
+    for op in ("relax.multiply", "relax.divide"):
+        call = graph.call(expr, op)
+        if call is None or graph.uses.get(expr, 0) != 1:
+            continue
+        pairs = [(call.args[0], call.args[1])] + ([(call.args[1], call.args[0])] if op == "relax.multiply" else [])
+        for inner, const in pairs:
+            c = _scalar(const)
+            if c is not None and c != 0.0:
+                expr, scale = inner, (c if op == "relax.multiply" else 1.0 / c)
+                break
+        else:
+            return None
+        break
+    expr = _unwrap(graph, expr, VIEW_OPS)
+    matmul = graph.call(expr, "relax.matmul")
+    if matmul is None or graph.uses.get(expr, 0) != 1:
+        return None
+    return matmul.args[0], matmul.args[1], scale
+
+
+def _transposed(graph: _Graph, expr):
+    """K where `expr` is K transposed in its last two axes (through views), else None."""
+    expr = _through_views(graph, expr)
+    call = graph.call(expr, "relax.permute_dims")
+    shape = _shape(expr)
+    if call is None or shape is None:
+        return None
+    rank = len(shape)
+    axes = [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else list(range(rank))[::-1]
+    return call.args[0] if axes == list(range(rank - 2)) + [rank - 1, rank - 2] else None
+
+
+def mask_kind(mask, q_len: int, kv_len: int) -> str:
+    """"none" (no mask, or a constant of zeros), "causal" (a constant whose every (batch, head) slice is
+    0 on and below the diagonal aligned at the end and at most MASKED above it), else "additive"."""
+    if mask is None:
+        return "none"
+    if not isinstance(mask, tvm.ir.Constant):
+        return "additive"
+    data = mask.value.numpy().astype(np.float64)
+    if not data.any():
+        return "none"
+    if data.ndim < 2 or data.shape[-2:] != (q_len, kv_len):
+        return "additive"
+    i, j = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
+    seen = j <= i + (kv_len - q_len)
+    rows = data.reshape(-1, q_len, kv_len)  # every (batch, head) slice the same causal mask
+    return "causal" if not rows[:, seen].any() and np.all(rows[:, ~seen] <= MASKED) else "additive"
+
+
+def _as_4d(shape: tuple | None) -> tuple | None:
+    if shape is None or len(shape) not in (3, 4):
+        return None
+    return shape if len(shape) == 4 else (1,) + shape
+
+
+def _chain_at(graph: _Graph, p_var) -> AttentionChain:
+    softmax = graph.value[p_var]
+    rank = len(_shape(p_var) or ())
+    if int(softmax.attrs.axis) not in (-1, rank - 1):
+        raise _Stop("attention-softmax-axis", binding=p_var.name)
+    names = [p_var]
+    call, reader = _view_users(graph, p_var, names)
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
+        raise _Stop("attention-no-second-matmul", binding=p_var.name)
+    output = reader
+    after = graph.single_reader(reader)
+    reshape = graph.call(after, "relax.reshape") if after is not None else None
+    if reshape is not None and _shape(after) is not None and len(_shape(after)) == 4 and len(_shape(reader)) == 3:
+        output = after
+        names.append(after)
+    v, v_group = _kv_heads(graph, _through_views(graph, call.args[1]))
+    q_arg, kt_arg, scale, mask = _scores(graph, softmax.args[0])
+    k_t = _transposed(graph, kt_arg)
+    if k_t is None:
+        raise _Stop("attention-no-transpose", binding=p_var.name)
+    k, k_group = _kv_heads(graph, k_t)
+    q = _through_views(graph, q_arg)
+    return _checked(graph, AttentionChain(output, q, k, v, mask, "", scale, ()), (k_group, v_group), names)
+
+
+def _checked(graph: _Graph, chain: AttentionChain, groups: tuple, names: list) -> AttentionChain:
+    """`chain` with its mask kind and binding names, after checking that the shapes make attention."""
+    q, k, v, out = (_as_4d(_shape(e)) for e in (chain.q, chain.k, chain.v, chain.output))
+    if None in (q, k, v, out):
+        raise _Stop("attention-shapes", shapes=str([_shape(e) for e in (chain.q, chain.k, chain.v)]))
+    dtypes = {_dtype(e) for e in (chain.q, chain.k, chain.v, chain.output)}
+    if len(dtypes) != 1:
+        raise _Stop("attention-dtypes", dtypes=", ".join(sorted(dtypes)))
+    if (groups[0] != groups[1] or k != v or q[0] != k[0] or q[1] != k[1] * groups[0] or q[3] != k[3]
+            or out != q):
+        raise _Stop("attention-shapes", shapes=str([q, k, v]))
+    kind = mask_kind(chain.mask, q[2], k[2])
+    if kind == "additive":
+        mask = _shape(chain.mask)
+        if mask is None or len(mask) > 4 or any(m not in (1, t) for m, t in
+                                                zip(((1,) * (4 - len(mask)) + mask), (q[0], q[1], q[2], k[2]))):
+            raise _Stop("attention-mask-shape", shape=str(mask))
+        if mask[-1] != k[2]:
+            raise _Stop("attention-mask-shape", shape=str(mask))
+    return AttentionChain(chain.output, chain.q, chain.k, chain.v, chain.mask if kind == "additive" else None,
+                          kind, chain.scale, tuple(v.name for v in names))
+
+
+def find_chains(func: relax.Function) -> tuple:
+    """([AttentionChain], [NotAChain]) of `func`: each softmax that ends a chain's scores, or why not."""
+    if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+        return [], []
+    graph = _Graph(func)
+    chains, others = [], []
+    for var in graph.order:
+        if graph.call(var, "relax.nn.softmax") is None:
+            continue
+        try:
+            chains.append(_chain_at(graph, var))
+        except _Stop as stop:
+            others.append(NotAChain(var.name, stop.code, dict(stop.params)))
+    return chains, others

@@ -1,0 +1,42 @@
+"""The unfused computation of an `AttentionShape` as one PrimFunc (TE, unscheduled), with the fused
+kernel's parameters: the reference the SIMT checker compares the fused CUDA kernel with on llvm."""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+
+
+def reference_func(shape) -> tirx.PrimFunc:
+    """q, k, v, [mask], out -> out = softmax(scale q k^T + mask) v, the scores materialised (float32)."""
+    s = shape
+    q = te.placeholder((s.batch, s.heads, s.q_len, s.head_dim), s.dtype, "q")
+    k = te.placeholder((s.batch, s.kv_heads, s.kv_len, s.head_dim), s.dtype, "k")
+    v = te.placeholder((s.batch, s.kv_heads, s.kv_len, s.head_dim), s.dtype, "v")
+    mask = te.placeholder(s.mask_shape, s.mask_dtype, "mask") if s.mask == "additive" else None
+    d = te.reduce_axis((0, s.head_dim), "d")
+
+    raw = te.compute((s.batch, s.heads, s.q_len, s.kv_len),
+                     lambda b, h, i, j: te.sum(q[b, h, i, d].astype("float32")
+                                               * k[b, h // s.group, j, d].astype("float32"), axis=d), "scores")
+
+    def masked(b, h, i, j):
+        value = raw[b, h, i, j] * tirx.const(s.scale, "float32")
+        if mask is not None:
+            mb, mh, mq, _ = s.mask_shape
+            value = value + mask[b if mb > 1 else 0, h if mh > 1 else 0, i if mq > 1 else 0, j].astype("float32")
+        if s.mask == "causal":
+            value = tirx.Select(j <= i + (s.kv_len - s.q_len), value, tirx.const(-3.0e38, "float32"))
+        return value
+
+    logits = te.compute(raw.shape, masked, "logits")
+    j1 = te.reduce_axis((0, s.kv_len), "j1")
+    row_max = te.compute(raw.shape[:3], lambda b, h, i: te.max(logits[b, h, i, j1], axis=j1), "row_max")
+    e = te.compute(raw.shape, lambda b, h, i, j: te.exp(logits[b, h, i, j] - row_max[b, h, i]), "e")
+    j2 = te.reduce_axis((0, s.kv_len), "j2")
+    row_sum = te.compute(raw.shape[:3], lambda b, h, i: te.sum(e[b, h, i, j2], axis=j2), "row_sum")
+    j3 = te.reduce_axis((0, s.kv_len), "j3")
+    acc = te.compute(q.shape, lambda b, h, i, c: te.sum(e[b, h, i, j3] * v[b, h // s.group, j3, c].astype("float32"),
+                                                        axis=j3), "acc")
+    out = te.compute(q.shape, lambda b, h, i, c: (acc[b, h, i, c] / row_sum[b, h, i]).astype(s.dtype), "out")
+    args = [q, k, v] + ([mask] if mask is not None else []) + [out]
+    return te.create_prim_func(args)

@@ -1,0 +1,166 @@
+"""The plan of one fused attention kernel: tiles, thread layout and the online-softmax state, as plain data.
+
+An attention chain (analysis/attention_chain.py) computes, per (batch, head),
+`O = softmax(scale * Q K^T + mask) V`. One kernel computes it a query tile
+at a time, looping over key tiles with an online softmax: each query row
+keeps a running max `m`, a running sum `l` and a rescaled partial output
+`acc` (all float32); per key tile it computes the tile's scores, the new
+max `m'`, rescales `l` and `acc` by `exp(m - m')` and adds the tile's
+`exp(s - m')` and `exp(s - m') V`. The (q x kv) scores never leave the chip.
+
+CUDA: a thread block per (batch, head, query tile); `lanes` threads per
+query row split the head dimension (each holds `head_dim / lanes` float32
+accumulators in registers) and the key tile's columns; Q, K and V tiles
+are staged in shared memory (float32, rows padded by one element against
+bank conflicts), the tile's scores in shared memory. The query tile and
+key tile are the largest (from 64 and 64) that fit the spec's shared
+memory per block with at least 64 threads.
+CPU: a parallel task per (batch, head, query tile), tiles sized so the
+query tile, one transposed key tile, the scores and the accumulators stay
+within a core's share of the cache; no (q x kv) buffer.
+A causal mask is computed from the indices (key `j` is seen by query `i`
+where `j <= i + kv_len - q_len`), key tiles past the diagonal are skipped;
+an additive mask is read per key tile, broadcast as its shape says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm_stitch.planning.attention_cost import modeled_us
+from tvm_stitch.planning.reasons import PlanError
+from tvm_stitch.planning.spec import TargetSpec
+
+MASK_KINDS = ("none", "causal", "additive")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+STATE = "per query row, float32: running max, running sum, rescaled partial output"
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What the kernel computes: out[b, h, i] = softmax_j(scale * q[b, h, i] . k[b, h // group, j] + mask) v[...]."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    dtype: str
+    scale: float
+    mask: str  # one of MASK_KINDS
+    mask_shape: tuple = ()  # additive: the mask tensor's 4-d shape (1 where broadcast)
+    mask_dtype: str = ""
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (grouped-query attention; 1 for multi-head attention)."""
+        return self.heads // self.kv_heads
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """How the kernel runs: `shape`, the tiles and the thread layout (CUDA) for `spec`."""
+
+    shape: AttentionShape
+    spec: TargetSpec
+    q_tile: int
+    k_tile: int
+    lanes: int = 1  # CUDA: threads per query row (they split the head dimension and the key tile)
+    state: str = STATE
+
+    @property
+    def q_tiles(self) -> int:
+        return -(-self.shape.q_len // self.q_tile)
+
+    @property
+    def k_tiles(self) -> int:
+        return -(-self.shape.kv_len // self.k_tile)
+
+    @property
+    def tasks(self) -> int:
+        """Thread blocks (CUDA) or parallel tasks (CPU): one per (batch, head, query tile)."""
+        return self.shape.batch * self.shape.heads * self.q_tiles
+
+    @property
+    def threads(self) -> int:
+        return self.q_tile * self.lanes if self.spec.family == "cuda" else 1
+
+    def shared_bytes(self) -> int:
+        """CUDA: shared memory per block (Q, K, V tiles and the scores, float32, rows padded)."""
+        return cuda_shared_bytes(self.q_tile, self.k_tile, self.shape.head_dim)
+
+    def describe(self) -> str:
+        s = self.shape
+        where = (f"{self.tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
+                 f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else f"{self.tasks} tasks")
+        heads = f"{s.heads} heads" + (f" over {s.kv_heads} KV heads" if s.group > 1 else "")
+        return (f"attention {s.batch}x{heads}, q {s.q_len} x kv {s.kv_len}, head dim {s.head_dim}, {s.dtype}, "
+                f"mask {s.mask}: query tile {self.q_tile}, key tile {self.k_tile}, {where}; online softmax "
+                f"({self.state})")
+
+
+def cuda_shared_bytes(q_tile: int, k_tile: int, head_dim: int) -> int:
+    return 4 * ((q_tile + 2 * k_tile) * (head_dim + 1) + q_tile * (k_tile + 1))
+
+
+def check_shape(shape: AttentionShape) -> None:
+    """PlanError where the kernel does not compute `shape`."""
+    if shape.dtype not in FLOAT_DTYPES:
+        raise PlanError("attention-dtype", dtype=shape.dtype)
+    if shape.mask not in MASK_KINDS:
+        raise PlanError("attention-mask", mask=shape.mask)
+    if shape.kv_heads <= 0 or shape.heads % shape.kv_heads:
+        raise PlanError("attention-heads", heads=shape.heads, kv_heads=shape.kv_heads)
+    if shape.mask == "causal" and shape.kv_len < shape.q_len:
+        raise PlanError("attention-causal-short", q_len=shape.q_len, kv_len=shape.kv_len)
+
+
+def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
+    """Of the tiles that fit the spec's shared memory and threads per block, those the time model
+    (planning/attention_cost.py) prices fastest; the largest among equals."""
+    check_shape(shape)
+    d = shape.head_dim
+    lanes = next((n for n in (4, 2, 1) if d % n == 0 and d // n <= 32), None)
+    if lanes is None:
+        raise PlanError("attention-head-dim", head_dim=d)
+    fitting = [AttentionPlan(shape, spec, q_tile=min(q_tile, _pow2_at_least(shape.q_len, 16)), k_tile=k_tile,
+                             lanes=lanes)
+               for q_tile in (64, 32, 16) for k_tile in (64, 32, 16)
+               if k_tile % lanes == 0 and q_tile * lanes <= spec.max_threads_per_block
+               and cuda_shared_bytes(q_tile, k_tile, d) <= spec.shared_bytes_per_block]
+    if not fitting:
+        raise PlanError("attention-shared-memory", head_dim=d, limit=spec.shared_bytes_per_block)
+    return min(fitting, key=lambda plan: max(modeled_us(plan), 0.0))
+
+
+def plan_cpu(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
+    """Query and key tiles whose working set (Q tile, transposed K tile, V tile, scores, accumulators,
+    float32) fits a core's share of the cache, query tiles first; at least one task per core."""
+    check_shape(shape)
+    d = shape.head_dim
+    share = max(spec.cache_bytes // max(spec.cores, 1), 64 << 10)
+    q_tile, k_tile = 16, 16
+    for q in (128, 64, 32, 16):
+        for k in (128, 64, 32, 16):
+            if 4 * (2 * q * d + 2 * k * d + q * k) <= share // 2:
+                q_tile, k_tile = q, k
+                break
+        else:
+            continue
+        break
+    q_tile = min(q_tile, _pow2_at_least(shape.q_len, 16))
+    while q_tile > 16 and shape.batch * shape.heads * -(-shape.q_len // q_tile) < spec.cores:
+        q_tile //= 2
+    return AttentionPlan(shape, spec, q_tile=q_tile, k_tile=min(k_tile, _pow2_at_least(shape.kv_len, 16)))
+
+
+def plan_attention(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
+    return plan_cuda(shape, spec) if spec.family == "cuda" else plan_cpu(shape, spec)
+
+
+def _pow2_at_least(n: int, floor: int) -> int:
+    p = floor
+    while p < n:
+        p *= 2
+    return p
