@@ -146,3 +146,13 @@ def test_half_precision_batch_norm_is_widened_whole_and_feeds_a_widened_sum(dtyp
     col = lambda v: v.astype(np.float64).reshape(1, 4, 1)  # noqa: E731 - the channel axis
     norm = (x.astype(np.float64) - col(mean)) / np.sqrt(col(var) + 1e-5) * col(gamma) + col(beta)
     np.testing.assert_allclose(got.astype(np.float64), norm - norm.sum(-1, keepdims=True), rtol=0.05, atol=0.1)
+
+
+def test_bool_product_on_cuda_falls_back_with_tvms_reason():
+    """TVM's cross-thread reduction lowering cannot reduce bools; the modeled-time pricing of such a
+    kernel once raised AttributeError (an exception class this TVM lacks) instead of leaving it
+    unpriced, and the reason read the TVMScript's last line instead of TVM's message."""
+    result = op_sweep.check(op_sweep.Case("relax.prod", "bool", "alone"), "cuda-sm_90",
+                            op_sweep.targets()["cuda-sm_90"])
+    assert result.status == "built" and result.stitched == 0, result
+    assert result.fallbacks == ["InternalError: Cannot decide max_value for typeT.bool"], result

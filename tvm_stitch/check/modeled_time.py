@@ -38,8 +38,8 @@ def modeled_times(func: tirx.PrimFunc, spec: TargetSpec, registers: int = -1, na
             return None
     try:
         geometries = kernel_geometries(func, cuda_target(spec), registers, traffic.total, name)
-    except (UnsupportedGeometry, tvm.error.TVMError):
-        return None
+    except (UnsupportedGeometry, RuntimeError, TypeError, ValueError):  # TVM's errors: tvm.error.InternalError
+        return None                                                   # is a RuntimeError, the rest builtins
     return [kernel_time(g, spec) for g in geometries]
 
 

@@ -33,6 +33,7 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.analysis.classify import classify_primfunc
+from tvm_stitch.planning.reasons import error_line
 from tvm_stitch.tools.tolerance import close
 
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
@@ -342,8 +343,7 @@ class Result:
 
 
 def _last_line(err) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[-1][:200] if lines else ''}"
+    return f"{type(err).__name__}: {error_line(err)}"
 
 
 def check(case: Case, label: str, target, seed: int = 0) -> Result:
