@@ -156,3 +156,15 @@ def test_bool_product_on_cuda_falls_back_with_tvms_reason():
                             op_sweep.targets()["cuda-sm_90"])
     assert result.status == "built" and result.stitched == 0, result
     assert result.fallbacks == ["InternalError: Cannot decide max_value for typeT.bool"], result
+
+
+def test_a_logged_sweep_resumes_without_rerunning_its_cases(tmp_path):
+    import json
+
+    case = op_sweep.Case("relax.cosh", "float32", "chain")
+    done = op_sweep.Result(case, "cuda-sm_90", "built", fallbacks=["a reason"], stitched=1)
+    log = tmp_path / "sweep.jsonl"
+    log.write_text(json.dumps(op_sweep.to_record(done)) + "\n")
+    assert op_sweep.read_log(str(log)) == [done]
+    assert op_sweep.read_log(str(tmp_path / "none.jsonl")) == []
+    assert op_sweep.sweep([case], ["cuda-sm_90"], done={("relax.cosh", "float32", "chain", "cuda-sm_90")}) == []
