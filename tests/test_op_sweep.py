@@ -116,3 +116,55 @@ def test_kernel_llvm_rejects_falls_back_with_its_reason(monkeypatch):
     x = np.linspace(-3, 3, 32, dtype="float32").reshape(4, 8)
     np.testing.assert_allclose(run_cpu(built.executable, [x])[0], run_cpu(default.executable, [x])[0],
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_batch_norm_is_widened_whole_and_feeds_a_widened_sum(dtype):
+    """batch_norm returns a tuple: it is computed on float32 tensors and each field cast back. Left in
+    half precision, TOPI computes its output in float32 under a half-precision type, legalization
+    re-types its readers, and a sum widened and cast back made `subtract` an op of mixed dtypes
+    (TypeError in the stitched CUDA build)."""
+    from tvm import relax
+
+    from tvm_stitch.fusion.precision import AccumulateInFloat32
+
+    mod = op_sweep.Case("relax.nn.batch_norm", dtype, "chain").module()
+    widened = AccumulateInFloat32()(mod)
+    calls = []
+    relax.analysis.post_order_visit(widened["main"], lambda e: calls.append(e) if isinstance(
+        e, relax.Call) and getattr(e.op, "name", "") == "relax.nn.batch_norm" else None)
+    assert len(calls) == 1 and all(str(a.ty.dtype) == "float32" for a in calls[0].args)
+    legalized = relax.transform.LegalizeOps()(widened)
+    assert str(legalized["main"].ret_ty.dtype) == dtype
+
+    built = build(mod, op_sweep.targets()["cuda-sm_80"], stitched=True, strict=True)
+    assert built.report.plans and not built.report.fallbacks
+
+    inputs, _ = op_sweep._call("relax.nn.batch_norm", dtype)
+    x, gamma, beta, mean, var = [inp.draw(np.random.default_rng(k)) for k, inp in enumerate(inputs)]
+    (got,) = run_cpu(build(widened, host_target(), stitched=False).executable, [x, gamma, beta, mean, var])
+    col = lambda v: v.astype(np.float64).reshape(1, 4, 1)  # noqa: E731 - the channel axis
+    norm = (x.astype(np.float64) - col(mean)) / np.sqrt(col(var) + 1e-5) * col(gamma) + col(beta)
+    np.testing.assert_allclose(got.astype(np.float64), norm - norm.sum(-1, keepdims=True), rtol=0.05, atol=0.1)
+
+
+def test_bool_product_on_cuda_falls_back_with_tvms_reason():
+    """TVM's cross-thread reduction lowering cannot reduce bools; the modeled-time pricing of such a
+    kernel once raised AttributeError (an exception class this TVM lacks) instead of leaving it
+    unpriced, and the reason read the TVMScript's last line instead of TVM's message."""
+    result = op_sweep.check(op_sweep.Case("relax.prod", "bool", "alone"), "cuda-sm_90",
+                            op_sweep.targets()["cuda-sm_90"])
+    assert result.status == "built" and result.stitched == 0, result
+    assert result.fallbacks == ["InternalError: Cannot decide max_value for typeT.bool"], result
+
+
+def test_a_logged_sweep_resumes_without_rerunning_its_cases(tmp_path):
+    import json
+
+    case = op_sweep.Case("relax.cosh", "float32", "chain")
+    done = op_sweep.Result(case, "cuda-sm_90", "built", fallbacks=["a reason"], stitched=1)
+    log = tmp_path / "sweep.jsonl"
+    log.write_text(json.dumps(op_sweep.to_record(done)) + "\n")
+    assert op_sweep.read_log(str(log)) == [done]
+    assert op_sweep.read_log(str(tmp_path / "none.jsonl")) == []
+    assert op_sweep.sweep([case], ["cuda-sm_90"], done={("relax.cosh", "float32", "chain", "cuda-sm_90")}) == []

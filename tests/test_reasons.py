@@ -32,3 +32,11 @@ def test_any_other_failure_is_the_error_reason_with_its_type_and_last_line():
     assert reason.code == "error"
     assert reason.params == {"type": "RuntimeError", "message": "InternalError: the schedule is invalid"}
     assert reason.text == "RuntimeError: InternalError: the schedule is invalid"
+
+
+def test_a_tvm_error_followed_by_its_pass_and_tvmscript_gives_its_own_line():
+    message = ("Cannot decide max_value for typeT.bool\n\nError in pass: _pipeline\nLocation (TVMScript):\n"
+               "Access path: <root>.functions\n\n    @T.prim_func\n    ^^^^^^^^^^^^\n"
+               "        y[i] = y[i] and x[i, k]\n        ^^^^^^^^^^^^^^^^^^^^^^^")
+    reason = reason_of(RuntimeError(message))
+    assert reason.text == "RuntimeError: Cannot decide max_value for typeT.bool"

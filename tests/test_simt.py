@@ -86,6 +86,22 @@ def test_packed_rows_share_no_reduction_result_unsynchronised():
     assert report.ok, str(report)
 
 
+def test_pad_of_one_column_matches_under_oclgrind():
+    """Regression (fuzz seed 197): the pad's `2 <= c && c < 3`, `c = id & 3`, optimised by Oclgrind
+    21.10's compiler, was taken by every work-item past the first row (a mismatch on a correct
+    kernel: pocl and the unoptimised program agree with the reference)."""
+    _device(True)
+    x = relax.Var("x", relax.TensorType((4, 1), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.exp(relax.op.nn.pad(x, [0, 0, 2, 1]))))
+        bb.emit_func_output(out)
+    report = simt.check(bb.get(), oclgrind=True)
+    assert report.platform.startswith("Oclgrind") and len(report.kernels) == 1
+    assert report.ok, str(report)
+
+
 @T.prim_func(s_tir=True)
 def _all_threads_write_one_shared_word(x: T.Buffer((4, 64), "float32"), y: T.Buffer((4, 64), "float32")):
     s = T.sblock_alloc_buffer((1,), scope="shared")

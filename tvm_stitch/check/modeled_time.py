@@ -8,7 +8,6 @@ bounds of its sizes where all have one (as its traffic is), else not at all.
 
 from __future__ import annotations
 
-import tvm
 from tvm import tirx
 from tvm.target import Target
 
@@ -38,7 +37,8 @@ def modeled_times(func: tirx.PrimFunc, spec: TargetSpec, registers: int = -1, na
             return None
     try:
         geometries = kernel_geometries(func, cuda_target(spec), registers, traffic.total, name)
-    except (UnsupportedGeometry, tvm.error.TVMError):
+    # TVM's lowering errors: tvm.error.InternalError (a RuntimeError), TypeError, ValueError
+    except (UnsupportedGeometry, RuntimeError, TypeError, ValueError):
         return None
     return [kernel_time(g, spec) for g in geometries]
 

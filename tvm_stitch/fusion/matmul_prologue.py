@@ -362,7 +362,7 @@ class PrologueFolder:
             prim, order = _composed(self.mod, matmul, chain, leaves)
             slower = self.slower(prim, matmul, chain)
             callee = None if slower else self.scheduled(prim, f"{matmul.args[0].name_hint}_prologue")
-        except (tvm.error.TVMError, ValueError) as err:  # FuseTIR refused the composition
+        except (RuntimeError, TypeError, ValueError) as err:  # FuseTIR refused the composition
             return f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}"
         return (callee, order) if callee is not None else slower or "dlight's Matmul rule does not schedule the two as one"
 

@@ -72,6 +72,8 @@ class _Widen(PyExprMutator):
         dtypes = [_low_precision(a) for a in call.args]
         if not any(dtypes):
             return call
+        if isinstance(call.ty, relax.TupleType):
+            return self._widen_tuple(call, dtypes)
         out_dtype = _low_precision(call)
         if out_dtype is None:
             return call
@@ -80,6 +82,27 @@ class _Widen(PyExprMutator):
         if not _float32(wide):
             return call
         return relax.op.astype(wide, out_dtype)
+
+    def _widen_tuple(self, call: relax.Call, dtypes: list) -> relax.Expr:
+        """An op of a tuple result (batch_norm: the output, moving mean and variance) in float32, the
+        fields cast back. Left as it is, TOPI's batch_norm of half-precision tensors computes a float32
+        output (its epsilon is a float32 constant) under Relax's half-precision type, and legalization
+        re-types every reader of the field: a reader this pass made (a widened sum cast back) is then
+        an op of mixed dtypes, which LegalizeOps rejects."""
+        out_dtypes = [str(f.dtype) if isinstance(f, relax.TensorType) else None for f in call.ty.fields]
+        if not any(d in LOW_PRECISION for d in out_dtypes):
+            return call
+        args = [self._as_float32(a) if d else a for a, d in zip(call.args, dtypes)]
+        wide = self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
+        wide_fields = wide.ty.fields if isinstance(wide.ty, relax.TupleType) else []
+        if len(wide_fields) != len(out_dtypes) or any(
+                d in LOW_PRECISION and not (isinstance(w, relax.TensorType) and str(w.dtype) == "float32")
+                for d, w in zip(out_dtypes, wide_fields)):
+            return call
+        wide = self.builder_.emit(wide)
+        fields = [relax.TupleGetItem(wide, i) for i in range(len(out_dtypes))]
+        return relax.Tuple([self.builder_.emit(relax.op.astype(f, d)) if d in LOW_PRECISION else f
+                            for f, d in zip(fields, out_dtypes)])
 
     def _as_float32(self, value: relax.Expr) -> relax.Expr:
         """astype(value, float32); with `drop_round_trips`, the float32 x itself if value = astype(x, half)."""

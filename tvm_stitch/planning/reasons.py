@@ -9,6 +9,7 @@ becomes the reason `error`, with the exception's type and last line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -125,5 +126,12 @@ def reason_of(err: Exception) -> Reason:
     """The reason a failure gives: a PlanError's own, else `error` with the type and last line."""
     if isinstance(err, PlanError):
         return err.reason
-    lines = str(err).strip().splitlines()
-    return Reason("error", {"type": type(err).__name__, "message": lines[-1][:200] if lines else ""})
+    return Reason("error", {"type": type(err).__name__, "message": error_line(err)})
+
+
+def error_line(err: Exception) -> str:
+    """The line of an exception's message that says what failed: its last line, or, for TVM's errors
+    that go on with the pass and the TVMScript where it failed, the last line before those."""
+    head = re.split(r"\n\s*(?:Error in pass:|Location \(TVMScript\):)", str(err).strip())[0]
+    lines = [line.strip() for line in head.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""

@@ -33,6 +33,7 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.analysis.classify import classify_primfunc
+from tvm_stitch.planning.reasons import error_line
 from tvm_stitch.tools.tolerance import close
 
 DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
@@ -342,8 +343,7 @@ class Result:
 
 
 def _last_line(err) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[-1][:200] if lines else ''}"
+    return f"{type(err).__name__}: {error_line(err)}"
 
 
 def check(case: Case, label: str, target, seed: int = 0) -> Result:
@@ -386,16 +386,42 @@ def _difference(got: np.ndarray, want: np.ndarray) -> str:
     return f"max abs difference {np.nanmax(diff) if diff.size else 0}"
 
 
-def sweep(selected=None, labels=None, progress=None) -> list:
-    """Results of every case (or `selected` cases) on every target (or those of `labels`)."""
+def sweep(selected=None, labels=None, progress=None, done=()) -> list:
+    """Results of every case (or `selected` cases) on every target (or those of `labels`), but for
+    the (op, dtype, form, target) keys in `done` (a resumed run)."""
     chosen = targets() if labels is None else {k: v for k, v in targets().items() if k in labels}
     out = []
     for case in cases() if selected is None else selected:
         for label, target in chosen.items():
+            if (case.op, case.dtype, case.form, label) in done:
+                continue
             out.append(check(case, label, target))
             if progress is not None:
                 progress(out[-1])
     return out
+
+
+def to_record(result: Result) -> dict:
+    """A result as plain data (a line of a sweep's log)."""
+    return {"op": result.case.op, "dtype": result.case.dtype, "form": result.case.form,
+            "target": result.target, "status": result.status, "detail": result.detail,
+            "fallbacks": list(result.fallbacks), "stitched": result.stitched}
+
+
+def from_record(record: dict) -> Result:
+    return Result(Case(record["op"], record["dtype"], record["form"]), record["target"], record["status"],
+                  record["detail"], record["fallbacks"], record["stitched"])
+
+
+def read_log(path: str) -> list:
+    """The results a sweep's log (JSON lines, `--log`) holds; none where it does not exist yet."""
+    import json
+    import os
+
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as lines:
+        return [from_record(json.loads(line)) for line in lines if line.strip()]
 
 
 def summary(results: list) -> dict:
@@ -423,6 +449,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", help=f"comma-separated among {', '.join(DTYPES)}")
     parser.add_argument("--list", action="store_true", help="print the registry's classification and stop")
     parser.add_argument("--json", help="also write the summary to this file")
+    parser.add_argument("--log", help="append each result to this file (JSON lines) and skip the cases it "
+                        "already holds: a stopped sweep resumes where it was")
     args = parser.parse_args(argv)
     if args.list:
         for c in map(classify, registered_ops()):
@@ -431,8 +459,17 @@ def main(argv=None) -> int:
     dtypes = tuple(args.dtypes.split(",")) if args.dtypes else DTYPES
     selected = cases(args.ops.split(",") if args.ops else None, dtypes)
     labels = args.targets.split(",") if args.targets else None
-    results = sweep(selected, labels, progress=lambda r: print(
-        r.case.op, r.case.dtype, r.case.form, r.target, r.status, r.stitched, r.detail, r.fallbacks, flush=True))
+    logged = read_log(args.log) if args.log else []
+
+    def progress(r):
+        print(r.case.op, r.case.dtype, r.case.form, r.target, r.status, r.stitched, r.detail, r.fallbacks, flush=True)
+        if args.log:
+            with open(args.log, "a", encoding="utf-8") as log:
+                log.write(json.dumps(to_record(r)) + "\n")
+
+    done = {(r.case.op, r.case.dtype, r.case.form, r.target) for r in logged}
+    results = [r for r in logged if r.case in selected and (labels is None or r.target in labels)]
+    results += sweep(selected, labels, progress, done)
     text = json.dumps(summary(results), indent=1)
     print(text)
     if args.json:
