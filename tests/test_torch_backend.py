@@ -274,6 +274,9 @@ def test_bad_options_are_refused_when_the_backend_is_made():
         ts.backend(target="opencl")
     with pytest.raises(TypeError, match="unexpected keyword"):
         ts.backend(fusoin=False)
+    with pytest.raises(TypeError, match="fusion must be one of 'greedy', 'search' or False"):
+        ts.backend(fusion=True)
+    assert ts.backend(fusion="search").options.fusion == "search"
 
 
 def test_the_entry_point_registers_the_backend_for_a_plain_name():

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from tvm_stitch.stitch_pass import FUSION_METHODS
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
@@ -36,19 +37,22 @@ CACHE_DIR_VARIABLE = "TVM_STITCH_CACHE_DIR"
 class Options:
     """target: None (from the inputs' device) or a Target / dict / string; strict: raise instead of
     running on eager (and StitchFusion's strict mode); fast_math: as `tvm_stitch.pipeline`'s (None: on
-    for llvm); fusion: False builds with TVM's default pipeline (no stitching); cache: True (memory,
+    for llvm); fusion: "greedy" or "search", the grouping of `tvm_stitch.pipeline` (docs/fusion-search.md),
+    or False: TVM's default pipeline (no stitching); cache: True (memory,
     and disk where TVM_STITCH_CACHE_DIR is set), False (none) or a directory for the disk cache."""
 
     target: object = None
     strict: bool = False
     fast_math: bool | None = None
-    fusion: bool = True
+    fusion: str | bool = "greedy"
     cache: bool | str = True
 
     def __post_init__(self):
-        for name in ("strict", "fusion"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        if not isinstance(self.strict, bool):
+            raise TypeError(f"strict must be True or False, not {self.strict!r}")
+        if self.fusion is not False and self.fusion not in FUSION_METHODS:
+            raise TypeError(f"fusion must be one of {', '.join(map(repr, FUSION_METHODS))} or False, "
+                            f"not {self.fusion!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):
             raise TypeError(f"fast_math must be True, False or None, not {self.fast_math!r}")
         if not isinstance(self.cache, (bool, str)):
@@ -148,8 +152,8 @@ def _compile(mod, target, options: Options):
     from tvm_stitch.target import default_pipeline
 
     try:
-        passes = (pipeline(target, strict=options.strict, fast_math=options.fast_math) if options.fusion
-                  else default_pipeline(target))
+        passes = (pipeline(target, strict=options.strict, fast_math=options.fast_math, fusion=options.fusion)
+                  if options.fusion else default_pipeline(target))
         with target:
             lowered = passes(mod)
         return tvm.compile(lowered, target=target, relax_pipeline=None)
