@@ -18,6 +18,7 @@ from tvm_stitch.check.oclgrind_fit import fitting_specs
 from tvm_stitch.check.simt_kernel import Reference, check_kernel
 from tvm_stitch.fusion.attention import kernel_for, shape_of
 from tvm_stitch.planning.attention import AttentionShape, plan_attention
+from tvm_stitch.planning.attention_operand import OperandView, source_index
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import host_target
@@ -202,3 +203,70 @@ def test_mask_kind_reads_the_mask_values():
     shifted = causal.copy()
     shifted[..., 0, 3] = 0.0  # one key past the diagonal (query 0 sees keys 0..2) visible: not causal
     assert mask_kind(relax.const(shifted), 6, 8) == "additive"
+
+
+def _head_split_module(batch, seq, heads, dim, sliced: bool):
+    """GPT-2's head split: Q, K, V as split (or strided slices) + reshape + permute of a (batch, seq,
+    3 * heads * dim) projection, K transposed, scaled scores, softmax, P V."""
+    x = tensor("x", (batch, seq, 3 * heads * dim), "float32")
+    width = heads * dim
+
+    def body(bb, x):
+        if sliced:
+            parts = [bb.emit(op.strided_slice(x, [2], [i * width], [(i + 1) * width])) for i in range(3)]
+        else:
+            split = bb.emit(op.split(x, [width, 2 * width], axis=2))
+            parts = [bb.emit(relax.TupleGetItem(split, i)) for i in range(3)]
+        q, k, v = (bb.emit(op.permute_dims(bb.emit(op.reshape(p, (batch, seq, heads, dim))), [0, 2, 1, 3]))
+                   for p in parts)
+        s = bb.emit(op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), relax.const(dim ** -0.5, "float32")))
+        return bb.emit(op.matmul(bb.emit(op.nn.softmax(s, axis=-1)), v))
+
+    return function([x], body)
+
+
+def _head_split_reference(x, heads, dim):
+    b, s, _ = x.shape
+    q, k, v = (p.reshape(b, s, heads, dim).transpose(0, 2, 1, 3).astype(np.float64) for p in np.split(x, 3, axis=2))
+    scores = q @ k.transpose(0, 1, 3, 2) * dim ** -0.5
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["split", "strided_slice"])
+def test_head_split_is_read_in_place_on_llvm(sliced, rng):
+    """Q, K, V as views of one projection: one kernel reading it in place, matching numpy."""
+    built = build(_head_split_module(2, 24, 3, 32, sliced), host_target(), stitched=True)
+    prims = [gv.name_hint for gv, f in built.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims == ["fused_attention"]
+    plan = built.report.attention[0].plan
+    assert [view.source for view in plan.shape.operands] == [(2, 24, 288)] * 3
+    assert "Q read from 2x24x288 through slice axis 2 from 0" in plan.describe()
+    x = rng.standard_normal((2, 24, 288)).astype("float32")
+    got = relax.VirtualMachine(built.executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert _rel_error(got, _head_split_reference(x, 3, 32)) < 1e-4
+
+
+def test_head_split_is_one_cuda_launch_moving_the_projection_once():
+    built = build(_head_split_module(1, 64, 4, 64, False), CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    modeled, _ = program_traffic(built.lowered, CUDA)
+    projection, out = 64 * 3 * 4 * 64 * 4, 64 * 4 * 64 * 4
+    assert abs(modeled - projection - out) <= 0.1 * (projection + out)
+
+
+def test_operand_views_map_to_numpy_views():
+    x = np.arange(2 * 6 * 36).reshape(2, 6, 36)
+    view = OperandView((2, 6, 36), (("slice", (2, 6, 36), (2, 12, 1)), ("reshape", (2, 6, 12), (2, 6, 3, 4)),
+                                    ("permute", (2, 6, 3, 4), (0, 2, 1, 3))))
+    want = x[:, :, 12:24].reshape(2, 6, 3, 4).transpose(0, 2, 1, 3)
+    index = np.indices(want.shape).reshape(4, -1)
+    assert np.array_equal(x[tuple(source_index(view, index))], want.reshape(-1))
+
+
+def test_cuda_kernel_with_a_head_split_matches_under_simt_on_pocl():
+    view = OperandView((1, 20, 192), (("slice", (1, 20, 192), (2, 64, 1)), ("reshape", (1, 20, 64), (1, 20, 2, 32)),
+                                      ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
+    shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(view,) * 3)
+    result = _simt(shape, oclgrind=False)
+    assert result.ok, result.detail

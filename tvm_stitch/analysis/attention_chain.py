@@ -14,7 +14,10 @@ K and V may be repeated KV heads (grouped-query attention: `expand_dims`,
 query length may differ from the key length (cross-attention). Every
 intermediate of the chain must be read by the chain alone: a score or
 probability tensor read elsewhere (returned attention weights) keeps the
-chain unfused. `find_chains` returns what it found as plain data, and for
+chain unfused. Q, K and V are read through the views that make them from
+another tensor (split, strided slice, reshape, permute: GPT-2's head split
+of `c_attn`'s output), recorded as an OperandView each
+(planning/attention_operand.py), so that the views launch nothing. `find_chains` returns what it found as plain data, and for
 every softmax that looks like the middle of a chain but is not one, the
 reason (a code of planning/reasons.py).
 """
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 from tvm import relax, tirx
+
+from tvm_stitch.planning.attention_operand import OperandView
 
 VIEW_OPS = ("relax.reshape", "relax.broadcast_to")
 MASKED = -1.0e4  # an additive mask value at or below this hides the key (exp underflows in float32)
@@ -43,6 +48,8 @@ class AttentionChain:
     mask_kind: str  # "none", "causal" or "additive"
     scale: float
     bindings: tuple  # names of the chain's bindings (the report's)
+    sources: tuple = ()  # the tensors the kernel reads Q, K, V from (views of them absorbed)
+    views: tuple = ()  # an OperandView per source: how Q, K, V are read from it
 
 
 @dataclass(frozen=True)
@@ -285,8 +292,63 @@ def _checked(graph: _Graph, chain: AttentionChain, groups: tuple, names: list) -
             raise _Stop("attention-mask-shape", shape=str(mask))
         if mask[-1] != k[2]:
             raise _Stop("attention-mask-shape", shape=str(mask))
+    read = [operand_view(graph, e) for e in (chain.q, chain.k, chain.v)]
     return AttentionChain(chain.output, chain.q, chain.k, chain.v, chain.mask if kind == "additive" else None,
-                          kind, chain.scale, tuple(v.name for v in names))
+                          kind, chain.scale, tuple(v.name for v in names), tuple(r[0] for r in read),
+                          tuple(r[1] for r in read))
+
+
+def operand_view(graph: _Graph, expr) -> tuple:
+    """(source, OperandView): `expr` (a 3- or 4-d operand) as the views of `source` that make it."""
+    shape = _shape(expr)
+    four = _as_4d(shape)
+    steps = [] if four == shape else [("reshape", shape, four)]
+    while True:
+        found = _view_step(graph, expr)
+        if found is None:
+            return expr, OperandView(_shape(expr), tuple(steps))
+        expr, step = found
+        steps[:0] = [step] if step is not None else []
+
+
+def _view_step(graph: _Graph, expr):
+    """(the tensor `expr` is a view of, the view step) where `expr` is a static view, else None."""
+    value = graph.value.get(expr) if isinstance(expr, relax.Var) else None
+    if isinstance(value, relax.TupleGetItem):
+        split = graph.call(value.tuple_value, "relax.split")
+        inner = _shape(split.args[0]) if split is not None else None
+        if inner is None:
+            return None
+        axis = int(split.attrs.axis) % len(inner)
+        cuts = split.attrs.indices_or_sections
+        begin = (value.index * (inner[axis] // int(cuts)) if isinstance(cuts, tirx.IntImm)
+                 else ([0] + [int(c) for c in cuts])[value.index])
+        return split.args[0], ("slice", inner, (axis, begin, 1))
+    call = graph.call(expr, "relax.permute_dims", "relax.reshape", "relax.strided_slice", "relax.broadcast_to")
+    inner = _shape(call.args[0]) if call is not None else None
+    if inner is None or _shape(expr) is None:
+        return None
+    name = call.op.name
+    if name == "relax.permute_dims":
+        axes = [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else list(range(len(inner)))[::-1]
+        return call.args[0], ("permute", inner, tuple(axes))
+    if name == "relax.reshape":
+        return call.args[0], ("reshape", inner, _shape(expr))
+    if name == "relax.broadcast_to":
+        return (call.args[0], None) if inner == _shape(expr) else None
+    return _sliced(call, inner)
+
+
+def _sliced(call, inner: tuple):
+    """(input, slice step) of a strided_slice of one axis with static bounds, else None."""
+    try:
+        axes, begin, _, *strides = ([int(v.value) for v in arg.fields] for arg in call.args[1:5])
+    except (AttributeError, TypeError, ValueError):
+        return None
+    strides = strides[0] if strides else [1]
+    if len(axes) != 1 or len(strides) != 1 or strides[0] <= 0 or begin[0] < 0:
+        return None
+    return call.args[0], ("slice", inner, (axes[0] % len(inner), begin[0], strides[0]))
 
 
 def find_chains(func: relax.Function) -> tuple:

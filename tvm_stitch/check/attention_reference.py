@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
+from tvm_stitch.planning.attention_operand import source_index
+
 
 def reference_func(shape) -> tirx.PrimFunc:
-    """q, k, v, [mask], out -> out = softmax(scale q k^T + mask) v, the scores materialised (float32)."""
+    """q, k, v, [mask], out -> out = softmax(scale q k^T + mask) v, the scores materialised (float32);
+    Q, K, V read from q, k, v through the shape's operand views."""
     s = shape
-    q = te.placeholder((s.batch, s.heads, s.q_len, s.head_dim), s.dtype, "q")
-    k = te.placeholder((s.batch, s.kv_heads, s.kv_len, s.head_dim), s.dtype, "k")
-    v = te.placeholder((s.batch, s.kv_heads, s.kv_len, s.head_dim), s.dtype, "v")
+    sources = [te.placeholder(s.source(i), s.dtype, name) for i, name in enumerate("qkv")]
+    q, k, v = (_viewed(s, sources, i) for i in range(3))
     mask = te.placeholder(s.mask_shape, s.mask_dtype, "mask") if s.mask == "additive" else None
     d = te.reduce_axis((0, s.head_dim), "d")
 
@@ -38,5 +40,15 @@ def reference_func(shape) -> tirx.PrimFunc:
     acc = te.compute(q.shape, lambda b, h, i, c: te.sum(e[b, h, i, j3] * v[b, h // s.group, j3, c].astype("float32"),
                                                         axis=j3), "acc")
     out = te.compute(q.shape, lambda b, h, i, c: (acc[b, h, i, c] / row_sum[b, h, i]).astype(s.dtype), "out")
-    args = [q, k, v] + ([mask] if mask is not None else []) + [out]
+    args = sources + ([mask] if mask is not None else []) + [out]
     return te.create_prim_func(args)
+
+
+def _viewed(shape, sources: list, operand: int):
+    """Q (0), K (1) or V (2) as a tensor of the reference: its source, or the source read through its views."""
+    if not shape.operands:
+        return sources[operand]
+    source, view = sources[operand], shape.operands[operand]
+    rows = (shape.heads, shape.q_len) if operand == 0 else (shape.kv_heads, shape.kv_len)
+    return te.compute((shape.batch, *rows, shape.head_dim), lambda *idx: source[tuple(source_index(view, idx))],
+                      f"{source.name}_view")
