@@ -270,3 +270,74 @@ def test_cuda_kernel_with_a_head_split_matches_under_simt_on_pocl():
     shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(view,) * 3)
     result = _simt(shape, oclgrind=False)
     assert result.ok, result.detail
+
+
+def _rotary_module(seq, heads, kv_heads, dim):
+    """LLaMA's attention inputs: Q and K projections split into heads, permuted, rotary-embedded
+    (x * cos + rotate_half(x) * sin, tables (1, seq, dim) per position), K and V repeated over query heads."""
+    xq, xk, xv = (tensor(n, (1, seq, h * dim), "float32") for n, h in (("xq", heads), ("xk", kv_heads),
+                                                                      ("xv", kv_heads)))
+    cos, sin = (tensor(n, (1, seq, dim), "float32") for n in ("cos", "sin"))
+
+    def heads_of(bb, x, h):
+        return bb.emit(op.permute_dims(bb.emit(op.reshape(x, (1, seq, h, dim))), [0, 2, 1, 3]))
+
+    def rotary(bb, x, c, s):
+        half = dim // 2
+        high = bb.emit(op.negative(bb.emit(op.strided_slice(x, [3], [half], [dim]))))
+        rot = bb.emit(op.concat([high, bb.emit(op.strided_slice(x, [3], [0], [half]))], axis=-1))
+        return bb.emit(op.add(bb.emit(op.multiply(x, c)), bb.emit(op.multiply(rot, s))))
+
+    def repeat(bb, x):
+        x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(x, [2])), (1, kv_heads, heads // kv_heads, seq, dim)))
+        return bb.emit(op.reshape(x, (1, heads, seq, dim)))
+
+    def body(bb, xq, xk, xv, cos, sin):
+        c, s = (bb.emit(op.expand_dims(t, [1])) for t in (cos, sin))
+        q = rotary(bb, heads_of(bb, xq, heads), c, s)
+        k = repeat(bb, rotary(bb, heads_of(bb, xk, kv_heads), c, s))
+        v = repeat(bb, heads_of(bb, xv, kv_heads))
+        scores = bb.emit(op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), relax.const(dim ** -0.5,
+                                                                                                 "float32")))
+        return bb.emit(op.matmul(bb.emit(op.nn.softmax(scores, axis=-1)), v))
+
+    return function([xq, xk, xv, cos, sin], body)
+
+
+def _rotary_reference(xq, xk, xv, cos, sin, heads, kv_heads, dim):
+    def split(x, h):
+        return x.reshape(1, -1, h, dim).transpose(0, 2, 1, 3).astype(np.float64)
+
+    def rotary(x):
+        rot = np.concatenate([-x[..., dim // 2:], x[..., :dim // 2]], axis=-1)
+        return x * cos[:, None] + rot * sin[:, None]
+
+    q, k, v = rotary(split(xq, heads)), rotary(split(xk, kv_heads)), split(xv, kv_heads)
+    k, v = (np.repeat(t, heads // kv_heads, axis=1) for t in (k, v))
+    scores = q @ k.transpose(0, 1, 3, 2) * dim ** -0.5
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def test_rotary_embedding_is_applied_while_staging_on_llvm(rng):
+    """LLaMA's Q and K (head split, rotary embedding, repeated KV heads): one kernel, matching numpy."""
+    built = build(_rotary_module(20, 4, 2, 32), host_target(), stitched=True)
+    prims = [gv.name_hint for gv, f in built.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims == ["fused_attention"]
+    views = built.report.attention[0].plan.shape.operands
+    assert [bool(view.cos) for view in views] == [True, True, False]
+    assert "K read from 1x20x64 through reshape" in built.report.attention[0].line()
+    arrays = [rng.standard_normal(s).astype("float32") for s in ((1, 20, 128), (1, 20, 64), (1, 20, 64))]
+    angles = np.arange(20)[:, None] * rng.uniform(0.1, 1.0, 16)[None, :]
+    tables = [f(np.concatenate([angles, angles], -1))[None].astype("float32") for f in (np.cos, np.sin)]
+    got = relax.VirtualMachine(built.executable, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in arrays + tables]).numpy()
+    assert _rel_error(got, _rotary_reference(*arrays, *tables, 4, 2, 32)) < 1e-4
+
+
+def test_cuda_kernel_with_a_rotary_embedding_matches_under_simt_on_pocl():
+    view = OperandView((1, 20, 64), (("reshape", (1, 20, 64), (1, 20, 2, 32)), ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
+    rotary = dataclasses.replace(view, cos=(1, 20, 32), sin=(1, 20, 32), table_dtype="float32")
+    shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(rotary, rotary, view))
+    result = _simt(shape, oclgrind=False)
+    assert result.ok, result.detail

@@ -13,7 +13,9 @@ def reference_func(shape) -> tirx.PrimFunc:
     Q, K, V read from q, k, v through the shape's operand views."""
     s = shape
     sources = [te.placeholder(s.source(i), s.dtype, name) for i, name in enumerate("qkv")]
-    q, k, v = (_viewed(s, sources, i) for i in range(3))
+    tables = {f"{n}_{t}": te.placeholder(getattr(view, t), view.table_dtype, f"{n}_{t}")
+              for n, view in zip("qkv", s.operands) for t in (("cos", "sin") if view.cos else ())}
+    q, k, v = (_viewed(s, sources, i, tables) for i in range(3))
     mask = te.placeholder(s.mask_shape, s.mask_dtype, "mask") if s.mask == "additive" else None
     d = te.reduce_axis((0, s.head_dim), "d")
 
@@ -40,15 +42,28 @@ def reference_func(shape) -> tirx.PrimFunc:
     acc = te.compute(q.shape, lambda b, h, i, c: te.sum(e[b, h, i, j3] * v[b, h // s.group, j3, c].astype("float32"),
                                                         axis=j3), "acc")
     out = te.compute(q.shape, lambda b, h, i, c: (acc[b, h, i, c] / row_sum[b, h, i]).astype(s.dtype), "out")
-    args = sources + ([mask] if mask is not None else []) + [out]
+    args = sources + ([mask] if mask is not None else []) + list(tables.values()) + [out]
     return te.create_prim_func(args)
 
 
-def _viewed(shape, sources: list, operand: int):
-    """Q (0), K (1) or V (2) as a tensor of the reference: its source, or the source read through its views."""
+def _viewed(shape, sources: list, operand: int, tables: dict):
+    """Q (0), K (1) or V (2) as a tensor of the reference: its source, or the source read through its views
+    (and its rotary embedding, computed in float32 and rounded to the dtype)."""
     if not shape.operands:
         return sources[operand]
-    source, view = sources[operand], shape.operands[operand]
+    source, view, name = sources[operand], shape.operands[operand], "qkv"[operand]
     rows = (shape.heads, shape.q_len) if operand == 0 else (shape.kv_heads, shape.kv_len)
-    return te.compute((shape.batch, *rows, shape.head_dim), lambda *idx: source[tuple(source_index(view, idx))],
-                      f"{source.name}_view")
+    out = (shape.batch, *rows, shape.head_dim)
+    x = te.compute(out, lambda *idx: source[tuple(source_index(view, idx))], f"{name}_view")
+    if not view.cos:
+        return x
+    half = shape.head_dim // 2
+
+    def rotary(b, h, i, d):
+        cos, sin = (tables[f"{name}_{t}"][tuple(view.table_index(t, b, i, d))].astype("float32")
+                    for t in ("cos", "sin"))
+        rot = tirx.Select(d < half, -x[b, h, i, (d + half) % shape.head_dim].astype("float32"),
+                          x[b, h, i, (d + half) % shape.head_dim].astype("float32"))
+        return (x[b, h, i, d].astype("float32") * cos + rot * sin).astype(shape.dtype)
+
+    return te.compute(out, rotary, f"{name}_rotary")

@@ -182,6 +182,7 @@ class _Rewriter(relax.PyExprMutator):
         args = [self.visit_expr(e) for e in chain.sources]
         if chain.mask is not None:
             args.append(self._four(self.visit_expr(chain.mask)))
+        args += [self.visit_expr(t) for t in chain.tables]
         q_ty = chain.q.ty
         out = relax.call_tir(gv, relax.Tuple(args), relax.TensorType(_four(chain.q), q_ty.dtype))
         shape = binding.var.ty.shape

@@ -104,7 +104,7 @@ class AttentionPlan:
                  f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else f"{self.tasks} tasks")
         heads = f"{s.heads} heads" + (f" over {s.kv_heads} KV heads" if s.group > 1 else "")
         read = "".join(f"; {name} read from {view.describe()}" for name, view in zip("QKV", s.operands)
-                       if view.steps)
+                       if view.absorbed)
         return (f"attention {s.batch}x{heads}, q {s.q_len} x kv {s.kv_len}, head dim {s.head_dim}, {s.dtype}, "
                 f"mask {s.mask}: query tile {self.q_tile}, key tile {self.k_tile}, {where}; online softmax "
                 f"({self.state}){read}")

@@ -11,6 +11,11 @@ nothing and the source is read in place. Steps:
   ("reshape", in_shape, out_shape)           row-major reshape
   ("permute", in_shape, axes)                out axis i is in axis axes[i]
   ("slice", in_shape, (axis, begin, stride)) out[.., i, ..] = in[.., begin + i * stride, ..]
+
+A rotary embedding after the views (LLaMA's Q and K: x * cos + rotate_half(x)
+* sin, rotate_half(x) = concat(-x[..., D/2:], x[..., :D/2])) is recorded by
+its cos and sin tables' shapes; the kernel reads the tables, passed after
+the mask, per (position, dim) while staging the operand.
 """
 
 from __future__ import annotations
@@ -24,11 +29,25 @@ class OperandView:
 
     source: tuple
     steps: tuple = ()
+    cos: tuple = ()  # a rotary embedding after the steps: its cos and sin tables' shapes ((.., seq, dim))
+    sin: tuple = ()
+    table_dtype: str = ""
+
+    def table_index(self, table: str, b, row, d) -> list:
+        """The index of the `table` ("cos" or "sin") element of batch `b`, position `row`, dim `d`."""
+        shape = getattr(self, table)
+        batch = b if len(shape) == 4 and shape[0] > 1 else 0
+        return [batch, 0, row, d][4 - len(shape):]
+
+    @property
+    def absorbed(self) -> bool:
+        return bool(self.steps or self.cos)
 
     def describe(self) -> str:
-        if not self.steps:
-            return "in place"
-        return "x".join(map(str, self.source)) + " through " + ", ".join(_step_text(s) for s in self.steps)
+        text = "x".join(map(str, self.source))
+        if self.steps:
+            text += " through " + ", ".join(_step_text(s) for s in self.steps)
+        return text + (", rotary embedding (cos, sin per position)" if self.cos else "")
 
 
 def _step_text(step) -> str:
