@@ -341,3 +341,24 @@ def test_cuda_kernel_with_a_rotary_embedding_matches_under_simt_on_pocl():
     shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(rotary, rotary, view))
     result = _simt(shape, oclgrind=False)
     assert result.ok, result.detail
+
+
+def test_rotary_chain_is_one_cuda_launch_moving_its_inputs_once():
+    built = build(_rotary_module(64, 8, 2, 64), CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    modeled, _ = program_traffic(built.lowered, CUDA)
+    inputs = 64 * (8 + 2 + 2) * 64 * 4 + 2 * 64 * 64 * 4  # the three projections and the cos and sin tables
+    out = 8 * 64 * 64 * 4
+    assert abs(modeled - inputs - out) <= 0.1 * (inputs + out)
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("module", [_head_split_module(1, 512, 12, 64, False), _rotary_module(512, 32, 8, 128)],
+                         ids=["head_split", "rotary"])
+def test_prologue_kernels_compile_with_nvcc_without_spills(module, tmp_path):
+    built = build(module, CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    report = nvcc(cuda_source(built.executable), tmp_path, arch="sm_90")
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
+    assert spills and max(spills) == 0, report
