@@ -264,6 +264,7 @@ def test_operand_views_map_to_numpy_views():
     assert np.array_equal(x[tuple(source_index(view, index))], want.reshape(-1))
 
 
+@pytest.mark.slow
 def test_cuda_kernel_with_a_head_split_matches_under_simt_on_pocl():
     view = OperandView((1, 20, 192), (("slice", (1, 20, 192), (2, 64, 1)), ("reshape", (1, 20, 64), (1, 20, 2, 32)),
                                       ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
