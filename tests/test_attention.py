@@ -337,7 +337,8 @@ def test_rotary_embedding_is_applied_while_staging_on_llvm(rng):
 
 
 def test_cuda_kernel_with_a_rotary_embedding_matches_under_simt_on_pocl():
-    view = OperandView((1, 20, 64), (("reshape", (1, 20, 64), (1, 20, 2, 32)), ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
+    view = OperandView((1, 20, 64), (("reshape", (1, 20, 64), (1, 20, 2, 32)),
+                                     ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
     rotary = dataclasses.replace(view, cos=(1, 20, 32), sin=(1, 20, 32), table_dtype="float32")
     shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(rotary, rotary, view))
     result = _simt(shape, oclgrind=False)
@@ -363,3 +364,19 @@ def test_prologue_kernels_compile_with_nvcc_without_spills(module, tmp_path):
     report = nvcc(cuda_source(built.executable), tmp_path, arch="sm_90")
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
     assert spills and max(spills) == 0, report
+
+
+def test_a_rotation_other_than_rotate_half_is_not_absorbed():
+    """concat(x[..., :half], -x[..., half:]) is not LLaMA's rotate_half: Q stays a tensor of its own."""
+    x, c, s = tensor("x", (1, 2, 8, 16), "float32"), tensor("c", (8, 16), "float32"), tensor("s", (8, 16), "float32")
+
+    def body(bb, x, c, s):
+        low, high = (bb.emit(op.strided_slice(x, [3], [b], [e])) for b, e in ((0, 8), (8, 16)))
+        rot = bb.emit(op.concat([low, bb.emit(op.negative(high))], axis=-1))
+        q = bb.emit(op.add(bb.emit(op.multiply(x, c)), bb.emit(op.multiply(rot, s))))
+        scores = bb.emit(op.matmul(q, op.permute_dims(x, [0, 1, 3, 2])))
+        return bb.emit(op.matmul(bb.emit(op.nn.softmax(scores, axis=-1)), x))
+
+    chain = find_chains(function([x, c, s], body)["main"])[0][0]
+    assert [view.cos for view in chain.views] == [(), (), ()] and chain.tables == ()
+    assert chain.sources[0].same_as(chain.q) and chain.sources[1].same_as(x)

@@ -75,11 +75,11 @@ def _stage_keys(plan, bufs, tile, ids, k0):
         inside = k0 + j < s.kv_len
         zero = tirx.const(0.0, "float32")
         with T.serial(0, s.head_dim) as d:
-            T.buffer_store(tile["kt"], tirx.Select(inside, f32(operand(s, bufs, "k", ids["b"], ids["hk"], row, d)), zero),
-                           [d, j])
+            k = f32(operand(s, bufs, "k", ids["b"], ids["hk"], row, d))
+            T.buffer_store(tile["kt"], tirx.Select(inside, k, zero), [d, j])
         with T.vectorized(0, s.head_dim) as d:
-            T.buffer_store(tile["v"], tirx.Select(inside, f32(operand(s, bufs, "v", ids["b"], ids["hk"], row, d)), zero),
-                           [j, d])
+            v = f32(operand(s, bufs, "v", ids["b"], ids["hk"], row, d))
+            T.buffer_store(tile["v"], tirx.Select(inside, v, zero), [j, d])
 
 
 def _row(plan, bufs, tile, ids, k0, r):

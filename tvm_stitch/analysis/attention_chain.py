@@ -17,11 +17,11 @@ probability tensor read elsewhere (returned attention weights) keeps the
 chain unfused. Q, K and V are read through the views that make them from
 another tensor (split, strided slice, reshape, permute: GPT-2's head split
 of `c_attn`'s output), and through a rotary embedding applied to them
-(LLaMA's `x * cos + rotate_half(x) * sin`, its cos and sin tables read
-per position), recorded as an OperandView each
-(planning/attention_operand.py), so that these launch nothing. `find_chains` returns what it found as plain data, and for
-every softmax that looks like the middle of a chain but is not one, the
-reason (a code of planning/reasons.py).
+(LLaMA's `x * cos + rotate_half(x) * sin`, its cos and sin tables read per
+position), recorded as an OperandView each (planning/attention_operand.py),
+so that these launch nothing. `find_chains` returns what it found as plain
+data, and for every softmax that looks like the middle of a chain but is
+not one, the reason (a code of planning/reasons.py).
 """
 
 from __future__ import annotations

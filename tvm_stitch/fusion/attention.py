@@ -3,11 +3,12 @@ built from its plan), before LegalizeOps.
 
 The chain (analysis/attention_chain.py: Q K^T, scale, additive or causal
 mask, softmax, P V) is replaced by `call_tir(fused_attention, [q, k, v,
-(mask)])`, where q, k and v are the tensors Q, K and V are views of (the
-kernel reads them in place through the views' index maps); the views of
-its output stay Relax views, the bindings it no longer reads are dropped. The kernel is planned for the target's TargetSpec
-(planning/attention.py) and built by schedules/cuda/attention.py or
-schedules/cpu/attention.py, already scheduled (`tirx.is_scheduled`) and
+(mask), (rotary tables)])`, where q, k and v are the tensors Q, K and V are
+made from (the kernel reads them in place through the views' index maps and
+applies a rotary embedding while staging); the views of its output stay
+Relax views, the bindings it no longer reads are dropped. The kernel is
+planned for the target's TargetSpec (planning/attention.py) and built by
+schedules/cuda/attention.py or schedules/cpu/attention.py, already scheduled (`tirx.is_scheduled`) and
 opaque to FuseOps (`op_pattern` 8), so TVM's rules and the stitch pass
 leave it as it is. A mask computed from constants alone (a decoder's causal
 mask, before FoldConstant has run on llvm) is evaluated on the host to tell
