@@ -6,19 +6,21 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
+from tvm_stitch.planning.attention_operand import source_index
+
 NEG = -3.0e38  # the running max before any key, and the score of a key a query does not see
 
 
 def arguments(shape) -> dict:
-    """The kernel's buffers, in call order: q, k, v, [mask], out (declared in the current prim_func frame)."""
+    """The kernel's buffers, in call order: q, k, v (the tensors Q, K, V are read from), [mask], [the
+    rotary tables: q_cos, q_sin, k_cos, ...], out (declared in the current prim_func frame)."""
     s = shape
-    bufs = {
-        "q": T.arg("q", T.buffer((s.batch, s.heads, s.q_len, s.head_dim), s.dtype)),
-        "k": T.arg("k", T.buffer((s.batch, s.kv_heads, s.kv_len, s.head_dim), s.dtype)),
-        "v": T.arg("v", T.buffer((s.batch, s.kv_heads, s.kv_len, s.head_dim), s.dtype)),
-    }
+    bufs = {name: T.arg(name, T.buffer(s.source(i), s.dtype)) for i, name in enumerate("qkv")}
     if s.mask == "additive":
         bufs["mask"] = T.arg("mask", T.buffer(s.mask_shape, s.mask_dtype))
+    for name, view in zip("qkv", s.operands):
+        for table in ("cos", "sin") if view.cos else ():
+            bufs[f"{name}_{table}"] = T.arg(f"{name}_{table}", T.buffer(getattr(view, table), view.table_dtype))
     bufs["out"] = T.arg("out", T.buffer((s.batch, s.heads, s.q_len, s.head_dim), s.dtype))
     return bufs
 
@@ -26,6 +28,21 @@ def arguments(shape) -> dict:
 def load(buf, *indices):
     """buf[indices] as an expression (the IR builder's buffer indexing gives a TensorLoad)."""
     return tirx.BufferLoad(buf, [tirx.const(i, "int32") if isinstance(i, int) else i for i in indices])
+
+
+def operand(shape, bufs, name: str, b, h, row, d):
+    """Element (b, h, row, d) of Q, K or V (`name`), read from its source through its views (float32
+    after a rotary embedding: x * cos + rotate_half(x) * sin)."""
+    if not shape.operands:
+        return load(bufs[name], b, h, row, d)
+    view = shape.operands["qkv".index(name)]
+    x = [load(bufs[name], *source_index(view, (b, h, row, col))) for col in (d, (d + shape.head_dim // 2)
+                                                                             % shape.head_dim)]
+    if not view.cos:
+        return x[0]
+    tables = [load(bufs[f"{name}_{t}"], *view.table_index(t, b, row, d)) for t in ("cos", "sin")]
+    rotated = tirx.Select(d < shape.head_dim // 2, -f32(x[1]), f32(x[1]))
+    return f32(x[0]) * f32(tables[0]) + rotated * f32(tables[1])
 
 
 def f32(value):

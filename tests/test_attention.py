@@ -18,6 +18,7 @@ from tvm_stitch.check.oclgrind_fit import fitting_specs
 from tvm_stitch.check.simt_kernel import Reference, check_kernel
 from tvm_stitch.fusion.attention import kernel_for, shape_of
 from tvm_stitch.planning.attention import AttentionShape, plan_attention
+from tvm_stitch.planning.attention_operand import OperandView, source_index
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import host_target
@@ -202,3 +203,180 @@ def test_mask_kind_reads_the_mask_values():
     shifted = causal.copy()
     shifted[..., 0, 3] = 0.0  # one key past the diagonal (query 0 sees keys 0..2) visible: not causal
     assert mask_kind(relax.const(shifted), 6, 8) == "additive"
+
+
+def _head_split_module(batch, seq, heads, dim, sliced: bool):
+    """GPT-2's head split: Q, K, V as split (or strided slices) + reshape + permute of a (batch, seq,
+    3 * heads * dim) projection, K transposed, scaled scores, softmax, P V."""
+    x = tensor("x", (batch, seq, 3 * heads * dim), "float32")
+    width = heads * dim
+
+    def body(bb, x):
+        if sliced:
+            parts = [bb.emit(op.strided_slice(x, [2], [i * width], [(i + 1) * width])) for i in range(3)]
+        else:
+            split = bb.emit(op.split(x, [width, 2 * width], axis=2))
+            parts = [bb.emit(relax.TupleGetItem(split, i)) for i in range(3)]
+        q, k, v = (bb.emit(op.permute_dims(bb.emit(op.reshape(p, (batch, seq, heads, dim))), [0, 2, 1, 3]))
+                   for p in parts)
+        s = bb.emit(op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), relax.const(dim ** -0.5, "float32")))
+        return bb.emit(op.matmul(bb.emit(op.nn.softmax(s, axis=-1)), v))
+
+    return function([x], body)
+
+
+def _head_split_reference(x, heads, dim):
+    b, s, _ = x.shape
+    q, k, v = (p.reshape(b, s, heads, dim).transpose(0, 2, 1, 3).astype(np.float64) for p in np.split(x, 3, axis=2))
+    scores = q @ k.transpose(0, 1, 3, 2) * dim ** -0.5
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["split", "strided_slice"])
+def test_head_split_is_read_in_place_on_llvm(sliced, rng):
+    """Q, K, V as views of one projection: one kernel reading it in place, matching numpy."""
+    built = build(_head_split_module(2, 24, 3, 32, sliced), host_target(), stitched=True)
+    prims = [gv.name_hint for gv, f in built.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims == ["fused_attention"]
+    plan = built.report.attention[0].plan
+    assert [view.source for view in plan.shape.operands] == [(2, 24, 288)] * 3
+    assert "Q read from 2x24x288 through slice axis 2 from 0" in plan.describe()
+    x = rng.standard_normal((2, 24, 288)).astype("float32")
+    got = relax.VirtualMachine(built.executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert _rel_error(got, _head_split_reference(x, 3, 32)) < 1e-4
+
+
+def test_head_split_is_one_cuda_launch_moving_the_projection_once():
+    built = build(_head_split_module(1, 64, 4, 64, False), CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    modeled, _ = program_traffic(built.lowered, CUDA)
+    projection, out = 64 * 3 * 4 * 64 * 4, 64 * 4 * 64 * 4
+    assert abs(modeled - projection - out) <= 0.1 * (projection + out)
+
+
+def test_operand_views_map_to_numpy_views():
+    x = np.arange(2 * 6 * 36).reshape(2, 6, 36)
+    view = OperandView((2, 6, 36), (("slice", (2, 6, 36), (2, 12, 1)), ("reshape", (2, 6, 12), (2, 6, 3, 4)),
+                                    ("permute", (2, 6, 3, 4), (0, 2, 1, 3))))
+    want = x[:, :, 12:24].reshape(2, 6, 3, 4).transpose(0, 2, 1, 3)
+    index = np.indices(want.shape).reshape(4, -1)
+    assert np.array_equal(x[tuple(source_index(view, index))], want.reshape(-1))
+
+
+@pytest.mark.slow
+def test_cuda_kernel_with_a_head_split_matches_under_simt_on_pocl():
+    view = OperandView((1, 20, 192), (("slice", (1, 20, 192), (2, 64, 1)), ("reshape", (1, 20, 64), (1, 20, 2, 32)),
+                                      ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
+    shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(view,) * 3)
+    result = _simt(shape, oclgrind=False)
+    assert result.ok, result.detail
+
+
+def _rotary_module(seq, heads, kv_heads, dim):
+    """LLaMA's attention inputs: Q and K projections split into heads, permuted, rotary-embedded
+    (x * cos + rotate_half(x) * sin, tables (1, seq, dim) per position), K and V repeated over query heads."""
+    xq, xk, xv = (tensor(n, (1, seq, h * dim), "float32") for n, h in (("xq", heads), ("xk", kv_heads),
+                                                                      ("xv", kv_heads)))
+    cos, sin = (tensor(n, (1, seq, dim), "float32") for n in ("cos", "sin"))
+
+    def heads_of(bb, x, h):
+        return bb.emit(op.permute_dims(bb.emit(op.reshape(x, (1, seq, h, dim))), [0, 2, 1, 3]))
+
+    def rotary(bb, x, c, s):
+        half = dim // 2
+        high = bb.emit(op.negative(bb.emit(op.strided_slice(x, [3], [half], [dim]))))
+        rot = bb.emit(op.concat([high, bb.emit(op.strided_slice(x, [3], [0], [half]))], axis=-1))
+        return bb.emit(op.add(bb.emit(op.multiply(x, c)), bb.emit(op.multiply(rot, s))))
+
+    def repeat(bb, x):
+        x = bb.emit(op.broadcast_to(bb.emit(op.expand_dims(x, [2])), (1, kv_heads, heads // kv_heads, seq, dim)))
+        return bb.emit(op.reshape(x, (1, heads, seq, dim)))
+
+    def body(bb, xq, xk, xv, cos, sin):
+        c, s = (bb.emit(op.expand_dims(t, [1])) for t in (cos, sin))
+        q = rotary(bb, heads_of(bb, xq, heads), c, s)
+        k = repeat(bb, rotary(bb, heads_of(bb, xk, kv_heads), c, s))
+        v = repeat(bb, heads_of(bb, xv, kv_heads))
+        scores = bb.emit(op.multiply(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), relax.const(dim ** -0.5,
+                                                                                                 "float32")))
+        return bb.emit(op.matmul(bb.emit(op.nn.softmax(scores, axis=-1)), v))
+
+    return function([xq, xk, xv, cos, sin], body)
+
+
+def _rotary_reference(xq, xk, xv, cos, sin, heads, kv_heads, dim):
+    def split(x, h):
+        return x.reshape(1, -1, h, dim).transpose(0, 2, 1, 3).astype(np.float64)
+
+    def rotary(x):
+        rot = np.concatenate([-x[..., dim // 2:], x[..., :dim // 2]], axis=-1)
+        return x * cos[:, None] + rot * sin[:, None]
+
+    q, k, v = rotary(split(xq, heads)), rotary(split(xk, kv_heads)), split(xv, kv_heads)
+    k, v = (np.repeat(t, heads // kv_heads, axis=1) for t in (k, v))
+    scores = q @ k.transpose(0, 1, 3, 2) * dim ** -0.5
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def test_rotary_embedding_is_applied_while_staging_on_llvm(rng):
+    """LLaMA's Q and K (head split, rotary embedding, repeated KV heads): one kernel, matching numpy."""
+    built = build(_rotary_module(20, 4, 2, 32), host_target(), stitched=True)
+    prims = [gv.name_hint for gv, f in built.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims == ["fused_attention"]
+    views = built.report.attention[0].plan.shape.operands
+    assert [bool(view.cos) for view in views] == [True, True, False]
+    assert "K read from 1x20x64 through reshape" in built.report.attention[0].line()
+    arrays = [rng.standard_normal(s).astype("float32") for s in ((1, 20, 128), (1, 20, 64), (1, 20, 64))]
+    angles = np.arange(20)[:, None] * rng.uniform(0.1, 1.0, 16)[None, :]
+    tables = [f(np.concatenate([angles, angles], -1))[None].astype("float32") for f in (np.cos, np.sin)]
+    got = relax.VirtualMachine(built.executable, tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in arrays + tables]).numpy()
+    assert _rel_error(got, _rotary_reference(*arrays, *tables, 4, 2, 32)) < 1e-4
+
+
+def test_cuda_kernel_with_a_rotary_embedding_matches_under_simt_on_pocl():
+    view = OperandView((1, 20, 64), (("reshape", (1, 20, 64), (1, 20, 2, 32)),
+                                     ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
+    rotary = dataclasses.replace(view, cos=(1, 20, 32), sin=(1, 20, 32), table_dtype="float32")
+    shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(rotary, rotary, view))
+    result = _simt(shape, oclgrind=False)
+    assert result.ok, result.detail
+
+
+def test_rotary_chain_is_one_cuda_launch_moving_its_inputs_once():
+    built = build(_rotary_module(64, 8, 2, 64), CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    modeled, _ = program_traffic(built.lowered, CUDA)
+    inputs = 64 * (8 + 2 + 2) * 64 * 4 + 2 * 64 * 64 * 4  # the three projections and the cos and sin tables
+    out = 8 * 64 * 64 * 4
+    assert abs(modeled - inputs - out) <= 0.1 * (inputs + out)
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("module", [_head_split_module(1, 512, 12, 64, False), _rotary_module(512, 32, 8, 128)],
+                         ids=["head_split", "rotary"])
+def test_prologue_kernels_compile_with_nvcc_without_spills(module, tmp_path):
+    built = build(module, CUDA, stitched=True)
+    assert count_launches(built.lowered, built.executable) == 1
+    report = nvcc(cuda_source(built.executable), tmp_path, arch="sm_90")
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
+    assert spills and max(spills) == 0, report
+
+
+def test_a_rotation_other_than_rotate_half_is_not_absorbed():
+    """concat(x[..., :half], -x[..., half:]) is not LLaMA's rotate_half: Q stays a tensor of its own."""
+    x, c, s = tensor("x", (1, 2, 8, 16), "float32"), tensor("c", (8, 16), "float32"), tensor("s", (8, 16), "float32")
+
+    def body(bb, x, c, s):
+        low, high = (bb.emit(op.strided_slice(x, [3], [b], [e])) for b, e in ((0, 8), (8, 16)))
+        rot = bb.emit(op.concat([low, bb.emit(op.negative(high))], axis=-1))
+        q = bb.emit(op.add(bb.emit(op.multiply(x, c)), bb.emit(op.multiply(rot, s))))
+        scores = bb.emit(op.matmul(q, op.permute_dims(x, [0, 1, 3, 2])))
+        return bb.emit(op.matmul(bb.emit(op.nn.softmax(scores, axis=-1)), x))
+
+    chain = find_chains(function([x, c, s], body)["main"])[0][0]
+    assert [view.cos for view in chain.views] == [(), (), ()] and chain.tables == ()
+    assert chain.sources[0].same_as(chain.q) and chain.sources[1].same_as(x)

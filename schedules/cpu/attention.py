@@ -16,7 +16,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from schedules.attention_common import NEG, arguments, causal_key_tiles, f32, load, seen, score
+from schedules.attention_common import NEG, arguments, causal_key_tiles, f32, load, operand, seen, score
 
 
 def build(plan) -> tirx.PrimFunc:
@@ -51,7 +51,7 @@ def _task(plan, bufs, tile, task):
     with T.serial(0, plan.q_tile) as r:
         with T.vectorized(0, s.head_dim) as d:
             T.buffer_store(tile["q"], tirx.Select(q0 + r < s.q_len,
-                                                  f32(load(bufs["q"], b, h, tirx.min(q0 + r, s.q_len - 1), d)),
+                                                  f32(operand(s, bufs, "q", b, h, tirx.min(q0 + r, s.q_len - 1), d)),
                                                   tirx.const(0.0, "float32")), [r, d])
             T.buffer_store(tile["acc"], tirx.const(0.0, "float32"), [r, d])
         T.buffer_store(tile["m"], tirx.const(NEG, "float32"), [r])
@@ -75,11 +75,11 @@ def _stage_keys(plan, bufs, tile, ids, k0):
         inside = k0 + j < s.kv_len
         zero = tirx.const(0.0, "float32")
         with T.serial(0, s.head_dim) as d:
-            T.buffer_store(tile["kt"], tirx.Select(inside, f32(load(bufs["k"], ids["b"], ids["hk"], row, d)), zero),
-                           [d, j])
+            k = f32(operand(s, bufs, "k", ids["b"], ids["hk"], row, d))
+            T.buffer_store(tile["kt"], tirx.Select(inside, k, zero), [d, j])
         with T.vectorized(0, s.head_dim) as d:
-            T.buffer_store(tile["v"], tirx.Select(inside, f32(load(bufs["v"], ids["b"], ids["hk"], row, d)), zero),
-                           [j, d])
+            v = f32(operand(s, bufs, "v", ids["b"], ids["hk"], row, d))
+            T.buffer_store(tile["v"], tirx.Select(inside, v, zero), [j, d])
 
 
 def _row(plan, bufs, tile, ids, k0, r):

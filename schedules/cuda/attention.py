@@ -15,7 +15,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from schedules.attention_common import NEG, arguments, causal_key_tiles, f32, load, seen, score
+from schedules.attention_common import NEG, arguments, causal_key_tiles, f32, load, operand, seen, score
 
 
 def build(plan) -> tirx.PrimFunc:
@@ -67,7 +67,7 @@ def _block_body(plan, bufs, smem, regs, bx, tx):
     b, h, q0 = bx // (s.heads * q_tiles), bx // q_tiles % s.heads, bx % q_tiles * plan.q_tile
     ids = {"b": b, "h": h, "hk": h // s.group, "q0": q0, "r": tx // plan.lanes, "lane": tx % plan.lanes,
            "tx": tx}
-    _stage_rows(plan, smem["q"], bufs["q"], (b, h), q0, s.q_len, plan.q_tile, tx)
+    _stage_rows(plan, smem["q"], bufs, "q", (b, h), q0, s.q_len, plan.q_tile, tx)
     acc, m, l = regs["acc"], regs["m"], regs["l"]
     with T.serial(0, s.head_dim // plan.lanes) as i:
         T.buffer_store(acc, tirx.const(0.0, "float32"), [i])
@@ -78,8 +78,9 @@ def _block_body(plan, bufs, smem, regs, bx, tx):
     _write_rows(plan, bufs, regs, ids)
 
 
-def _stage_rows(plan, dst, src, head, row0, rows, tile, tx):
-    """dst[r, d] = src[head..., row0 + r, d] as float32 (0 past `rows`), the block's threads in turn."""
+def _stage_rows(plan, dst, bufs, name, head, row0, rows, tile, tx):
+    """dst[r, d] = operand `name`[head..., row0 + r, d] as float32 (0 past `rows`), the block's threads in
+    turn."""
     d = plan.shape.head_dim
     with T.serial(0, -(-tile * d // plan.threads)) as it:
         idx = it * plan.threads + tx
@@ -88,7 +89,7 @@ def _stage_rows(plan, dst, src, head, row0, rows, tile, tx):
                 r, c = idx // d, idx % d
                 with T.If(row0 + r < rows):
                     with T.Then():
-                        dst.store(f32(load(src, *head, row0 + r, c)), r, c)
+                        dst.store(f32(operand(plan.shape, bufs, name, *head, row0 + r, c)), r, c)
                     with T.Else():
                         dst.store(tirx.const(0.0, "float32"), r, c)
 
@@ -97,8 +98,8 @@ def _key_tile(plan, bufs, smem, regs, ids, kt):
     s = plan.shape
     k0 = kt * plan.k_tile
     T.evaluate(T.tvm_storage_sync("shared"))
-    _stage_rows(plan, smem["k"], bufs["k"], (ids["b"], ids["hk"]), k0, s.kv_len, plan.k_tile, ids["tx"])
-    _stage_rows(plan, smem["v"], bufs["v"], (ids["b"], ids["hk"]), k0, s.kv_len, plan.k_tile, ids["tx"])
+    _stage_rows(plan, smem["k"], bufs, "k", (ids["b"], ids["hk"]), k0, s.kv_len, plan.k_tile, ids["tx"])
+    _stage_rows(plan, smem["v"], bufs, "v", (ids["b"], ids["hk"]), k0, s.kv_len, plan.k_tile, ids["tx"])
     T.evaluate(T.tvm_storage_sync("shared"))
     r, lane, qi = ids["r"], ids["lane"], ids["q0"] + ids["r"]
     t, p = regs["t"], smem["p"]

@@ -14,18 +14,26 @@ K and V may be repeated KV heads (grouped-query attention: `expand_dims`,
 query length may differ from the key length (cross-attention). Every
 intermediate of the chain must be read by the chain alone: a score or
 probability tensor read elsewhere (returned attention weights) keeps the
-chain unfused. `find_chains` returns what it found as plain data, and for
-every softmax that looks like the middle of a chain but is not one, the
-reason (a code of planning/reasons.py).
+chain unfused. Q, K and V are read through the views that make them from
+another tensor (split, strided slice, reshape, permute: GPT-2's head split
+of `c_attn`'s output), and through a rotary embedding applied to them
+(LLaMA's `x * cos + rotate_half(x) * sin`, its cos and sin tables read per
+position), recorded as an OperandView each (planning/attention_operand.py),
+so that these launch nothing. `find_chains` returns what it found as plain
+data, and for every softmax that looks like the middle of a chain but is
+not one, the reason (a code of planning/reasons.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 from tvm import relax, tirx
+
+from tvm_stitch.planning.attention_operand import OperandView
 
 VIEW_OPS = ("relax.reshape", "relax.broadcast_to")
 MASKED = -1.0e4  # an additive mask value at or below this hides the key (exp underflows in float32)
@@ -43,6 +51,9 @@ class AttentionChain:
     mask_kind: str  # "none", "causal" or "additive"
     scale: float
     bindings: tuple  # names of the chain's bindings (the report's)
+    sources: tuple = ()  # the tensors the kernel reads Q, K, V from (views of them absorbed)
+    views: tuple = ()  # an OperandView per source: how Q, K, V are read from it
+    tables: tuple = ()  # the rotary embeddings' cos and sin tables, in order (Q's, K's, V's where present)
 
 
 @dataclass(frozen=True)
@@ -285,8 +296,124 @@ def _checked(graph: _Graph, chain: AttentionChain, groups: tuple, names: list) -
             raise _Stop("attention-mask-shape", shape=str(mask))
         if mask[-1] != k[2]:
             raise _Stop("attention-mask-shape", shape=str(mask))
+    read = [operand_view(graph, e) for e in (chain.q, chain.k, chain.v)]
     return AttentionChain(chain.output, chain.q, chain.k, chain.v, chain.mask if kind == "additive" else None,
-                          kind, chain.scale, tuple(v.name for v in names))
+                          kind, chain.scale, tuple(v.name for v in names), tuple(r[0] for r in read),
+                          tuple(r[1] for r in read), tuple(t for r in read for t in r[2]))
+
+
+def operand_view(graph: _Graph, expr) -> tuple:
+    """(source, OperandView, rotary tables): `expr` (a 3- or 4-d operand) as the views of `source` that
+    make it, after a rotary embedding where `expr` is one (its cos and sin tables, else ())."""
+    shape = _shape(expr)
+    four = _as_4d(shape)
+    steps = [] if four == shape else [("reshape", shape, four)]
+    rotary = _rotary(graph, expr) if four == shape else None
+    tables = ()
+    if rotary is not None:
+        expr, tables = rotary[0], rotary[1:]
+    while True:
+        found = _view_step(graph, expr)
+        if found is None:
+            view = OperandView(_shape(expr), tuple(steps))
+            if tables:
+                view = dataclasses.replace(view, cos=_shape(tables[0]), sin=_shape(tables[1]),
+                                           table_dtype=_dtype(tables[0]))
+            return expr, view, tables
+        expr, step = found
+        steps[:0] = [step] if step is not None else []
+
+
+def _rotary(graph: _Graph, expr):
+    """(x, cos, sin) where `expr` = x * cos + concat(-x[..., half:], x[..., :half]) * sin (a rotary
+    embedding, LLaMA's `apply_rotary_pos_emb`) with tables broadcast over batch and heads, else None."""
+    add = graph.call(expr, "relax.add")
+    if add is None:
+        return None
+    for first, second in ((add.args[0], add.args[1]), (add.args[1], add.args[0])):
+        plain, rotated = graph.call(first, "relax.multiply"), graph.call(second, "relax.multiply")
+        if plain is None or rotated is None:
+            continue
+        for x, cos in ((plain.args[0], plain.args[1]), (plain.args[1], plain.args[0])):
+            for rot, sin in ((rotated.args[0], rotated.args[1]), (rotated.args[1], rotated.args[0])):
+                if _rotated_half(graph, rot, x) and _table(cos, _shape(expr)) and _table(sin, _shape(expr)):
+                    return x, _unpadded(graph, cos), _unpadded(graph, sin)
+    return None
+
+
+def _rotated_half(graph: _Graph, rot, x) -> bool:
+    """Whether `rot` = concat(-x[..., half:], x[..., :half], axis=-1) (static slices of a 4-d x)."""
+    concat = graph.call(rot, "relax.concat")
+    shape = _shape(x)
+    if concat is None or shape is None or len(shape) != 4 or int(concat.attrs.axis) not in (-1, 3):
+        return False
+    parts = list(concat.args[0].fields) if isinstance(concat.args[0], relax.Tuple) else []
+    if len(parts) != 2 or shape[3] % 2:
+        return False
+    neg = graph.call(parts[0], "relax.negative")
+    high, low = (_view_step(graph, p) for p in (neg.args[0] if neg is not None else None, parts[1]))
+    half = shape[3] // 2
+    return (high is not None and low is not None and high[0].same_as(x) and low[0].same_as(x)
+            and high[1] == ("slice", shape, (3, half, 1)) and low[1] == ("slice", shape, (3, 0, 1))
+            and _shape(parts[0]) == _shape(parts[1]) == shape[:3] + (half,))
+
+
+def _unpadded(graph: _Graph, expr):
+    """`expr` without the expand_dims or reshapes before it that only add leading axes of extent 1."""
+    while True:
+        call = graph.call(expr, "relax.expand_dims", "relax.reshape")
+        inner = _shape(call.args[0]) if call is not None else None
+        if inner is None or not inner or (1,) * (len(_shape(expr)) - len(inner)) + inner != _shape(expr):
+            return expr
+        expr = call.args[0]
+
+
+def _table(expr, shape: tuple) -> bool:
+    """Whether `expr` is a cos or sin table of `shape`'s (positions, dim), broadcast over batch and heads."""
+    table = _shape(expr)
+    table = (1,) * (4 - len(table)) + table if table is not None and 2 <= len(table) <= 4 else None
+    return (table is not None and table[2:] == shape[2:] and table[1] == 1 and table[0] in (1, shape[0])
+            and _dtype(expr) in ("float32", "float16", "bfloat16"))
+
+
+def _view_step(graph: _Graph, expr):
+    """(the tensor `expr` is a view of, the view step) where `expr` is a static view, else None."""
+    value = graph.value.get(expr) if isinstance(expr, relax.Var) else None
+    if isinstance(value, relax.TupleGetItem):
+        split = graph.call(value.tuple_value, "relax.split")
+        inner = _shape(split.args[0]) if split is not None else None
+        if inner is None:
+            return None
+        axis = int(split.attrs.axis) % len(inner)
+        cuts = split.attrs.indices_or_sections
+        begin = (value.index * (inner[axis] // int(cuts)) if isinstance(cuts, tirx.IntImm)
+                 else ([0] + [int(c) for c in cuts])[value.index])
+        return split.args[0], ("slice", inner, (axis, begin, 1))
+    call = graph.call(expr, "relax.permute_dims", "relax.reshape", "relax.strided_slice", "relax.broadcast_to")
+    inner = _shape(call.args[0]) if call is not None else None
+    if inner is None or _shape(expr) is None:
+        return None
+    name = call.op.name
+    if name == "relax.permute_dims":
+        axes = [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else list(range(len(inner)))[::-1]
+        return call.args[0], ("permute", inner, tuple(axes))
+    if name == "relax.reshape":
+        return call.args[0], ("reshape", inner, _shape(expr))
+    if name == "relax.broadcast_to":
+        return (call.args[0], None) if inner == _shape(expr) else None
+    return _sliced(call, inner)
+
+
+def _sliced(call, inner: tuple):
+    """(input, slice step) of a strided_slice of one axis with static bounds, else None."""
+    try:
+        axes, begin, _, *strides = ([int(v.value) for v in arg.fields] for arg in call.args[1:5])
+    except (AttributeError, TypeError, ValueError):
+        return None
+    strides = strides[0] if strides else [1]
+    if len(axes) != 1 or len(strides) != 1 or strides[0] <= 0 or begin[0] < 0:
+        return None
+    return call.args[0], ("slice", inner, (axes[0] % len(inner), begin[0], strides[0]))
 
 
 def find_chains(func: relax.Function) -> tuple:

@@ -3,10 +3,12 @@ built from its plan), before LegalizeOps.
 
 The chain (analysis/attention_chain.py: Q K^T, scale, additive or causal
 mask, softmax, P V) is replaced by `call_tir(fused_attention, [q, k, v,
-(mask)])`; the views around it stay Relax views, the bindings it no longer
-reads are dropped. The kernel is planned for the target's TargetSpec
-(planning/attention.py) and built by schedules/cuda/attention.py or
-schedules/cpu/attention.py, already scheduled (`tirx.is_scheduled`) and
+(mask), (rotary tables)])`, where q, k and v are the tensors Q, K and V are
+made from (the kernel reads them in place through the views' index maps and
+applies a rotary embedding while staging); the views of its output stay
+Relax views, the bindings it no longer reads are dropped. The kernel is
+planned for the target's TargetSpec (planning/attention.py) and built by
+schedules/cuda/attention.py or schedules/cpu/attention.py, already scheduled (`tirx.is_scheduled`) and
 opaque to FuseOps (`op_pattern` 8), so TVM's rules and the stitch pass
 leave it as it is. A mask computed from constants alone (a decoder's causal
 mask, before FoldConstant has run on llvm) is evaluated on the host to tell
@@ -17,6 +19,7 @@ chain stays as it was (TVM's path) with the reason in the report.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +65,8 @@ def shape_of(chain: AttentionChain) -> AttentionShape:
     mask = _four(chain.mask) if chain.mask is not None else ()
     return AttentionShape(batch=q[0], heads=q[1], kv_heads=k[1], q_len=q[2], kv_len=k[2], head_dim=q[3],
                           dtype=str(chain.q.ty.dtype), scale=chain.scale, mask=chain.mask_kind, mask_shape=mask,
-                          mask_dtype=str(chain.mask.ty.dtype) if chain.mask is not None else "")
+                          mask_dtype=str(chain.mask.ty.dtype) if chain.mask is not None else "",
+                          operands=chain.views)
 
 
 def _four(expr) -> tuple:
@@ -135,7 +139,7 @@ def _with_evaluated_mask(func: relax.Function, chain: AttentionChain) -> Attenti
     kind = mask_kind(relax.const(np.asarray(value), str(chain.mask.ty.dtype)), q_len, kv_len)
     if kind == "additive":
         return chain
-    return AttentionChain(chain.output, chain.q, chain.k, chain.v, None, kind, chain.scale, chain.bindings)
+    return dataclasses.replace(chain, mask=None, mask_kind=kind)
 
 
 def constant_slice(func: relax.Function, var: relax.Var) -> list | None:
@@ -164,7 +168,8 @@ def _evaluable(op) -> bool:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    """Binds each chain's output var to its kernel's call (reshaped to the var's rank)."""
+    """Binds each chain's output var to its kernel's call (reshaped to the var's rank), which reads Q, K
+    and V from the tensors they are views of."""
 
     def __init__(self, mod: tvm.IRModule, replaced: dict):
         super().__init__(mod)
@@ -175,11 +180,12 @@ class _Rewriter(relax.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         chain, gv = self.replaced[binding.var]
-        args = [self._four(self.visit_expr(e)) for e in (chain.q, chain.k, chain.v)]
+        args = [self.visit_expr(e) for e in chain.sources]
         if chain.mask is not None:
             args.append(self._four(self.visit_expr(chain.mask)))
-        q_ty = args[0].ty
-        out = relax.call_tir(gv, relax.Tuple(args), relax.TensorType(q_ty.shape, q_ty.dtype))
+        args += [self.visit_expr(t) for t in chain.tables]
+        q_ty = chain.q.ty
+        out = relax.call_tir(gv, relax.Tuple(args), relax.TensorType(_four(chain.q), q_ty.dtype))
         shape = binding.var.ty.shape
         if len(shape.values) != 4:
             out = relax.op.reshape(self.builder_.emit(out), shape)

@@ -51,6 +51,14 @@ class AttentionShape:
     mask: str  # one of MASK_KINDS
     mask_shape: tuple = ()  # additive: the mask tensor's 4-d shape (1 where broadcast)
     mask_dtype: str = ""
+    operands: tuple = ()  # an OperandView each for Q, K, V (planning/attention_operand.py); () reads 4-d tensors
+
+    def source(self, operand: int) -> tuple:
+        """The shape of the tensor the kernel reads Q (0), K (1) or V (2) from."""
+        if self.operands:
+            return self.operands[operand].source
+        rows = (self.heads, self.q_len) if operand == 0 else (self.kv_heads, self.kv_len)
+        return (self.batch, *rows, self.head_dim)
 
     @property
     def group(self) -> int:
@@ -95,9 +103,11 @@ class AttentionPlan:
         where = (f"{self.tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
                  f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else f"{self.tasks} tasks")
         heads = f"{s.heads} heads" + (f" over {s.kv_heads} KV heads" if s.group > 1 else "")
+        read = "".join(f"; {name} read from {view.describe()}" for name, view in zip("QKV", s.operands)
+                       if view.absorbed)
         return (f"attention {s.batch}x{heads}, q {s.q_len} x kv {s.kv_len}, head dim {s.head_dim}, {s.dtype}, "
                 f"mask {s.mask}: query tile {self.q_tile}, key tile {self.k_tile}, {where}; online softmax "
-                f"({self.state})")
+                f"({self.state}){read}")
 
 
 def cuda_shared_bytes(q_tile: int, k_tile: int, head_dim: int) -> int:

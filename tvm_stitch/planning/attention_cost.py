@@ -6,7 +6,9 @@ heads, counted once where they fit the cache's resident share (the query
 tiles of a head run at about the same time, the later ones find them in L2;
 CPU: in the last-level cache), else at every read (causal: only the key tiles
 up to the diagonal); an additive mask likewise, once or per (batch, head) it
-is broadcast over. Ideal: Q, K, V, O and the mask once.
+is broadcast over; rotary embeddings' cos and sin tables once. Ideal: Q, K,
+V, O, the mask and the tables once (Q, K, V read from the tensor they are
+views of move the same bytes: a split projection is read once in all).
 The geometry for the time model (planning/time_model.py) counts a thread's
 global accesses, barriers, serial iterations (the score dot products, the
 max, the rescale and the P V update are serial FMA loops here) and exps.
@@ -46,13 +48,19 @@ def traffic(plan) -> tuple:
     kv_read = kv if kv_head <= resident else round(kv * s.group * plan.q_tiles * visited_fraction(plan))
     mask = mask_read = 0
     if s.mask == "additive":
-        elements = 1
-        for n in s.mask_shape:
-            elements *= n
-        mask = elements * _bytes(s.mask_dtype)
+        mask = _elements(s.mask_shape) * _bytes(s.mask_dtype)
         broadcast = s.batch * s.heads // (s.mask_shape[0] * s.mask_shape[1])
         mask_read = mask if mask <= resident else mask * broadcast
-    return q + kv_read + mask_read, q, 2 * q + kv + mask
+    tables = sum(_elements(view.cos) + _elements(view.sin) for view in s.operands if view.cos)
+    tables *= _bytes(next((view.table_dtype for view in s.operands if view.cos), "float32"))
+    return q + kv_read + mask_read + tables, q, 2 * q + kv + mask + tables
+
+
+def _elements(shape: tuple) -> int:
+    n = 1
+    for extent in shape:
+        n *= extent
+    return n
 
 
 def geometry(plan, name: str = "fused_attention") -> KernelGeometry:
