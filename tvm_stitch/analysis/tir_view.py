@@ -293,12 +293,22 @@ def block_views(sch: s_tir.Schedule) -> list:
     """Views of the top-level blocks of the schedule's function, in order."""
     nested = _top_blocks(sch.mod["main"])
     if nested is not None:
-        return [view_of_block(realize.block, _bound_to_loops(loops, realize, realize.block))
-                for loops, realize in nested]
+        return _views_of(nested)
     return [
         view_of_block(sch.get(block_rv), _trivial_binding(sch, block_rv, sch.get(block_rv)))
         for block_rv in sch.get_child_blocks(get_root_block(sch))
     ]
+
+
+def function_views(func: tirx.PrimFunc) -> list:
+    """`block_views` of a schedule of `func` (whose function is `func` itself), read off `func`
+    without making the schedule where the loops allow."""
+    nested = _top_blocks(func)
+    return _views_of(nested) if nested is not None else block_views(s_tir.Schedule(func))
+
+
+def _views_of(nested: list) -> list:
+    return [view_of_block(realize.block, _bound_to_loops(loops, realize, realize.block)) for loops, realize in nested]
 
 
 def _top_blocks(func: tirx.PrimFunc) -> list | None:
