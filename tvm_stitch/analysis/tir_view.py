@@ -66,6 +66,10 @@ class BlockView:
         return any(self.is_reduce)
 
 
+# Expressions without sub-expressions (most indices): read directly, not walked.
+_LEAVES = (tirx.Var, tirx.IntImm)
+
+
 def _accesses(region, body, analyzer) -> list:
     """The accesses of one read or write region of a block whose body is `body`."""
     buffer = region.source
@@ -94,6 +98,8 @@ def _body_vars(stmt) -> set:
 
 def _loads_in(expr) -> bool:
     """Whether an expression loads from a buffer."""
+    if isinstance(expr, _LEAVES):
+        return False
     found = []
     tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, found.append), order="post")
     return bool(found)
@@ -131,6 +137,8 @@ def proven_index(expr, analyzer):
 
 
 def _divisors(expr) -> list:
+    if isinstance(expr, _LEAVES):
+        return []
     found = []
     tvm_ffi.structural_walk(expr, ((tirx.FloorDiv, tirx.FloorMod), lambda node: found.append(node.b)), order="post")
     return found
@@ -194,6 +202,8 @@ def _is_one(expr) -> bool:
 
 def vars_in(expr) -> set:
     """The tirx.Var objects an expression uses (including inside loads)."""
+    if isinstance(expr, _LEAVES):
+        return {expr} if isinstance(expr, tirx.Var) else set()
     found = set()
     tvm_ffi.structural_walk(expr, (tirx.Var, found.add), order="post")
     return found
