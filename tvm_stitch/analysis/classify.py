@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 
-from tvm_stitch.analysis.tir_view import REGION, BlockView, block_views, vars_in
+from tvm_stitch.analysis.tir_view import REGION, BlockView, function_views, vars_in
 
 
 class OpKind(str, Enum):
@@ -158,7 +158,7 @@ def classify_primfunc(func: tirx.PrimFunc) -> OpClass:
         # kTuple: a function that only packs its inputs.
         return OpClass(OpKind.UNSUPPORTED, reason="tuple pattern")
     try:
-        views = block_views(s_tir.Schedule(func))
+        views = function_views(func)
     except (RuntimeError, ValueError) as err:  # TIR outside what schedules can describe
         return OpClass(OpKind.UNSUPPORTED, reason=f"unreadable TIR: {type(err).__name__}")
     return classify_views(views)

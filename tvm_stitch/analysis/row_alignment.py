@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 
 from tvm_stitch.analysis.row_axes import ROW_AXES_ATTR, row_dims
-from tvm_stitch.analysis.tir_view import Access, BlockView, block_views, buffer_params, static_int, vars_in
+from tvm_stitch.analysis.tir_view import Access, BlockView, buffer_params, function_views, static_int, vars_in
 
 ALIGNED = "aligned"
 INVARIANT = "invariant"
@@ -161,7 +161,7 @@ def _strided_row(access: Access, view: BlockView, row_vars: tuple, param_dims: l
 def analyze_rows(func: tirx.PrimFunc, views: list | None = None) -> RowInfo:
     """Row alignment of a PrimFunc's blocks, for every usable rank."""
     if views is None:
-        views = block_views(s_tir.Schedule(func))
+        views = function_views(func)
     param_buffers = buffer_params(func)
     extents = common_row_extents(views)
     strided = func.attrs is not None and ROW_AXES_ATTR in func.attrs

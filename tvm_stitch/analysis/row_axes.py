@@ -25,7 +25,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, sym, tirx
 
-from tvm_stitch.analysis.tir_view import block_views, buffer_params, static_int, vars_in
+from tvm_stitch.analysis.tir_view import block_views, function_views, buffer_params, static_int, vars_in
 
 ROW_AXES_ATTR = "tvm_stitch.row_axes"  # on a rewritten PrimFunc: its rows were moved first
 
@@ -203,7 +203,7 @@ def find_row_axes(func: tirx.PrimFunc) -> tuple | None:
     already the leading iterators of every block, or when the kernel does
     not reduce.
     """
-    views = block_views(s_tir.Schedule(func))
+    views = function_views(func)
     seed = next((v for v in views if v.has_reduction), None)
     positions = () if seed is None else _seed_rows(seed)
     if not positions:
@@ -230,7 +230,7 @@ def _op_dims(func: tirx.PrimFunc, seeds: dict, free: set, seed_reduction: bool) 
     """(dims per parameter position, row extents) of one op's PrimFunc, from the dimensions
     `seeds` gives some parameters (or, with `seed_reduction`, from its first reduction); the
     parameters at positions in `free` are read across rows. None where no consistent rows exist."""
-    views = block_views(s_tir.Schedule(func))
+    views = function_views(func)
     params = buffer_params(func)
     rows, dims = {}, [(params[pos], d) for pos, d in seeds.items()]
     if seed_reduction:
@@ -259,7 +259,7 @@ def group_row_count(ops: list, op_ids: set) -> tuple | None:
     and their producers are inlined, which the leading rows already express.
     """
     order = sorted(op_ids)
-    reductions = [i for i in order if any(v.has_reduction for v in block_views(s_tir.Schedule(ops[i].func)))]
+    reductions = [i for i in order if any(v.has_reduction for v in function_views(ops[i].func))]
     if not any(r.op in reductions for i in order for r in ops[i].inputs):
         return None
     seed = reductions[0]

@@ -66,6 +66,10 @@ class BlockView:
         return any(self.is_reduce)
 
 
+# Expressions without sub-expressions (most indices): read directly, not walked.
+_LEAVES = (tirx.Var, tirx.IntImm)
+
+
 def _accesses(region, body, analyzer) -> list:
     """The accesses of one read or write region of a block whose body is `body`."""
     buffer = region.source
@@ -94,6 +98,8 @@ def _body_vars(stmt) -> set:
 
 def _loads_in(expr) -> bool:
     """Whether an expression loads from a buffer."""
+    if isinstance(expr, _LEAVES):
+        return False
     found = []
     tvm_ffi.structural_walk(expr, (tvm.ir.TensorLoad, found.append), order="post")
     return bool(found)
@@ -131,6 +137,8 @@ def proven_index(expr, analyzer):
 
 
 def _divisors(expr) -> list:
+    if isinstance(expr, _LEAVES):
+        return []
     found = []
     tvm_ffi.structural_walk(expr, ((tirx.FloorDiv, tirx.FloorMod), lambda node: found.append(node.b)), order="post")
     return found
@@ -194,6 +202,8 @@ def _is_one(expr) -> bool:
 
 def vars_in(expr) -> set:
     """The tirx.Var objects an expression uses (including inside loads)."""
+    if isinstance(expr, _LEAVES):
+        return {expr} if isinstance(expr, tirx.Var) else set()
     found = set()
     tvm_ffi.structural_walk(expr, (tirx.Var, found.add), order="post")
     return found
@@ -247,22 +257,11 @@ def _trivial_binding(sch: s_tir.Schedule, block_rv, block) -> bool:
 
     Unit iterators bound to the constant 0 (scalar blocks) need no loop.
     """
-    loops = [sch.get(loop) for loop in sch.get_loops(block_rv)]
-    if not loops:
-        return all(_is_one(iv.dom.extent) for iv in block.iter_vars)
-    realize = loops[-1].body
-    if not isinstance(realize, s_tir.SBlockRealize):
+    loops = tuple(sch.get(loop) for loop in sch.get_loops(block_rv))
+    realize = loops[-1].body if loops else None
+    if loops and not isinstance(realize, s_tir.SBlockRealize):
         return False
-    bound = [(v, iv) for v, iv in zip(realize.iter_values, block.iter_vars)
-             if not (isinstance(v, tirx.IntImm) and _is_one(iv.dom.extent))]
-    return len(bound) == len(loops) and all(
-        isinstance(value, tirx.Var)
-        and value.same_as(loop.loop_var)
-        and isinstance(loop.min, tirx.IntImm)
-        and loop.min.value == 0
-        and tvm_ffi.structural_equal(loop.extent, iv.dom.extent)
-        for (value, iv), loop in zip(bound, loops)
-    )
+    return _bound_to_loops(loops, realize, block)
 
 
 def _load_counts(stmt) -> tuple:
@@ -302,10 +301,63 @@ def view_of_block(block, trivial_binding: bool = True) -> BlockView:
 
 def block_views(sch: s_tir.Schedule) -> list:
     """Views of the top-level blocks of the schedule's function, in order."""
+    nested = _top_blocks(sch.mod["main"])
+    if nested is not None:
+        return _views_of(nested)
     return [
         view_of_block(sch.get(block_rv), _trivial_binding(sch, block_rv, sch.get(block_rv)))
         for block_rv in sch.get_child_blocks(get_root_block(sch))
     ]
+
+
+def function_views(func: tirx.PrimFunc) -> list:
+    """`block_views` of a schedule of `func` (whose function is `func` itself), read off `func`
+    without making the schedule where the loops allow."""
+    nested = _top_blocks(func)
+    return _views_of(nested) if nested is not None else block_views(s_tir.Schedule(func))
+
+
+def _views_of(nested: list) -> list:
+    return [view_of_block(realize.block, _bound_to_loops(loops, realize, realize.block)) for loops, realize in nested]
+
+
+def _top_blocks(func: tirx.PrimFunc) -> list | None:
+    """(enclosing loops, realize) of each child block of the root block, in order, read off the
+    function (what `get_child_blocks` and `get_loops` of a schedule give); None where a statement
+    other than a loop or a sequence lies between the root block and a child block."""
+    if not isinstance(func.body, s_tir.SBlockRealize):
+        return None
+    out = []
+
+    def walk(stmt, loops: tuple) -> bool:
+        if isinstance(stmt, s_tir.SBlockRealize):
+            out.append((loops, stmt))
+            return True
+        if isinstance(stmt, tirx.For):
+            return walk(stmt.body, loops + (stmt,))
+        if isinstance(stmt, tirx.SeqStmt):
+            return all(walk(s, loops) for s in stmt.seq)
+        return False
+
+    return out if walk(func.body.block.body, ()) else None
+
+
+def _bound_to_loops(loops: tuple, realize, block) -> bool:
+    """`_trivial_binding` of `block`, realized by `realize` within `loops` (outermost first)."""
+    if not loops:
+        return all(_is_one(iv.dom.extent) for iv in block.iter_vars)
+    if not loops[-1].body.same_as(realize):
+        return False
+    bound = [(v, iv) for v, iv in zip(realize.iter_values, block.iter_vars)
+             if not (isinstance(v, tirx.IntImm) and _is_one(iv.dom.extent))]
+    return len(bound) == len(loops) and all(
+        isinstance(value, tirx.Var)
+        and value.same_as(loop.loop_var)
+        and isinstance(loop.min, tirx.IntImm)
+        and loop.min.value == 0
+        and tvm_ffi.structural_equal(loop.extent, iv.dom.extent)
+        for (value, iv), loop in zip(bound, loops)
+    )
 
 
 def all_block_views(func: tirx.PrimFunc) -> list:

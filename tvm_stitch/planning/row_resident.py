@@ -23,11 +23,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from tvm import s_tir, tirx
+from tvm import tirx
 
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
 from tvm_stitch.analysis.size_bounds import size_bounds, upper_bound
-from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, block_views, buffer_params, static_int,
+from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, buffer_params, function_views, static_int,
                                           static_product, vars_in)
 from tvm_stitch.planning.common import PlanError, check_describable, inline_trial, output_blocks
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan
@@ -164,7 +164,7 @@ class Analysis:
 def analyse(func: tirx.PrimFunc, family: str, rules: LevelRules, recompute: tuple = ()) -> Analysis:
     """The rank-independent analysis of a fused PrimFunc under the target's level `rules`
     (PlanError if the scheme cannot hold it)."""
-    views = block_views(s_tir.Schedule(func))
+    views = function_views(func)
     check_describable(views)
     outputs = output_blocks(views, func)
     gathered = _gathered(views)

@@ -49,8 +49,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
-from tvm_stitch.analysis.tir_view import (block_consumers, block_views, buffer_params, static_int, static_product,
-                                          vars_in)
+from tvm_stitch.analysis.tir_view import (block_consumers, block_views, buffer_params, function_views, static_int,
+                                          static_product, vars_in)
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         recompute_in_readers, wanted_blocks)
 from tvm_stitch.planning.plan import (GLOBAL, REGISTER, Intermediate, Phase, PhaseRole, StitchPlan,
@@ -110,7 +110,7 @@ def _kept_blocks(func: tirx.PrimFunc) -> tuple:
     (sum, max) and (squared deviations, sum) reductions that take one pass (`online_pairs`,
     `variance_pairs`), and the outputs recomputed by their readers (`_recomputed_outputs`)."""
     func, recomputed = _recomputed_outputs(func)
-    views = block_views(s_tir.Schedule(func))
+    views = function_views(func)
     outputs = output_blocks(views, func)
     inlined = [v for v in views if v.name not in outputs and not v.has_reduction]
     trial, kept = inline_trial(func, [v.name for v in inlined], SplitError)

@@ -37,9 +37,9 @@ PlanError, and the caller plans it as before.
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import tirx
 
-from tvm_stitch.analysis.tir_view import block_views, static_int, static_product
+from tvm_stitch.analysis.tir_view import function_views, static_int, static_product
 from tvm_stitch.planning.cuda.fill import fill_threads
 from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
@@ -90,7 +90,7 @@ def _kept(func: tirx.PrimFunc) -> tuple:
     """(views, reductions, epilogues, inlined names): the blocks once the element-wise blocks that
     are not outputs are inlined; ColumnError unless they are column reductions of one shape and
     element-wise outputs reading one reduction each."""
-    views = block_views(s_tir.Schedule(func))
+    views = function_views(func)
     outputs = output_blocks(views, func)
     inlined = [v.name for v in views if v.name not in outputs and not v.has_reduction]
     _, kept = inline_trial(func, inlined, ColumnError)
