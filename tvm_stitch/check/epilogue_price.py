@@ -54,7 +54,7 @@ class EpiloguePricer:
         try:
             fused, _ = compose_calls(mod, copy, path, leaves)
             alone = _compute_alone(mod, path)
-        except (tvm.error.TVMError, ValueError):  # FuseTIR refused the composition: not priced
+        except (RuntimeError, ValueError):  # FuseTIR refused the composition (TVM raises these): not priced
             return FoldPrice(-1.0, -1.0)
         return fold_price(fused, alone, -1 if None in sizes else sum(sizes), self.target, self.spec)
 

@@ -17,6 +17,10 @@ size) keeps its label: inside the matmul's kernel dlight's Matmul rejects it
 ("consumers of the cache-write stage that are not properly inlined"); left
 alone it becomes a view (RewriteDataflowReshape) and launches nothing.
 
+On CUDA each copy is priced before it is relabelled
+(check/epilogue_price.py): one dlight would schedule more slowly with the
+compute kernel than the two apart keeps its label, and ends the path.
+
 Labels are per PrimFunc and LegalizeOps shares one PrimFunc across call
 sites, so the relabelled sites call a copy and the others keep the original.
 """
