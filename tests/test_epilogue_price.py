@@ -2,6 +2,7 @@
 the compute kernel slower than the kernel and a streaming copy apart stays a kernel, with both
 figures noted; a cheap one still joins the kernel."""
 
+import tvm
 from tvm import relax
 
 from tvm_stitch.check.epilogue_price import EpiloguePricer
@@ -60,3 +61,15 @@ def test_a_transpose_that_slows_the_depthwise_convolution_stays_a_kernel_and_is_
 def test_without_a_pricer_every_epilogue_is_relabelled():
     calls = primfunc_calls(RelabelMatmulEpilogues()(_depthwise_then_transpose(8, 96, 56)))
     assert "transpose_epilogue" in calls and "transpose" not in calls
+
+
+def test_a_copy_of_symbolic_size_is_not_priced_and_is_relabelled():
+    rows = tvm.tirx.Var("rows", "int64")
+    x, w = tensor("x", (rows, 32)), tensor("w", (32, 32))
+
+    def body(bb, x, w):
+        return bb.emit(op.permute_dims(op.matmul(x, w), [1, 0]))
+
+    report = StitchReport()
+    assert "transpose_epilogue" in _relabelled(legalized(make_module([x, w], body)), report)
+    assert not report.notes

@@ -51,12 +51,14 @@ class EpiloguePricer:
 
     def _price(self, mod: tvm.IRModule, path: list, copy: relax.Call, out: relax.Var, leaves: list) -> FoldPrice:
         sizes = [static_tensor_bytes(copy.args[1].fields[0].ty), static_tensor_bytes(out.ty)]
+        if None in sizes:  # symbolic: the streaming copy cannot be priced, so neither is the choice
+            return FoldPrice(-1.0, -1.0)
         try:
             fused, _ = compose_calls(mod, copy, path, leaves)
             alone = _compute_alone(mod, path)
         except (RuntimeError, ValueError):  # FuseTIR refused the composition (TVM raises these): not priced
             return FoldPrice(-1.0, -1.0)
-        return fold_price(fused, alone, -1 if None in sizes else sum(sizes), self.target, self.spec)
+        return fold_price(fused, alone, sum(sizes), self.target, self.spec)
 
 
 def _compute_alone(mod: tvm.IRModule, path: list):
