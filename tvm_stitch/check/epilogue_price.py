@@ -56,7 +56,7 @@ class EpiloguePricer:
         try:
             fused, _ = compose_calls(mod, copy, path, leaves)
             alone = _compute_alone(mod, path)
-        except (RuntimeError, ValueError):  # FuseTIR refused the composition (TVM raises these): not priced
+        except (RuntimeError, TypeError, ValueError):  # FuseTIR refused the composition: not priced
             return FoldPrice(-1.0, -1.0)
         return fold_price(fused, alone, sum(sizes), self.target, self.spec)
 
