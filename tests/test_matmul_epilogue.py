@@ -240,7 +240,7 @@ def test_each_distinct_chain_is_composed_and_tried_once(monkeypatch, rng):
             return inner(*args)
         return wrapper
 
-    monkeypatch.setattr(prologue, "_composed", counted("composed", prologue._composed))
+    monkeypatch.setattr(prologue, "compose_calls", counted("composed", prologue.compose_calls))
     monkeypatch.setattr(prologue, "matmul_rule_applies", counted("trials", prologue.matmul_rule_applies))
     qs = [tensor(f"q{i}", (B, HEADS, T, D)) for i in range(2)]
     ks = [tensor(f"k{i}", (B, HEADS, D, T)) for i in range(2)]

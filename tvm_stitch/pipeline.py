@@ -16,7 +16,8 @@
     LegalizeOps, AnnotateTIROpPattern (TVM)
     CUDA only: FoldProloguesIntoMatmuls (a cheap spatial op feeding only
         matmuls becomes part of them), RelabelMatmulEpilogues (the copies
-        after a matmul join its epilogue); dlight's Matmul rule inlines both
+        after a matmul join its epilogue where the time model says it pays);
+        dlight's Matmul rule inlines both
     FoldConstant, FuseOps (TVM)
     CanonicalizeBindings, DeadCodeElimination (TVM, guarded): tuple
         projections of known tuples become their element, so a producer read
@@ -52,6 +53,7 @@ from tvm_stitch.fusion.attention import FuseAttention
 from tvm_stitch.fusion.closed_forms import ComputeClosedForms
 from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.host_constants import FoldHostConstants
+from tvm_stitch.check.epilogue_price import EpiloguePricer
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
 from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.fusion.precision import AccumulateInFloat32
@@ -193,7 +195,8 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
         ]
-        + ([guarded(FoldProloguesIntoMatmuls(target, report), report), guarded(RelabelMatmulEpilogues(), report)]
+        + ([guarded(FoldProloguesIntoMatmuls(target, report), report),
+            guarded(RelabelMatmulEpilogues(EpiloguePricer(target, report)), report)]
            if target.kind.name == "cuda" else [])
         + [
             relax.transform.FoldConstant(),

@@ -17,6 +17,10 @@ size) keeps its label: inside the matmul's kernel dlight's Matmul rejects it
 ("consumers of the cache-write stage that are not properly inlined"); left
 alone it becomes a view (RewriteDataflowReshape) and launches nothing.
 
+On CUDA each copy is priced before it is relabelled
+(check/epilogue_price.py): one dlight would schedule more slowly with the
+compute kernel than the two apart keeps its label, and ends the path.
+
 Labels are per PrimFunc and LegalizeOps shares one PrimFunc across call
 sites, so the relabelled sites call a copy and the others keep the original.
 """
@@ -118,63 +122,71 @@ def _shape(var) -> list:
     return list(ty.shape.values) if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) else []
 
 
-def _epilogue_sites(mod: tvm.IRModule, func: relax.Function) -> list:
+def _epilogue_sites(mod: tvm.IRModule, func: relax.Function, pricer=None) -> list:
     """The call_tir calls of copies on a matmul's element-wise path, in binding order.
 
     Each tensor on such a path carries whether a transpose lies between it
-    and the matmul (then a reshape of it stays injective), and the copies on
-    its path. A path reaching an op that reads a symbolic index-only tensor
-    (a mask of a symbolic length) keeps its copies: relabelled, they would
-    pull that op into the matmul's kernel, which reads the mask from memory,
-    where the stitched group after the copy computes it for free.
+    and the matmul (then a reshape of it stays injective), the copies on its
+    path and the path's bindings from the matmul on. A path reaching an op
+    that reads a symbolic index-only tensor (a mask of a symbolic length)
+    keeps its copies: relabelled, they would pull that op into the matmul's
+    kernel, which reads the mask from memory, where the stitched group after
+    the copy computes it for free. A copy `pricer` (check/epilogue_price.py)
+    finds slower in the kernel stays a kernel, and ends the path.
     """
     index_only = _symbolic_index_only(mod, func)
-    after_matmul: dict = {}  # Relax var -> (a transpose lies on its path from the matmul, copies on it)
+    after_matmul: dict = {}  # Relax var -> (a transpose lies on its path, copies on it, path bindings)
     sites, kept = [], set()
     compute: dict = {}  # GlobalVar -> is_compute_kernel (once per PrimFunc, not per call site)
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            call = binding.value
-            if not (isinstance(call, relax.Call) and call.op.same_as(_CALL_TIR)):
+    for binding in (b for block in func.body.blocks for b in block.bindings):
+        call = binding.value
+        if not (isinstance(call, relax.Call) and call.op.same_as(_CALL_TIR)):
+            continue
+        callee = mod[call.args[0]]
+        pattern = _pattern(callee)
+        if pattern is None:
+            continue
+        inputs = [a for a in call.args[1].fields if isinstance(a, relax.Var)]
+        if pattern == OUT_EWISE_FUSABLE and call.args[0] not in compute:
+            compute[call.args[0]] = is_compute_kernel(callee)
+        if pattern == OUT_EWISE_FUSABLE and compute[call.args[0]]:
+            after_matmul[binding.var] = (False, (), ((binding.var, call),))
+            continue
+        reached = [after_matmul[a] for a in inputs if a in after_matmul]
+        if not reached:
+            continue
+        transposed = any(t for t, _, _ in reached)
+        copies = tuple(c for _, path, _ in reached for c in path)
+        path = reached[0][2] + ((binding.var, call),)
+        if pattern <= BROADCAST:
+            if any(a in index_only for a in inputs):
+                kept.update(copies)
                 continue
-            callee = mod[call.args[0]]
-            pattern = _pattern(callee)
-            if pattern is None:
-                continue
-            inputs = [a for a in call.args[1].fields if isinstance(a, relax.Var)]
-            if pattern == OUT_EWISE_FUSABLE and call.args[0] not in compute:
-                compute[call.args[0]] = is_compute_kernel(callee)
-            if pattern == OUT_EWISE_FUSABLE and compute[call.args[0]]:
-                after_matmul[binding.var] = (False, ())
-                continue
-            reached = [after_matmul[a] for a in inputs if a in after_matmul]
-            if not reached:
-                continue
-            transposed = any(t for t, _ in reached)
-            copies = tuple(c for _, path in reached for c in path)
-            if pattern <= BROADCAST:
-                if any(a in index_only for a in inputs):
-                    kept.update(copies)
-                    continue
-                after_matmul[binding.var] = (transposed, copies)
-                continue
-            kind = copy_kind(callee) if pattern in (INJECTIVE, OPAQUE) else ""
-            if not kind or (kind == "reshape" and transposed):
-                continue
-            sites.append(call)
-            after_matmul[binding.var] = (transposed or kind == "transpose", copies + (call,))
+            after_matmul[binding.var] = (transposed, copies, path)
+            continue
+        kind = copy_kind(callee) if pattern in (INJECTIVE, OPAQUE) else ""
+        if not kind or (kind == "reshape" and transposed):
+            continue
+        if pricer is not None and not pricer.pays(mod, list(reached[0][2]), call, binding.var):
+            continue
+        sites.append(call)
+        after_matmul[binding.var] = (transposed or kind == "transpose", copies + (call,), path)
     return [call for call in sites if call not in kept]
 
 
 @tvm.transform.module_pass(opt_level=0, name="RelabelMatmulEpilogues")
 class RelabelMatmulEpilogues:
-    """Relabels the copies that follow a matmul element-wise (see the module docstring)."""
+    """Relabels the copies that follow a matmul element-wise (see the module docstring); with a
+    `pricer` (check/epilogue_price.py's EpiloguePricer), only those it finds pay."""
+
+    def __init__(self, pricer=None):
+        self.pricer = pricer
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         sites = {}
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                for call in _epilogue_sites(mod, func):
+                for call in _epilogue_sites(mod, func, self.pricer):
                     sites[call] = call.args[0]
         if not sites:
             return mod

@@ -160,7 +160,7 @@ def _fold_sites(kinds: _Kinds, func: relax.Function, output_call, gathered: set)
                 yield var, position, producer
 
 
-def _wiring(matmul: relax.Call, chain: list):
+def composition_wiring(matmul: relax.Call, chain: list):
     """(key, leaves) of folding `chain` ([(var, producer call)] in binding order) into `matmul`:
     `leaves` are the inputs from outside the chain, each once, in order of first use; `key` is the
     same for two sites exactly when their compositions are (the same PrimFuncs, wired alike, on
@@ -184,7 +184,7 @@ def _wiring(matmul: relax.Call, chain: list):
     return key + (tuple(tvm_ffi.structural_hash(leaf.ty) for leaf in leaves),), leaves
 
 
-def _composed(mod: tvm.IRModule, matmul: relax.Call, chain: list, leaves: list):
+def compose_calls(mod: tvm.IRModule, matmul: relax.Call, chain: list, leaves: list):
     """(PrimFunc, order): the blocks of the chain's producers, in order, then the matmul's reading
     their results; its parameters are `leaves[i]` for i in `order` (FuseTIR merges repeated
     arguments)."""
@@ -323,7 +323,7 @@ class PrologueFolder:
         self.spec = TargetSpec.from_target(target) if target.kind.name == "cuda" else None  # prices folds
         self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
         self.kinds = _Kinds(mod)
-        self.composed: dict = {}  # _wiring key -> (GlobalVar, argument order), or why it does not fold
+        self.composed: dict = {}  # wiring key -> (GlobalVar, argument order), or why it does not fold
         self.noted: set = set()  # the keys whose reason the report has
         self.tried: dict = {}  # structural hash -> [(PrimFunc, GlobalVar or None)]: one trial per composition
         self.outputs: dict = {}  # (split PrimFunc, output index) -> GlobalVar of that output's copy, or None
@@ -359,7 +359,7 @@ class PrologueFolder:
     def _composition(self, matmul: relax.Call, chain: list, leaves: list):
         """(callee, argument order) of `chain` composed with `matmul`, or why it does not fold."""
         try:
-            prim, order = _composed(self.mod, matmul, chain, leaves)
+            prim, order = compose_calls(self.mod, matmul, chain, leaves)
             slower = self.slower(prim, matmul, chain)
             callee = None if slower else self.scheduled(prim, f"{matmul.args[0].name_hint}_prologue")
         except (RuntimeError, TypeError, ValueError) as err:  # FuseTIR refused the composition
@@ -378,7 +378,7 @@ class PrologueFolder:
     def fold(self, matmul: relax.Call, chain: list, note: bool) -> relax.Call | None:
         """The call of `matmul` reading through `chain`, or None (the reason noted in the report
         if `note`, once per composition)."""
-        key, leaves = _wiring(matmul, chain)
+        key, leaves = composition_wiring(matmul, chain)
         if key not in self.composed:
             self.composed[key] = self._composition(matmul, chain, leaves)
         if isinstance(self.composed[key], str):
