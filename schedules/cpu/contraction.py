@@ -33,7 +33,8 @@ from tvm.target import Target
 from tvm_stitch.analysis.tir_view import vars_in
 from tvm_stitch.planning.spec import TargetSpec
 
-MAX_TILE_ROWS = 8  # rows of the accumulator tile; 8 x 2 vectors x 4 bytes x 16 lanes is 1 KiB
+MAX_TILE_ROWS = 8  # rows of the accumulator tile at most (each row is unrolled)
+MIN_TILE_ROWS = 4  # rows a tile keeps when it widens: 4 broadcasts reuse each loaded vector
 CHUNK = 256  # reduction steps per chunk: a chunk of a 2-vector panel column is 32 KiB at 16 lanes
 
 
@@ -86,21 +87,29 @@ def _contiguous_along(block: s_tir.SBlock, var) -> bool:
     return all(r.region and _stride(r.region[-1].min, var) == 1 for r in block.writes)
 
 
+def _column_vectors(columns: int | None, lanes: int, registers: int) -> int:
+    """Vectors of columns per tile: the most whole vectors dividing the axis that still leave
+    room for MIN_TILE_ROWS rows of accumulators plus one register per vector of the second
+    operand and one for the broadcast (AVX-512's 32 registers: 6 vectors, 96 columns)."""
+    if columns is None or columns % lanes:
+        return 1
+    widest = max(1, (registers - 1) // (MIN_TILE_ROWS + 1))
+    return max(v for v in range(1, min(widest, columns // lanes) + 1) if columns % (v * lanes) == 0)
+
+
 def _tile(columns: int | None, rows: int | None, lanes: int, registers: int) -> tuple[int, int]:
-    """(tile rows, tile columns): two vectors of columns where they divide the axis, one
-    otherwise (or the largest divisor below; one of a symbolic count), and as many rows as half
-    the registers hold (a divisor of a static row count; of a symbolic count the last tile of
-    either is cut short by a predicate)."""
-    if columns is None:
-        cols = lanes
-    elif columns % (2 * lanes) == 0:
-        cols = 2 * lanes
-    elif columns % lanes == 0:
-        cols = lanes
-    else:
+    """(tile rows, tile columns): as many whole vectors of columns as `_column_vectors` allows
+    (the largest divisor below one vector where no vector divides; one vector of a symbolic
+    count), and as many rows as the registers left after those vectors and a broadcast hold
+    (a divisor of a static row count; of a symbolic count the last tile of either is cut
+    short by a predicate). Wide tiles read the first operand fewer times (once per column
+    panel) and do more FMAs per load."""
+    vectors = _column_vectors(columns, lanes, registers)
+    if columns is not None and columns % lanes:
         cols = _largest_divisor(columns, lanes)
-    vectors = -(-cols // lanes)
-    limit = min(MAX_TILE_ROWS, max(1, registers // 2 // vectors))
+    else:
+        cols = vectors * lanes
+    limit = min(MAX_TILE_ROWS, max(1, (registers - vectors - 1) // vectors))
     return (limit if rows is None else _largest_divisor(rows, limit)), cols
 
 
@@ -191,6 +200,9 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec) -> s_tir.Schedu
             pass
     sch.parallel(sch.fuse(*batch, j0, i0))
     sch.unroll(i1)
+    if cols > lanes and cols % lanes == 0:
+        jv, j1 = sch.split(j1, [None, lanes])
+        sch.unroll(jv)
     sch.vectorize(j1)
     init = sch.decompose_reduction(main, reduce[0])
     sch.vectorize(sch.get_loops(init)[-1])
