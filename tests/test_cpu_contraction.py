@@ -168,11 +168,11 @@ def test_tile_fits_the_registers(lanes, registers, columns, rows):
         assert rows % tile_rows == 0
 
 
-def test_pointwise_mlp_tile_is_wide():
-    """ConvNeXt's pointwise MLP (96 <-> 384 channels) on AVX-512: a 4 x 96 tile, 24 accumulators
-    (8 x 32 before): the first operand is read once per 96 columns."""
+def test_narrow_outputs_get_one_tile_wide_wider_ones_two_vectors():
+    """On AVX-512, 96 output columns (ConvNeXt's MLP back to 96 channels) are one 4 x 96 tile,
+    24 accumulators, the input read once; 384 columns keep 8 x 32 tiles."""
     assert contraction._tile(96, 6272, 16, 32) == (4, 96)
-    assert contraction._tile(384, 6272, 16, 32) == (4, 96)
+    assert contraction._tile(384, 6272, 16, 32) == (8, 32)
 
 
 def test_wide_tile_with_bias_gelu_and_layer_scale_matches(rng):
