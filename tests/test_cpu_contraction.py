@@ -148,3 +148,52 @@ def test_symbolic_rows_and_columns_are_tiled_with_short_last_tiles(rng):
         np.testing.assert_allclose(dense, y * 0.5 * (1.0 + np.vectorize(erf)(y / np.sqrt(2.0))), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(batched, probs @ values, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(scores, values @ keys, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("lanes, registers", [(16, 32), (8, 16), (4, 16)])
+@pytest.mark.parametrize("columns", [16, 32, 48, 64, 80, 96, 384, 1024, 13, None])
+@pytest.mark.parametrize("rows", [6272, 512, 7, None])
+def test_tile_fits_the_registers(lanes, registers, columns, rows):
+    """Accumulators, one register per vector of the second operand and one broadcast fit in the
+    registers; columns are whole vectors dividing the axis where one divides it; rows divide a
+    static count."""
+    tile_rows, cols = contraction._tile(columns, rows, lanes, registers)
+    vectors = -(-cols // lanes)
+    assert tile_rows * vectors + vectors + 1 <= registers
+    if columns is not None:
+        assert columns % cols == 0
+        if columns % lanes == 0:
+            assert cols % lanes == 0
+    if rows is not None:
+        assert rows % tile_rows == 0
+
+
+def test_narrow_outputs_get_one_tile_wide_wider_ones_two_vectors():
+    """On AVX-512, 96 output columns (ConvNeXt's MLP back to 96 channels) are one 4 x 96 tile,
+    24 accumulators, the input read once; 384 columns keep 8 x 32 tiles."""
+    assert contraction._tile(96, 6272, 16, 32) == (4, 96)
+    assert contraction._tile(384, 6272, 16, 32) == (8, 32)
+
+
+def test_wide_tile_with_bias_gelu_and_layer_scale_matches(rng):
+    """The MLP's two matmuls with bias, GELU and layer scale on register tiles several vectors
+    wide (row counts the tile rows divide and do not)."""
+    from math import erf
+
+    m, c, h = 40, 96, 384
+    x, w1, b1 = tensor("x", (m, c)), tensor("w1", (c, h)), tensor("b1", (h,))
+    w2, b2, g = tensor("w2", (h, c)), tensor("b2", (c,)), tensor("g", (c,))
+
+    def body(bb, x, w1, b1, w2, b2, g):
+        hidden = bb.emit(relax.op.nn.gelu(relax.op.add(relax.op.matmul(x, w1), b1)))
+        return bb.emit(relax.op.add(relax.op.multiply(relax.op.add(relax.op.matmul(hidden, w2), b2), g), x))
+
+    lowered, ex = _build(make_module([x, w1, b1, w2, b2, g], body))
+    _assert_scheduled(lowered)
+    shapes = ((m, c), (c, h), (h,), (h, c), (c,), (c,))
+    args = [(rng.standard_normal(s) * 0.2).astype("float32") for s in shapes]
+    (out,) = run_cpu(ex, args)
+    a, wa, ba, wb, bb_, gamma = (v.astype(np.float64) for v in args)
+    y = a @ wa + ba
+    hidden = y * 0.5 * (1.0 + np.vectorize(erf)(y / np.sqrt(2.0)))
+    np.testing.assert_allclose(out, (hidden @ wb + bb_) * gamma + a, rtol=1e-4, atol=1e-4)

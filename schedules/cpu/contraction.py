@@ -33,8 +33,8 @@ from tvm.target import Target
 from tvm_stitch.analysis.tir_view import vars_in
 from tvm_stitch.planning.spec import TargetSpec
 
-MAX_TILE_ROWS = 8  # rows of the accumulator tile; 8 x 2 vectors x 4 bytes x 16 lanes is 1 KiB
-CHUNK = 256  # reduction steps per chunk: a chunk of a 2-vector panel column is 32 KiB at 16 lanes
+MAX_TILE_ROWS = 8  # rows of the accumulator tile at most (each row is unrolled)
+MIN_TILE_ROWS = 4  # rows a tile keeps when it widens: 4 broadcasts reuse each loaded vector
 
 
 def _static(sch: s_tir.Schedule, loop) -> int | None:
@@ -86,21 +86,32 @@ def _contiguous_along(block: s_tir.SBlock, var) -> bool:
     return all(r.region and _stride(r.region[-1].min, var) == 1 for r in block.writes)
 
 
+def _column_vectors(columns: int | None, lanes: int, registers: int) -> int:
+    """Vectors of columns per tile. All the columns when they are whole vectors that leave room
+    for MIN_TILE_ROWS rows of accumulators plus one register per vector of the second operand
+    and one for the broadcast (AVX-512's 32 registers: up to 6 vectors, 96 columns): the first
+    operand is then read once. Otherwise two vectors where they divide the axis, else one: a
+    wider panel than two vectors streams from L2 at half the FMAs per byte of the 8 x 2 tile,
+    which lost to it on long reductions (512 x 1536 x 384: 0.74x)."""
+    if columns is None or columns % lanes:
+        return 1
+    if columns // lanes <= max(1, (registers - 1) // (MIN_TILE_ROWS + 1)):
+        return columns // lanes
+    return 2 if columns % (2 * lanes) == 0 else 1
+
+
 def _tile(columns: int | None, rows: int | None, lanes: int, registers: int) -> tuple[int, int]:
-    """(tile rows, tile columns): two vectors of columns where they divide the axis, one
-    otherwise (or the largest divisor below; one of a symbolic count), and as many rows as half
-    the registers hold (a divisor of a static row count; of a symbolic count the last tile of
+    """(tile rows, tile columns): the vectors of columns `_column_vectors` picks (the largest
+    divisor below one vector where no vector divides; one vector of a symbolic count), and as
+    many rows as the registers left after those vectors and a broadcast hold, at most
+    MAX_TILE_ROWS (a divisor of a static row count; of a symbolic count the last tile of
     either is cut short by a predicate)."""
-    if columns is None:
-        cols = lanes
-    elif columns % (2 * lanes) == 0:
-        cols = 2 * lanes
-    elif columns % lanes == 0:
-        cols = lanes
-    else:
+    vectors = _column_vectors(columns, lanes, registers)
+    if columns is not None and columns % lanes:
         cols = _largest_divisor(columns, lanes)
-    vectors = -(-cols // lanes)
-    limit = min(MAX_TILE_ROWS, max(1, registers // 2 // vectors))
+    else:
+        cols = vectors * lanes
+    limit = min(MAX_TILE_ROWS, max(1, (registers - vectors - 1) // vectors))
     return (limit if rows is None else _largest_divisor(rows, limit)), cols
 
 
@@ -167,8 +178,9 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec) -> s_tir.Schedu
     batch = spatial[:-2]
     i0, i1 = sch.split(spatial[-2], [None, rows])
     j0, j1 = sch.split(spatial[-1], [None, cols])
-    if len(reduce) == 1 and (_static(sch, reduce[0]) or 0) > CHUNK:
-        reduce = list(sch.split(reduce[0], [None, _largest_divisor(_static(sch, reduce[0]), CHUNK)]))
+    chunk = spec.l1_bytes // max(1, cols * out_bits // 8)  # reduction steps whose panel rows fill L1
+    if len(reduce) == 1 and chunk and (_static(sch, reduce[0]) or 0) > chunk:
+        reduce = list(sch.split(reduce[0], [None, _largest_divisor(_static(sch, reduce[0]), chunk)]))
     sch.reorder(*batch, j0, i0, *reduce, i1, j1)
     tile = i0
 
@@ -191,6 +203,9 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec) -> s_tir.Schedu
             pass
     sch.parallel(sch.fuse(*batch, j0, i0))
     sch.unroll(i1)
+    if cols > lanes and cols % lanes == 0:
+        jv, j1 = sch.split(j1, [None, lanes])
+        sch.unroll(jv)
     sch.vectorize(j1)
     init = sch.decompose_reduction(main, reduce[0])
     sch.vectorize(sch.get_loops(init)[-1])
