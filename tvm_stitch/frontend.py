@@ -23,6 +23,10 @@ there handled where they arise:
   float32 (their half bias then fails to add, or the float32 spreads);
   frontend_dtypes' converters keep the float32 accumulation and give each
   the dtype PyTorch gives it;
+- gradients of embeddings (`index_put` accumulating over 2-d token ids)
+  and of 2-d convolutions (`convolution_backward`), which the importer
+  refuses or lacks: tvm_stitch.torch.gradient_ops' converters, the ones
+  the torch.compile backend uses;
 - `native_layer_norm`'s mean and rstd outputs, which the importer maps to
   the normalised output: refused with an error naming the node.
 
@@ -63,7 +67,7 @@ def from_torch(model, args=(), kwargs=None, dynamic_shapes=None) -> tvm.IRModule
         raise TypeError(f"args must be a tuple, not {type(args).__name__}")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict or None, not {type(kwargs).__name__}")
-    with _export_settings(model), torch.no_grad():
+    with export_settings(model), torch.no_grad():
         program = torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes)
         program = program.run_decompositions(_decompositions(torch))
     check_importable(program.graph)
@@ -82,7 +86,7 @@ def _torch():
 
 
 @contextlib.contextmanager
-def _export_settings(model):
+def export_settings(model):
     """A transformers model exports without its KV cache and with eager attention; restored after."""
     config = getattr(model, "config", None)
     changed = []
@@ -147,7 +151,9 @@ def check_importable(graph) -> None:
 
 def converters() -> dict:
     """The importer's converters replaced for the traps above (ExportedProgram op names)."""
-    return {**dtype_converters(), "cumsum.default": _cumsum, "slice.Tensor": _slice}
+    from tvm_stitch.torch.gradient_ops import converters as gradient_converters  # imports frontend back
+
+    return {**dtype_converters(), **gradient_converters(), "cumsum.default": _cumsum, "slice.Tensor": _slice}
 
 
 def _cumsum(node, importer) -> relax.Var:

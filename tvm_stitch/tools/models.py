@@ -212,14 +212,12 @@ def _convnext(size):
 MODELS = {
     case.name: case
     for case in [
-        ModelCase("bert", "transformers BertModel, 2 layers, hidden 768, batch 8 x 128", _bert,
-                  frozen=("bert.embeddings.",)),  # the lookup's gradient (index_put) fails in TVM 0.27's importer
+        ModelCase("bert", "transformers BertModel, 2 layers, hidden 768, batch 8 x 128", _bert),
         ModelCase("gpt2", "GPT-2 block stack (PyTorch), 2 layers, hidden 768, batch 4 x 128", _gpt2),
         ModelCase("llama", "LLaMA-style blocks (PyTorch): RMSNorm, rotary, SwiGLU; 2 layers, 4 x 128", _llama),
         ModelCase("gpt2-hf", "transformers GPT2Model (default attention), 2 layers, hidden 768, batch 4 x 128",
-                  _gpt2_hf, no_backward="forward only: the training graphs use the PyTorch stacks"),
-        ModelCase("llama-hf", "transformers LlamaModel, 2 layers, hidden 512, batch 4 x 128", _llama_hf,
-                  no_backward="forward only: the training graphs use the PyTorch stacks"),
+                  _gpt2_hf),
+        ModelCase("llama-hf", "transformers LlamaModel, 2 layers, hidden 512, batch 4 x 128", _llama_hf),
         ModelCase("convnext", "ConvNeXt-style blocks (PyTorch): depthwise 7x7 conv, LayerNorm over channels, GELU; "
                   "2 blocks, 192 channels, 8 x 3 x 224 x 224", _convnext,
                   no_backward="TVM 0.27's importer has no aten.convolution_backward"),

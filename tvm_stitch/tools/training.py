@@ -22,7 +22,9 @@ outputs: the new parameters and moments), checked against torch.optim.Adam.
 
 from __future__ import annotations
 
-from tvm_stitch.frontend import from_torch
+import warnings
+
+from tvm_stitch.frontend import export_settings, from_torch
 from tvm_stitch.tools.models import MODELS, _require_torch, as_numpy, cast_floats, make_model
 
 ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "step": 3}
@@ -86,6 +88,11 @@ def _import_callable(fn, args):
     return from_torch(Wrapped(), tuple(args))
 
 
+def hidden(output):
+    """The tensor a model returns, or the first of a transformers output (its last hidden state)."""
+    return output.to_tuple()[0] if hasattr(output, "to_tuple") else output
+
+
 def trained_parameters(name: str, model, inputs) -> list:
     """(name, parameter) pairs the backward differentiates: those the output depends on, but the frozen ones.
 
@@ -96,7 +103,7 @@ def trained_parameters(name: str, model, inputs) -> list:
     frozen = MODELS[name].frozen
     model.zero_grad()
     with torch.enable_grad():
-        model(*inputs).sum().backward()
+        hidden(model(*inputs)).sum().backward()
     used = [(n, p) for n, p in model.named_parameters() if p.grad is not None and not n.startswith(frozen)]
     model.zero_grad(set_to_none=True)
     return used
@@ -110,24 +117,35 @@ def import_backward(name: str, size: str = "bench", dtype: str = "float32"):
     parameter. The expected values come from eager `backward()` in float32
     (of the model cast to `dtype`, its weights and inputs then in float32).
     """
-    torch = _require_torch()
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     if MODELS[name].no_backward:
         raise NotImplementedError(f"{name}: no backward graph: {MODELS[name].no_backward}")
     model, inputs = make_model(name, size, dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # from_torch's notes on the export settings of transformers models
+        with export_settings(model):  # a transformers model without its KV cache, with eager attention
+            traced, args, expected = _trace_backward(name, model, inputs)
+    return _import_callable(traced, args), [as_numpy(a) for a in args], [as_numpy(e) for e in expected]
+
+
+def _trace_backward(name: str, model, inputs):
+    """(joint forward + backward traced by make_fx, its arguments, float32 eager's output and gradients)."""
+    torch = _require_torch()
+    from torch.fx.experimental.proxy_tensor import make_fx
+
     trained = trained_parameters(name, model, inputs)
     names = [n for n, _ in trained]
     params = tuple(p.detach().clone() for _, p in trained)
     with torch.no_grad():
-        cotangent = torch.randn_like(model(*inputs))
+        cotangent = torch.randn_like(hidden(model(*inputs)))
     n_in = len(inputs)
+    with torch.no_grad():
+        exported = torch.export.export(model, inputs).module()
 
     def joint(*tensors):
         model_inputs, cot, weights = tensors[:n_in], tensors[n_in], tensors[n_in + 1:]
 
         def forward(ws):
-            return torch.func.functional_call(model, dict(zip(names, ws)), model_inputs, strict=False)
+            return hidden(torch.func.functional_call(exported, dict(zip(names, ws)), model_inputs, strict=False))
 
         out, vjp = torch.func.vjp(forward, weights)
         return (out, *vjp(cot)[0])
@@ -135,13 +153,11 @@ def import_backward(name: str, size: str = "bench", dtype: str = "float32"):
     args = (*inputs, cotangent, *params)
     traced = make_fx(joint, decomposition_table=decompositions())(*args)
     check_layer_norm_stats(traced.graph)
-    mod = _import_callable(traced, args)
 
     model.float()
-    out = model(*cast_floats(inputs, "float32"))
+    out = hidden(model(*cast_floats(inputs, "float32")))
     out.backward(cotangent.float())
-    expected = [out.detach()] + [p.grad for _, p in trained]
-    return mod, [as_numpy(a) for a in args], [as_numpy(e) for e in expected]
+    return traced, args, [out.detach()] + [p.grad for _, p in trained]
 
 
 def _adam(lr, beta1, beta2, eps, step):
