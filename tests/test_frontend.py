@@ -156,3 +156,19 @@ def test_a_failing_added_pass_is_skipped_with_a_note():
     mod = tvm.IRModule()
     assert guarded(broken, report)(mod).same_as(mod)
     assert report.notes == ["Broken skipped: RuntimeError: broken on purpose"]
+
+
+def test_an_embedding_gradient_imports_and_accumulates_repeated_ids():
+    """index_put accumulating over 2-d token ids (an embedding's gradient), which TVM's importer refuses:
+    the torch.compile backend's converter, repeated ids summed as PyTorch sums them."""
+
+    class EmbeddingGradient(torch.nn.Module):
+        def forward(self, ids, grad):
+            return torch.zeros(10, 4).index_put((ids,), grad, accumulate=True)
+
+    ids = torch.tensor([[1, 3, 3, 9], [3, 0, 1, 1]])
+    grad = torch.randn(2, 4, 4)
+    mod = from_torch(EmbeddingGradient(), (ids, grad))
+    assert "scatter_nd" in mod["main"].script()
+    (got,) = _run(mod, [ids, grad])
+    np.testing.assert_allclose(got, EmbeddingGradient()(ids, grad).numpy(), rtol=1e-6, atol=1e-6)

@@ -77,7 +77,7 @@ def test_transformers_forward_imports_in_half_builds_for_cuda_and_matches_float3
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("name, step", [("bert", "backward"), ("gpt2", "backward"), ("llama", "backward"),
-                                        ("llama", "adam")])
+                                        ("gpt2-hf", "backward"), ("llama-hf", "backward"), ("llama", "adam")])
 def test_training_step_in_half_builds_for_cuda_and_matches_float32(name, step, dtype):
     mod, inputs, expected = import_step(name, step, "test", dtype)
     _check(mod, inputs, expected, dtype, reduces=step != "adam")  # Adam is element-wise

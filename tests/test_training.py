@@ -51,6 +51,27 @@ def test_llama_adam_step_matches_torch_optim_adam():
     assert counts[True][0] < counts[False][0] // 2
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name, embeddings", [("gpt2-hf", ("wte.weight", "wpe.weight")),
+                                              ("llama-hf", ("embed_tokens.weight",)),
+                                              ("bert", ("bert.embeddings.word_embeddings.weight",))])
+def test_transformers_backward_trains_the_embeddings_and_matches_pytorch_gradients(name, embeddings):
+    from tvm_stitch.tools.models import make_model
+
+    model, _ = make_model(name, "test")
+    names = [n for n, _ in model.named_parameters()]
+    mod, inputs, expected = import_backward(name, "test")
+    # inputs: ids, cotangent, then the trained parameters (the embeddings among them)
+    for embedding in embeddings:
+        assert embedding in names
+    assert len(expected) == len(inputs) - 1 >= len(names) - 2  # BERT's pooler gets no gradient
+    outs = run_cpu(build(mod, {"kind": "llvm"}, stitched=True).executable, inputs)
+    assert relative_error(outs, expected) < 1e-4
+    table = expected[1 + names.index(embeddings[0])]  # the word embeddings' gradient: rows of repeated ids
+    np.testing.assert_allclose(outs[1 + names.index(embeddings[0])], table, rtol=1e-3,
+                               atol=1e-4 * np.abs(table).max())
+
+
 def _layer_norm_vjp_graph(table):
     from torch.fx.experimental.proxy_tensor import make_fx
 

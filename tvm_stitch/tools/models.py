@@ -29,7 +29,6 @@ class ModelCase:
     name: str
     description: str
     make: Callable  # (size) -> (torch module, example inputs tuple); a size of SIZES
-    frozen: tuple = ()  # parameter name prefixes left out of the backward graph
     no_backward: str = ""  # why the model has no backward graph ("" when it has one)
 
 

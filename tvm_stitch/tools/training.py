@@ -5,7 +5,13 @@ on torch 2.13 (a fake tensor lands in the constants; functorch views cannot
 be converted), so the joint forward + backward graph is traced with
 `make_fx` over `torch.func.vjp`, with PyTorch's core ATen decompositions
 (its backward ops become element-wise ops and reductions), then exported
-and imported like a forward. Inputs: the model's inputs, the cotangent of
+and imported like a forward. What `vjp` differentiates is the model's
+forward exported by torch.export first (a transformers model under
+from_torch's export settings: no KV cache, eager attention): the export
+resolves the model's Python, such as transformers' check for packed
+sequences, a data-dependent branch that make_fx cannot trace. An
+embedding's gradient (`index_put` accumulating over the token ids) is
+imported by the converter the torch.compile backend uses. Inputs: the model's inputs, the cotangent of
 its output, its parameters; outputs: the model's output and the gradient of
 every trained parameter.
 
@@ -93,18 +99,17 @@ def hidden(output):
     return output.to_tuple()[0] if hasattr(output, "to_tuple") else output
 
 
-def trained_parameters(name: str, model, inputs) -> list:
-    """(name, parameter) pairs the backward differentiates: those the output depends on, but the frozen ones.
+def trained_parameters(model, inputs) -> list:
+    """(name, parameter) pairs the backward differentiates: those the output depends on.
 
     Runs one eager forward and backward to find them (a pooler the output
     does not use gets no gradient).
     """
     torch = _require_torch()
-    frozen = MODELS[name].frozen
     model.zero_grad()
     with torch.enable_grad():
         hidden(model(*inputs)).sum().backward()
-    used = [(n, p) for n, p in model.named_parameters() if p.grad is not None and not n.startswith(frozen)]
+    used = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     return used
 
@@ -123,16 +128,16 @@ def import_backward(name: str, size: str = "bench", dtype: str = "float32"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # from_torch's notes on the export settings of transformers models
         with export_settings(model):  # a transformers model without its KV cache, with eager attention
-            traced, args, expected = _trace_backward(name, model, inputs)
+            traced, args, expected = _trace_backward(model, inputs)
     return _import_callable(traced, args), [as_numpy(a) for a in args], [as_numpy(e) for e in expected]
 
 
-def _trace_backward(name: str, model, inputs):
+def _trace_backward(model, inputs):
     """(joint forward + backward traced by make_fx, its arguments, float32 eager's output and gradients)."""
     torch = _require_torch()
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    trained = trained_parameters(name, model, inputs)
+    trained = trained_parameters(model, inputs)
     names = [n for n, _ in trained]
     params = tuple(p.detach().clone() for _, p in trained)
     with torch.no_grad():
