@@ -23,6 +23,7 @@ from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import count_launches, primfunc_calls
 from tvm_stitch.tools.workloads import SIZES, SUITE
 from tvm_stitch.tools.workloads.relax_blocks import function as _module, tensor
+from tables import emit
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 BIG = 8 << 20
@@ -114,11 +115,7 @@ def main(out_path: str = "", *steps: str) -> None:
         print(name, file=sys.stderr, flush=True)
         launches, mb, big = measure(mod)
         lines.append(f"| {name} | {launches} | {mb:.1f} | {', '.join(str(t) for t in big) or '-'} |")
-    text = "\n".join(lines)
-    print(text)
-    if out_path:
-        with open(out_path, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(lines, out_path)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 from tvm_stitch.target import as_target
 from tvm_stitch.tools.module_time import module_time
+from tables import emit
 
 HEADER = ["| graph | step | kernels greedy / search | modeled us greedy | search | search / greedy | "
           "compile s greedy | search | blocks searched: plan used (proven) |",
@@ -166,11 +167,7 @@ def main() -> None:
     if args.fuzz:
         fuzzed, failures = fuzz_rows(args.fuzz, 0)
         lines += fuzzed + [f"\nsearched builds checked: {args.fuzz} graphs, {len(failures)} failures"] + failures
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import launches_by_kind, program_traffic
 from tvm_stitch.tools.model_bench import import_step, model_steps
 from tvm_stitch.tools.models import MODELS
+from tables import emit
 
 
 def main(out_path: str = "") -> None:
@@ -38,11 +39,7 @@ def main(out_path: str = "") -> None:
     before = sum(b for b, _ in totals.values())
     after = sum(a for _, a in totals.values())
     lines.append(f"all steps: {before} -> {after} ({1 - after / before:.0%} fewer)")
-    text = "\n".join(lines)
-    print(text)
-    if out_path:
-        with open(out_path, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(lines, out_path)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.model_bench import import_step, model_steps
 from tvm_stitch.tools.models import MODELS
 from tvm_stitch.tools.module_time import default_module_time, stitched_module_time
+from tables import emit
 
 BIG = 8 << 20
 HEADER = ("| model | step | launches default / stitched | modeled MB default / stitched | modeled us default | stitched "
@@ -74,11 +75,7 @@ def main() -> None:
             os.makedirs(args.json, exist_ok=True)
             with open(os.path.join(args.json, f"{name}-{step}.json"), "w", encoding="utf-8") as f:
                 json.dump({"default": _records(default), "stitched": _records(stitched)}, f, indent=1)
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from tvm_stitch.pipeline import pipeline
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.module_time import default_module_time, module_time
 from tvm_stitch.tools.workloads import SUITE, dims
+from tables import emit
 
 BIG = 8 << 20
 
@@ -68,11 +69,7 @@ def main() -> None:
                      f"{cu:.1f} | {du / cu:.2f}x | {r['min_threads_8mb']} | "
                      f"{r['seconds'][0]:.1f} / {r['seconds'][1]:.1f} |")
         print(lines[-1], file=sys.stderr, flush=True)
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":
