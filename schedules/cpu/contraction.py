@@ -173,7 +173,6 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec) -> s_tir.Schedu
     out_bits = node.writes[0].source.dtype.bits if node.writes else 32
     lanes = max(1, spec.vector_bytes * 8 // max(32, out_bits))
 
-    static_columns = _static(sch, spatial[-1]) is not None
     rows, cols = _tile(_static(sch, spatial[-1]), _static(sch, spatial[-2]), lanes, spec.vector_registers)
     batch = spatial[:-2]
     i0, i1 = sch.split(spatial[-2], [None, rows])

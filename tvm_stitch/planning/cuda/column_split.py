@@ -41,7 +41,7 @@ from tvm import tirx
 
 from tvm_stitch.analysis.tir_view import function_views, static_int, static_product
 from tvm_stitch.planning.cuda.fill import fill_threads
-from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
+from tvm_stitch.planning.common import (PlanError, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
 from tvm_stitch.planning.resources import cuda_shared_bytes
