@@ -6,7 +6,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
-from tvm_stitch.planning.attention_operand import source_index
+from tvm_stitch.analysis.attention_operand import source_index
 
 NEG = -3.0e38  # the running max before any key, and the score of a key a query does not see
 

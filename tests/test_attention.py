@@ -18,7 +18,7 @@ from tvm_stitch.check.oclgrind_fit import fitting_specs
 from tvm_stitch.check.simt_kernel import Reference, check_kernel
 from tvm_stitch.fusion.attention import kernel_for, shape_of
 from tvm_stitch.planning.attention import AttentionShape, plan_attention
-from tvm_stitch.planning.attention_operand import OperandView, source_index
+from tvm_stitch.analysis.attention_operand import OperandView, source_index
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import host_target

@@ -53,7 +53,7 @@ from tvm_stitch.fusion.attention import FuseAttention
 from tvm_stitch.fusion.closed_forms import ComputeClosedForms
 from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.host_constants import FoldHostConstants
-from tvm_stitch.check.epilogue_price import EpiloguePricer
+from tvm_stitch.fusion.epilogue_price import EpiloguePricer
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
 from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.fusion.precision import AccumulateInFloat32

@@ -18,7 +18,7 @@ chain unfused. Q, K and V are read through the views that make them from
 another tensor (split, strided slice, reshape, permute: GPT-2's head split
 of `c_attn`'s output), and through a rotary embedding applied to them
 (LLaMA's `x * cos + rotate_half(x) * sin`, its cos and sin tables read per
-position), recorded as an OperandView each (planning/attention_operand.py),
+position), recorded as an OperandView each (analysis/attention_operand.py),
 so that these launch nothing. `find_chains` returns what it found as plain
 data, and for every softmax that looks like the middle of a chain but is
 not one, the reason (a code of planning/reasons.py).
@@ -33,7 +33,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from tvm_stitch.planning.attention_operand import OperandView
+from tvm_stitch.analysis.attention_operand import OperandView
 
 VIEW_OPS = ("relax.reshape", "relax.broadcast_to")
 MASKED = -1.0e4  # an additive mask value at or below this hides the key (exp underflows in float32)

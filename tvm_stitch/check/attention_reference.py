@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
-from tvm_stitch.planning.attention_operand import source_index
+from tvm_stitch.analysis.attention_operand import source_index
 
 
 def reference_func(shape) -> tirx.PrimFunc:

@@ -18,7 +18,7 @@ size) keeps its label: inside the matmul's kernel dlight's Matmul rejects it
 alone it becomes a view (RewriteDataflowReshape) and launches nothing.
 
 On CUDA each copy is priced before it is relabelled
-(check/epilogue_price.py): one dlight would schedule more slowly with the
+(fusion/epilogue_price.py): one dlight would schedule more slowly with the
 compute kernel than the two apart keeps its label, and ends the path.
 
 Labels are per PrimFunc and LegalizeOps shares one PrimFunc across call
@@ -131,7 +131,7 @@ def _epilogue_sites(mod: tvm.IRModule, func: relax.Function, pricer=None) -> lis
     that reads a symbolic index-only tensor (a mask of a symbolic length)
     keeps its copies: relabelled, they would pull that op into the matmul's
     kernel, which reads the mask from memory, where the stitched group after
-    the copy computes it for free. A copy `pricer` (check/epilogue_price.py)
+    the copy computes it for free. A copy `pricer` (fusion/epilogue_price.py)
     finds slower in the kernel stays a kernel, and ends the path.
     """
     index_only = _symbolic_index_only(mod, func)
@@ -177,7 +177,7 @@ def _epilogue_sites(mod: tvm.IRModule, func: relax.Function, pricer=None) -> lis
 @tvm.transform.module_pass(opt_level=0, name="RelabelMatmulEpilogues")
 class RelabelMatmulEpilogues:
     """Relabels the copies that follow a matmul element-wise (see the module docstring); with a
-    `pricer` (check/epilogue_price.py's EpiloguePricer), only those it finds pay."""
+    `pricer` (fusion/epilogue_price.py's EpiloguePricer), only those it finds pay."""
 
     def __init__(self, pricer=None):
         self.pricer = pricer

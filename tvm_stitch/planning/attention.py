@@ -51,7 +51,7 @@ class AttentionShape:
     mask: str  # one of MASK_KINDS
     mask_shape: tuple = ()  # additive: the mask tensor's 4-d shape (1 where broadcast)
     mask_dtype: str = ""
-    operands: tuple = ()  # an OperandView each for Q, K, V (planning/attention_operand.py); () reads 4-d tensors
+    operands: tuple = ()  # an OperandView each for Q, K, V (analysis/attention_operand.py); () reads 4-d tensors
 
     def source(self, operand: int) -> tuple:
         """The shape of the tensor the kernel reads Q (0), K (1) or V (2) from."""
