@@ -49,6 +49,11 @@ class AttentionRecord:
     kernel: str = ""
     reason: Reason | None = None
 
+    @property
+    def fused(self) -> bool:
+        """Whether the chain became one kernel (else it kept TVM's path, `reason` saying why)."""
+        return self.plan is not None
+
     def line(self) -> str:
         where = f"{self.function}: [{','.join(self.bindings)}]"
         if self.plan is not None:
