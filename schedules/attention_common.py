@@ -12,9 +12,12 @@ NEG = -3.0e38  # the running max before any key, and the score of a key a query 
 
 
 def arguments(shape) -> dict:
-    """The kernel's buffers, in call order: q, k, v (the tensors Q, K, V are read from), [mask], [the
-    rotary tables: q_cos, q_sin, k_cos, ...], out (declared in the current prim_func frame)."""
+    """The kernel's signature in the current prim_func frame: its name and attributes (scheduled, so dlight
+    leaves it alone), and its buffers, in call order: q, k, v (the tensors Q, K, V are read from), [mask],
+    [the rotary tables: q_cos, q_sin, k_cos, ...], out."""
     s = shape
+    T.func_name("fused_attention")
+    T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
     bufs = {name: T.arg(name, T.buffer(s.source(i), s.dtype)) for i, name in enumerate("qkv")}
     if s.mask == "additive":
         bufs["mask"] = T.arg("mask", T.buffer(s.mask_shape, s.mask_dtype))

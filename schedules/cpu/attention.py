@@ -24,8 +24,6 @@ def build(plan) -> tirx.PrimFunc:
     s = plan.shape
     with IRBuilder() as ib:
         with T.prim_func(is_private=True):
-            T.func_name("fused_attention")
-            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
             bufs = arguments(s)
             with T.sblock("root"):
                 with T.parallel(0, plan.tasks) as task:
