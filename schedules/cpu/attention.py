@@ -45,6 +45,7 @@ def build(plan) -> tirx.PrimFunc:
                 with T.parallel(0, plan.tasks) as task:
                     tile = {
                         "q": T.alloc_buffer((rows, s.head_dim), "float32"),
+                        "k": T.alloc_buffer((plan.k_tile, s.head_dim), "float32"),
                         "kt": T.alloc_buffer((s.head_dim, plan.k_tile), "float32"),
                         "v": T.alloc_buffer((plan.k_tile, s.head_dim), "float32"),
                         "s": T.alloc_buffer((rows, plan.k_tile), "float32"),
@@ -81,9 +82,8 @@ def _task(plan, bufs, tile, ids):
     zero = tirx.const(0.0, "float32")
     with T.serial(0, plan.rows) as r:
         h, qi = _row(plan, ids, r)
+        _stage_row(s, bufs, "q", (ids["b"], h, tirx.min(qi, s.q_len - 1)), qi < s.q_len, tile["q"], r)
         with T.vectorized(0, s.head_dim) as d:
-            q = f32(operand(s, bufs, "q", ids["b"], h, tirx.min(qi, s.q_len - 1), d))
-            T.buffer_store(tile["q"], tirx.Select(qi < s.q_len, q, zero), [r, d])
             T.buffer_store(tile["acc"], zero, [r, d])
         T.buffer_store(tile["m"], tirx.const(NEG, "float32"), [r])
         T.buffer_store(tile["l"], zero, [r])
@@ -105,17 +105,28 @@ def _task(plan, bufs, tile, ids):
 
 
 def _stage_keys(plan, bufs, tile, ids, k0):
-    """K^T and V of the key tile at `k0` (float32; zeros past the keys)."""
+    """K^T and V of the key tile at `k0` (float32; zeros past the keys): rows of K staged as V's are,
+    then transposed within the cache."""
     s = plan.shape
-    zero = tirx.const(0.0, "float32")
+    with T.serial(0, plan.k_tile) as j:
+        row, inside = tirx.min(k0 + j, s.kv_len - 1), k0 + j < s.kv_len
+        for name in ("k", "v"):
+            _stage_row(s, bufs, name, (ids["b"], ids["hk"], row), inside, tile[name], j)
     with T.serial(0, s.head_dim) as d:
         with T.vectorized(0, plan.k_tile) as j:
-            k = f32(operand(s, bufs, "k", ids["b"], ids["hk"], tirx.min(k0 + j, s.kv_len - 1), d))
-            T.buffer_store(tile["kt"], tirx.Select(k0 + j < s.kv_len, k, zero), [d, j])
-    with T.serial(0, plan.k_tile) as j:
-        with T.vectorized(0, s.head_dim) as d:
-            v = f32(operand(s, bufs, "v", ids["b"], ids["hk"], tirx.min(k0 + j, s.kv_len - 1), d))
-            T.buffer_store(tile["v"], tirx.Select(k0 + j < s.kv_len, v, zero), [j, d])
+            T.buffer_store(tile["kt"], load(tile["k"], j, d), [d, j])
+
+
+def _stage_row(s, bufs, name, at, inside, dst, dst_row):
+    """Row `at` (batch, head, position) of Q, K or V (`name`) as float32 (zero unless `inside`) into
+    row `dst_row` of `dst`; in two vectorised halves of the head dimension, so that the rotary
+    embedding's partner element (d + D/2 mod D) is a contiguous run too."""
+    zero = tirx.const(0.0, "float32")
+    half = s.head_dim // 2
+    for lo, extent in ((0, half), (half, s.head_dim - half)):
+        with T.vectorized(0, extent) as d:
+            value = f32(operand(s, bufs, name, *at, lo + d))
+            T.buffer_store(dst, tirx.Select(inside, value, zero), [dst_row, lo + d])
 
 
 def _scores(plan, tile):
