@@ -4,8 +4,10 @@ Usage:
   python benchmarks/attention_models.py launches [SEQ]      # CUDA sm_90 build counts, batch 1
   python benchmarks/attention_models.py export DIR [SEQ]    # LLaMA's llvm build, saved as DIR/stitched.so
   python benchmarks/attention_models.py cpu BEFORE.so AFTER.so [SEQ] [ROUNDS]
+  python benchmarks/attention_models.py profile BEFORE.so AFTER.so [SEQ] [ROUNDS]
 The `export` of the checkout before a change and of the one after, then `cpu`, times both builds
-and PyTorch eager (its sdpa and its eager attention) in alternating rounds in one process.
+and PyTorch eager (its sdpa and its eager attention) in alternating rounds in one process;
+`profile` times each kernel of both builds (the VM's instrument hook, alternating rounds).
 Needs the torch extra.
 """
 
@@ -93,11 +95,55 @@ def cpu(before: str, after: str, seq: int = 1024, rounds: int = 5) -> None:
               f"({base / min(values):.2f}x the build before)")
 
 
+def profile(before: str, after: str, seq: int = 1024, rounds: int = 5) -> None:
+    """Per kernel of each build: calls per forward and median milliseconds per forward over `rounds`."""
+    import collections
+
+    import tvm
+    from tvm import relax
+
+    ids = tvm.runtime.tensor(np.random.default_rng(0).integers(0, 1000, (1, seq)).astype("int64"))
+    spent = {label: collections.defaultdict(list) for label in ("before", "after")}
+    vms = {}
+    for label, path in (("before", before), ("after", after)):
+        vms[label] = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
+        vms[label].set_instrument(_timer(spent[label]))
+        vms[label]["main"](ids)
+    for label in spent:
+        spent[label].clear()
+    for _ in range(rounds):
+        for label, vm in vms.items():
+            vm["main"](ids)
+    for label, kernels in spent.items():
+        per_forward = {name: (len(times) // rounds, float(np.median(np.add.reduceat(times, range(0, len(times),
+                                                                                                 len(times) // rounds)))))
+                       for name, times in kernels.items() if not name.startswith("vm.builtin")}
+        print(f"{label}: kernels {sum(t for _, t in per_forward.values()) * 1e3:.1f} ms per forward (median per kernel)")
+        for name, (calls, t) in sorted(per_forward.items(), key=lambda item: -item[1][1]):
+            print(f"  {t * 1e3:7.2f} ms  {calls} x {name}")
+
+
+def _timer(spent):
+    """A VM instrument recording each call's wall time under the callee's name."""
+    started = {}
+
+    def instrument(_func, name, before_run, _ret, *_args):
+        if before_run:
+            started[name] = time.perf_counter()
+        else:
+            spent[name].append(time.perf_counter() - started[name])
+        return 0
+
+    return instrument
+
+
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
     if mode == "launches":
         launches(*map(int, rest))
     elif mode == "export":
         export(rest[0], *map(int, rest[1:]))
+    elif mode == "profile":
+        profile(rest[0], rest[1], *map(int, rest[2:]))
     else:
         cpu(rest[0], rest[1], *map(int, rest[2:]))

@@ -163,11 +163,11 @@ def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
 
 
 def plan_cpu(shape: AttentionShape, spec: TargetSpec, fast_exp: bool = True) -> AttentionPlan:
-    """Register blocks of `block_rows` x 4 vectors (a quarter of the spec's vector registers hold
-    accumulators); a key tile of one such block's columns; the query heads of a KV head in one task;
-    query tiles of at most 128 rows a task (the Q tile, accumulators, scores, K and V tiles: 128 KB at
-    head dim 64 stay in a core's level-2 cache), halved while there are fewer than 4 tasks per core
-    (causal tasks differ in work)."""
+    """Register blocks of `block_rows` rows x 4 vectors (the accumulators take half of the spec's vector
+    registers: 4 x 64 floats on AVX-512, 2 x 32 on AVX2); a key tile of one such block's columns; the
+    query heads of a KV head in one task; query tiles of at most 128 rows a task (Q, the accumulators,
+    the scores, K, K^T and V: 144 KB at head dim 64, within a core's level-2 cache), halved while there
+    are fewer than 4 tasks per core (causal tasks differ in work)."""
     check_shape(shape)
     lanes = max(spec.vector_bytes // 4, 4)
     block_rows = max(1, spec.vector_registers // 8)
