@@ -123,7 +123,7 @@ def _stage_row(s, bufs, name, at, inside, dst, dst_row):
     embedding's partner element (d + D/2 mod D) is a contiguous run too."""
     zero = tirx.const(0.0, "float32")
     half = s.head_dim // 2
-    for lo, extent in ((0, half), (half, s.head_dim - half)):
+    for lo, extent in ((0, half), (half, s.head_dim - half))[0 if half else 1:]:
         with T.vectorized(0, extent) as d:
             value = f32(operand(s, bufs, name, *at, lo + d))
             T.buffer_store(dst, tirx.Select(inside, value, zero), [dst_row, lo + d])
