@@ -83,31 +83,70 @@ def size_variants(fused: tirx.PrimFunc, general: StitchPlan, general_func: tirx.
     if var is None:
         return ()
     low, high = size_bounds(fused).get(var.name, (None, None))
-    samples, statics = sample_sizes(low, high), _Statics(fused, var.name)
+    samples, statics = sample_sizes(low, high), _Statics(fused, var.name, (low, high))
     plans = sampled_plans(samples, lambda s: planner.rule(statics.at(s)))
     if all(key(plan) == key(general) for plan in plans):
         return ()
-    kept = []
-    for condition, sample, rule in ranges(var.name, samples, plans, general):
-        if (packs_with_barriers(rule) and rule.rank > 1) or not condition.holds_within(low, high):
-            continue  # rows of several axes flattened, then packed (a symbolic extent TVM cannot allocate for), or no size
-        times = _general_times(statics, sample, general, general_func, rule, planner)
-        everywhere = total_us(times) if times else -1.0
-        if everywhere >= 0 and least_us(times, rule.spec) >= everywhere * (1 - TIE):
-            continue  # `general` is modeled at the least time any plan here can have: no choice beats it
-        plan = planner.choose(statics.at(sample), rule)
-        if plan.modeled_us >= 0 and (everywhere < 0 or plan.modeled_us < everywhere * (1 - TIE)):
-            gain = everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
-            kept.append((gain, Variant(condition, plan, sample)))
+    kept, above = [], None  # from the largest sizes down; `above`: the variant of the range just above
+    for condition, sample, rule in reversed(ranges(var.name, samples, plans, general)):
+        variant, gain = _range_variant(condition, sample, rule, above, statics, general, general_func, planner)
+        if variant is not None and above is not None and variant.plan is above.plan:
+            kept[-1] = (kept[-1][0], variant)  # the range above extended down over this one
+        elif variant is not None:
+            kept.append((gain, variant))
+        above = variant
     best = sorted(kept, key=lambda pair: -pair[0])[:MAX_VARIANTS]
-    return merged(tuple(v for _, v in sorted(best, key=lambda pair: kept.index(pair))))
+    return merged(tuple(v for _, v in sorted(best, key=lambda pair: -kept.index(pair))))
+
+
+def _range_variant(condition: SizeRange, sample: int, rule: StitchPlan, above: Variant | None, statics,
+                   general: StitchPlan, general_func: tirx.PrimFunc, planner: Planner) -> tuple:
+    """(the variant serving the sizes of `condition`, its modeled gain over `general` at `sample`), or
+    (None, 0): none beats `general` there by more than TIE. The variant `above` (of the adjoining larger
+    sizes) serves them too where it is modeled within TIE of the range's rule plan at `sample` (no
+    timed choice made); else the time model chooses among the rule plan's neighbours."""
+    if (packs_with_barriers(rule) and rule.rank > 1) or not condition.holds_within(*statics.bounds):
+        return None, 0.0  # rows of several axes flattened, then packed (a symbolic extent TVM cannot allocate for), or no size
+    times = _general_times(statics, sample, general, general_func, rule, planner)
+    everywhere = total_us(times) if times else -1.0
+    if everywhere >= 0 and least_us(times, rule.spec) >= everywhere * (1 - TIE):
+        return None, 0.0  # `general` is modeled at the least time any plan here can have: no choice beats it
+    beats = lambda us: us >= 0 and (everywhere < 0 or us < everywhere * (1 - TIE))  # noqa: E731
+    extended = _extended(above, condition, sample, rule, statics, planner)
+    if extended is not None and beats(extended[1]):
+        return extended[0], everywhere - extended[1] if everywhere >= 0 else float("inf")
+    plan = planner.choose(statics.at(sample), rule)
+    if not beats(plan.modeled_us):
+        return None, 0.0
+    return Variant(condition, plan, sample), everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
+
+
+def _extended(above: Variant | None, condition: SizeRange, sample: int, rule: StitchPlan, statics,
+              planner: Planner) -> tuple | None:
+    """(`above` serving `condition`'s sizes too, its modeled us at `sample`) where `above` adjoins
+    `condition` (the same multiple) and is modeled there within TIE of `rule`; else None."""
+    if (above is None or condition.high is None or above.condition.low != condition.high + 1
+            or above.condition.multiple != condition.multiple):
+        return None
+    static = statics.at(sample)
+    rule_times, above_times = planner.price(static, rule), planner.price(static, _restated(above.plan, rule))
+    if not rule_times or not above_times or total_us(above_times) > total_us(rule_times) * (1 + TIE):
+        return None
+    return replace(above, condition=replace(above.condition, low=condition.low)), total_us(above_times)
+
+
+def _restated(plan: StitchPlan, static: StitchPlan) -> StitchPlan:
+    """`plan` (made for another row count) for the rows of `static`, a plan of a static count."""
+    rows, m = static.mapping.rows, plan.mapping
+    grid = -(-rows // m.rows_per_task) * m.split
+    return replace(plan, mapping=replace(m, rows=rows, grid=grid), row_shape=static.row_shape)
 
 
 class _Statics:
     """The fused PrimFunc at static row counts, each made once, when first asked for."""
 
-    def __init__(self, fused: tirx.PrimFunc, size: str):
-        self.fused, self.size, self.made = fused, size, {}
+    def __init__(self, fused: tirx.PrimFunc, size: str, bounds: tuple):
+        self.fused, self.size, self.bounds, self.made = fused, size, bounds, {}
 
     def at(self, value: int) -> tirx.PrimFunc:
         if value not in self.made:

@@ -89,8 +89,8 @@ def inline_trial(func: tirx.PrimFunc, names: list, error: type = PlanError, anal
     """(schedule, views) of `func` with the blocks `names` inlined, last first; `error` names a
     block s_tir refuses to inline. The schedule is read, not changed, by its users: one trial per
     `analyses` and blocks."""
-    made = (_trial(func, tuple(names)) if analyses is None else
-            analyses.made(func, ("trial",) + tuple(names), lambda: _trial(func, tuple(names))))
+    made = (_trial(func, tuple(names), analyses) if analyses is None else
+            analyses.made(func, ("trial",) + tuple(names), lambda: _trial(func, tuple(names), analyses)))
     if isinstance(made, _Refused):
         raise error("not-inlinable", block=made.block, detail=made.detail)
     return made
@@ -104,14 +104,14 @@ class _Refused:
     detail: str
 
 
-def _trial(func: tirx.PrimFunc, names: tuple):
+def _trial(func: tirx.PrimFunc, names: tuple, analyses: Analyses | None):
     trial = s_tir.Schedule(func)
     for name in reversed(names):
         try:
             trial.compute_inline(trial.get_sblock(name))
         except Exception as err:  # noqa: BLE001 - s_tir refuses the inlining: say which block
             return _Refused(name, str(err).strip().splitlines()[-1][:120])
-    return trial, block_views(trial)
+    return trial, block_views(trial) if names else views(func, analyses)
 
 
 def recompute_in_readers(sch: s_tir.Schedule, names: tuple) -> None:
