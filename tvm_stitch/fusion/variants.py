@@ -2,12 +2,15 @@
 
 For a kernel whose row count is one symbolic size and whose plan has barriers
 (several threads per row), planning/variants.py says which sizes another plan
-serves (few long rows split over blocks, short rows packed into blocks); each
-such plan is priced against the plan valid for every size by the time model at
-the size it was made for, and kept where it is faster by more than TIE. Where
-the plan for every size is modeled there at the least time any plan can have
-(one launch and one DRAM round trip), no plan is chosen and priced for the range. The
-kept plans are scheduled on the same PrimFunc and joined under one dispatch on
+serves (few long rows split over blocks, short rows packed into blocks). The
+ranges are taken from the largest sizes down; each range's plan (the time
+model's choice at the size it was made for) is priced against the plan valid
+for every size (its compiled kernel at that size) and kept where it is faster
+by more than TIE. Where the plan for every size is modeled there at the least
+time any plan can have (one launch and one DRAM round trip), no plan is chosen
+for the range; where the variant of the adjoining larger sizes is modeled there
+within TIE of the range's rule plan, it serves the range too, without a timed
+choice. The kept plans are scheduled on the same PrimFunc and joined under one dispatch on
 the host: `if cond_1: variant_1 elif ...: else: the plan valid for every size`,
 so the Relax program keeps one call and every launch is one variant's.
 
