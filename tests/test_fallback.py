@@ -154,3 +154,28 @@ def test_kernels_stay_apart_when_their_packed_kernel_does_not_build(monkeypatch,
     inputs = graph.inputs(rng, "float32", dims("test"))
     for out, ref in zip(run_cpu(apart.executable, inputs), reference(graph, inputs)):
         np.testing.assert_allclose(out.astype("float64"), ref, rtol=2e-4, atol=2e-4)
+
+
+def test_exponentially_growing_inlined_chain_falls_back_with_reason(rng):
+    """Each value read three times by the next: inlined whole, the last block's expression would
+    hold 3^12 copies of x's. The planners refuse to inline it (s_tir would take minutes) and the group
+    keeps TVM's path, right."""
+    x = tensor("x", (64, 3))
+
+    def body(bb, x):
+        v = x
+        for _ in range(12):
+            v = bb.emit(op.add(op.multiply(v, op.tanh(v)), op.multiply(v, relax.const(0.5, "float32"))))
+        return v
+
+    mod = make_module([x], body)
+    report = tvm_stitch.explain(mod, CUDA)
+    assert report.fallbacks and not report.plans, report.table()
+    assert "grows its expression" in report.fallbacks[0].fallback, report.fallbacks[0].fallback
+    built = build(mod, LLVM, stitched=True, emulate="cuda")
+    a = rng.standard_normal((64, 3)).astype("float32")
+    want = a.astype("float64")
+    for _ in range(12):
+        want = want * np.tanh(want) + 0.5 * want
+    (got,) = run_cpu(built.executable, [a])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

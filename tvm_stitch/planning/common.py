@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.tir_view import REGION, block_views, buffer_params, function_views
@@ -20,6 +21,10 @@ from tvm_stitch.planning.spec import TargetSpec
 
 BLOCK_THREADS = 256  # threads per CUDA block at most: enough warps per block, several blocks per SM
 BLOCKS_PER_SM = 2  # CUDA blocks wanted per SM, so one block's barrier leaves the SM busy
+# Expression nodes a block may reach once its producers are inlined: an element-wise chain whose
+# values are each read several times grows exponentially (s_tir's inlining and the codegens then
+# take minutes); the models' largest stitched block stays under a thousand.
+INLINED_NODES_MAX = 100_000
 
 
 def block_threads(spec: TargetSpec) -> int:
@@ -104,7 +109,34 @@ class _Refused:
     detail: str
 
 
+def inlined_sizes(func: tirx.PrimFunc, names: tuple) -> dict:
+    """Expression nodes of each block of `func` once the blocks `names` are inlined into their
+    readers (each read of an inlined block's buffer replaced by its whole expression)."""
+    blocks = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, blocks.append), order="pre")
+    writer = {w.source: b.name_hint for b in blocks for w in b.writes}  # by buffer: names repeat
+    sizes = {}
+    for block in blocks:
+        count = {"nodes": 0, "nested": False}
+
+        def visit(node, count=count):
+            count["nodes"] += 1
+            count["nested"] |= isinstance(node, s_tir.SBlockRealize)
+            if type(node).__name__ == "TensorLoad" and writer.get(node.source) in names:
+                count["nodes"] += sizes.get(writer[node.source], 1) - 1
+
+        tvm_ffi.structural_walk(block.body, (object, visit), order="pre")
+        if not count["nested"]:  # the root block holds the others: each counts on its own
+            sizes[block.name_hint] = count["nodes"]
+    return sizes
+
+
 def _trial(func: tirx.PrimFunc, names: tuple, analyses: Analyses | None):
+    grown = {b: n for b, n in inlined_sizes(func, names).items() if n > INLINED_NODES_MAX}
+    if grown:
+        block = max(grown, key=grown.get)
+        return _Refused(block, f"inlining its producers grows its expression to {grown[block]} nodes "
+                               f"(at most {INLINED_NODES_MAX})")
     trial = s_tir.Schedule(func)
     for name in reversed(names):
         try:
