@@ -16,7 +16,9 @@ from tvm_stitch.check.modeled_time import modeled_times
 from tvm_stitch.planning import time_fit
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec, time_constants, _arch_facts
-from tvm_stitch.planning.time_model import KernelGeometry, kernel_time, peak_bytes_per_us, resident_blocks
+from tvm_stitch.fusion.timed_packing import pack_in_time
+from tvm_stitch.planning.time_model import (KernelGeometry, geometry_from_dict, kernel_time, peak_bytes_per_us,
+                                            resident_blocks)
 from tvm_stitch.report import StitchReport
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.workloads import SUITE, dims
@@ -222,6 +224,9 @@ def test_a_packed_launch_counts_one_members_work_per_thread():
     assert len(members) > 2 and whole.grid == sum(plans[m].mapping.grid for m in members)
     assert whole.stores == ((4, 3),)  # the parameter and both moments, one element per thread
     assert whole.sfu_ops == 1.0  # the square root of the second moment
+    # each member on its own range of blocks: its grid, its work per thread
+    assert [m.grid for m in whole.members] == [plans[m].mapping.grid for m in members]
+    assert all(m.stores == ((4, 3),) and m.threads == whole.threads for m in whole.members)
 
 
 def test_a_causal_attention_is_priced_at_its_mean_key_range():
@@ -236,3 +241,25 @@ def test_a_causal_attention_is_priced_at_its_mean_key_range():
     causal, full = modeled("causal"), modeled(None)
     assert causal.launched_threads == full.launched_threads
     assert 0.3 * full.us < causal.us < full.us
+
+
+def test_a_packed_launch_is_priced_as_its_members_one_after_the_other():
+    """A big copy packed with a small one costs one launch overhead less than both apart, not
+    the small one's work on the big one's blocks (nor the big one's on the small one's)."""
+    big, small = copy(256, BYTES // (256 * 16)), copy(256, 64, width=4)
+    packed = dataclasses.replace(big, grid=big.grid + small.grid, members=(big, small))
+    apart = [kernel_time(g, H200) for g in (big, small)]
+    together = kernel_time(packed, H200)
+    assert together.us == pytest.approx(sum(t.us for t in apart) - H200.launch_us)
+    assert together.launched_threads == big.grid * 256 + small.grid * 256
+    assert geometry_from_dict(dataclasses.asdict(packed)) == packed
+
+
+def test_a_pack_slower_than_its_members_apart_is_refused():
+    out, report = _stitched(SUITE["adam_update"].build("float32", dims("test")), cost_model=False)
+    (packed, members), = report.packs
+    func = next(f for gv, f in out.functions_items() if gv.name_hint == packed)
+    plans = [next(p for p in report.plans if p.kernel == m) for m in members]
+    assert all(p.modeled_us > 0 for p in plans) and pack_in_time(func, plans, H200)
+    cheap = [dataclasses.replace(p, modeled_us=0.1) for p in plans]  # members apart priced below a launch
+    assert not pack_in_time(func, cheap, H200)

@@ -38,6 +38,7 @@ from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, greedy_groups, searc
 from tvm_stitch.fusion.outline import Outlined, outline_group
 from tvm_stitch.fusion.unfuse import opened_block
 from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
+from tvm_stitch.fusion.timed_packing import pack_in_time, walk_in_time
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.fusion.variants import Planner, dispatching, size_variants
 from tvm_stitch.planning import cost_model as _cost_model
@@ -354,10 +355,15 @@ class _Stitcher:
             plan = dataclasses.replace(plan, notes=plan.notes + (note,))
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
-        if self.spec.family == "cuda" and plan.modeled_us < 0:
-            plan = dataclasses.replace(plan, modeled_us=scheduled_us(scheduled, plan, self.spec)
-                                       if self.target.kind.name == "cuda" else plan_us(fused, plan, self.spec))
+        plan = self._priced(fused, scheduled, plan)
         return Kernel(name, plan, scheduled.with_attr("tvm_stitch.plan", plan.to_json()), notes)
+
+    def _priced(self, fused: tvm.tirx.PrimFunc, scheduled: tvm.tirx.PrimFunc, plan: StitchPlan) -> StitchPlan:
+        """`plan` with its modeled time (CUDA plans not yet priced)."""
+        if self.spec.family != "cuda" or plan.modeled_us >= 0:
+            return plan
+        return dataclasses.replace(plan, modeled_us=scheduled_us(scheduled, plan, self.spec)
+                                   if self.target.kind.name == "cuda" else plan_us(fused, plan, self.spec))
 
     def _size_variants(self, fused: tvm.tirx.PrimFunc, kernel: Kernel) -> Kernel:
         """`kernel` choosing at run time among the plans its symbolic row count calls for, where one
@@ -394,6 +400,9 @@ class _Stitcher:
         traffic, _ = _modeled_traffic(scheduled, self.spec)
         if traffic is not None:
             walk = dataclasses.replace(walk, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
+        walk = self._priced(fused, scheduled, walk)
+        if not walk_in_time(walk, kernel.plan, self.spec):
+            return
         self.walks[kernel.name] = Kernel(kernel.name, walk, scheduled.with_attr("tvm_stitch.plan", walk.to_json()))
 
     def _packed_variants(self, bindings: list) -> dict:
@@ -412,6 +421,12 @@ class _Stitcher:
             self.kernels[name] = self.walks.pop(name)
             kernels[name] = (self.kernels[name].func, self.kernels[name].plan)
         return kernels
+
+    def _pack_in_time(self, func: tvm.tirx.PrimFunc, plans: list) -> bool:
+        if pack_in_time(func, plans, self.spec):
+            return True
+        self.outcome.notes.append(f"time model: {', '.join(p.kernel for p in plans)} left unpacked (slower packed)")
+        return False
 
     def _schedule(self, fused: tvm.tirx.PrimFunc, plan: StitchPlan) -> tvm.tirx.PrimFunc:
         sch = schedule_for(fused, plan, self.target)
@@ -542,7 +557,8 @@ class _Stitcher:
         bindings = _without_unused(bindings, droppable, used_after)
         kernels = self._packed_variants(bindings)
         try:
-            return pack_block(bindings, kernels, calls, self.outcome.packs, lambda func: check_builds(func, self.target))
+            return pack_block(bindings, kernels, calls, self.outcome.packs, lambda func: check_builds(func, self.target),
+                              self._pack_in_time if self.target.kind.name == "cuda" else None)
         except Exception as err:  # noqa: BLE001 - packing is an optimisation: keep the kernels apart
             if self.strict:
                 raise StitchError(f"cannot pack independent kernels: {err}") from err

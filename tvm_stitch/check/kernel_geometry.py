@@ -76,6 +76,8 @@ class _Walk:
     sfu: float = 0.0
     shared: int = 0
     ranges: sym.Analyzer = field(default_factory=sym.Analyzer)  # launch and loop variables bound so far
+    block: object = None  # the blockIdx.x variable, once its launch is seen
+    members: list = field(default_factory=list)  # a packed launch's members: (blocks, _Walk) each
 
 
 def _static(expr, what: str) -> int:
@@ -139,6 +141,7 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
             walk.ranges.bind(stmt.node.var, tvm.ir.Range(0, extent), allow_override=True)
             if stmt.node.thread_tag.startswith("blockIdx"):
                 walk.grid *= extent
+                walk.block = stmt.node.var if stmt.node.thread_tag == "blockIdx.x" else walk.block
             else:
                 walk.threads *= extent
         else:
@@ -156,7 +159,12 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
         if stmt.else_case is None:
             _stmt(walk, stmt.then_case, times, sites)  # a predicate: counted as taken
         else:
-            _either(walk, [_branch(walk, case, times, sites) for case in (stmt.then_case, stmt.else_case)])
+            chain = _block_ranges(walk, stmt)
+            branches = [_branch(walk, case, times, sites) for _, case in chain] if chain else \
+                [_branch(walk, case, times, sites) for case in (stmt.then_case, stmt.else_case)]
+            if chain and not walk.members:
+                walk.members = [(blocks, _joined(walk, branch)) for (blocks, _), branch in zip(chain, branches)]
+            _either(walk, branches)
     elif kind == "AllocBuffer":
         buffer = stmt.buffer
         if str(buffer.scope()).startswith("shared"):
@@ -181,11 +189,36 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
                 _stmt(walk, getattr(stmt, child), times, sites)
 
 
+def _block_ranges(walk: _Walk, stmt) -> list:
+    """(blocks, body) of each member of a packed launch: an if-else chain `blockIdx.x < end`
+    over static ends, the last member's body the final else; [] for any other if-else."""
+    chain, start = [], 0
+    while isinstance(stmt, tirx.IfThenElse) and stmt.else_case is not None:
+        cond = stmt.condition
+        if walk.block is None or not isinstance(cond, tirx.LT) or not cond.a.same_as(walk.block) \
+                or not isinstance(cond.b, tirx.IntImm) or cond.b.value <= start:
+            return []
+        chain.append((cond.b.value - start, stmt.then_case))
+        start = cond.b.value
+        stmt = stmt.else_case
+    if walk.grid <= start:
+        return []
+    return chain + [(walk.grid - start, stmt)]
+
+
 def _branch(walk: _Walk, stmt, times: int, sites: float) -> _Walk:
     """What one branch of an if-else does, walked apart (it sees the extents found so far)."""
-    apart = _Walk(grid=walk.grid, threads=walk.threads, loading=walk.loading, ranges=walk.ranges)
+    apart = _Walk(grid=walk.grid, threads=walk.threads, loading=walk.loading, ranges=walk.ranges,
+                  block=walk.block)
     _stmt(apart, stmt, times, sites)
     return apart
+
+
+def _joined(walk: _Walk, branch: _Walk) -> _Walk:
+    """What a thread that takes `branch` does in all: `walk` so far, then the branch."""
+    joined = dataclasses.replace(walk, loads=dict(walk.loads), stores=dict(walk.stores), members=[])
+    _either(joined, [branch])
+    return joined
 
 
 def _either(walk: _Walk, branches: list) -> None:
@@ -202,9 +235,17 @@ def _either(walk: _Walk, branches: list) -> None:
 
 
 def kernel_geometry(name: str, kernel: tirx.PrimFunc, registers: int = -1, dram_bytes: int = -1) -> KernelGeometry:
-    """The geometry of one lowered device kernel."""
+    """The geometry of one lowered device kernel; a packed launch's also has each member's, on
+    its range of blocks (`members`)."""
     walk = _Walk()
     _stmt(walk, kernel.body, 1, 1.0)
+    whole = _geometry(name, walk, registers, dram_bytes)
+    members = tuple(_geometry(f"{name}[{k}]", dataclasses.replace(member, grid=blocks, threads=walk.threads),
+                              registers, -1) for k, (blocks, member) in enumerate(walk.members))
+    return dataclasses.replace(whole, members=members)
+
+
+def _geometry(name: str, walk: _Walk, registers: int, dram_bytes: int) -> KernelGeometry:
     phases = walk.phases + (1 if walk.loading else 0)
     return KernelGeometry(
         name=name, grid=walk.grid, threads=walk.threads,

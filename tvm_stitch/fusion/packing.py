@@ -101,24 +101,27 @@ def pack_groups(bindings: list, kernels: dict) -> list:
     return [g["members"] for g in packs if len(g["members"]) > 1]
 
 
-def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify) -> list:
+def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify, keep=None) -> list:
     """`bindings` with independent packable kernel calls merged into packed calls.
 
     `kernels` maps a stitched kernel's name to (PrimFunc, plan); `calls` gives
     (and creates) GlobalVars by name; `verify(func)` raises if a packed kernel
-    does not build; each pack is appended to `recorded` as (packed kernel, member kernels).
+    does not build; `keep(func, plans)` (optional) says whether a packed kernel
+    is worth its members apart (one it refuses leaves them unpacked); each pack
+    is appended to `recorded` as (packed kernel, member kernels).
     """
-    packs = pack_groups(bindings, kernels)
-    if not packs:
-        return bindings
-    built = {}
-    for k, members in enumerate(packs):
+    packs, built = [], []
+    for members in pack_groups(bindings, kernels):
         names = [bindings[i].value.args[0].name_hint for i in members]
         n_outputs = [len(_out_types(bindings[i].value)) for i in members]
         func = pack([kernels[n][0] for n in names], n_outputs)
         verify(func)
-        built[k] = (names, func)
-    return _rewrite(bindings, packs, built, calls, recorded, _path_masks(bindings))
+        if keep is None or keep(func, [kernels[n][1] for n in names]):
+            packs.append(members)
+            built.append((names, func))
+    if not packs:
+        return bindings
+    return _rewrite(bindings, packs, dict(enumerate(built)), calls, recorded, _path_masks(bindings))
 
 
 def _rewrite(bindings: list, packs: list, built: dict, calls, recorded: list, depends: list) -> list:

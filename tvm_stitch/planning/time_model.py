@@ -15,12 +15,16 @@ possibly partial (the tail). Per wave the time is the largest of:
 - special functions: MUFU results (exp, log, rsqrt, erf and tanh as several)
   of the wave's threads on each SM at the spec's rate;
 - serial depth: the serial loop iterations of a thread, SERIAL_CYCLES each.
-The kernel's time is the launch overhead plus its waves' times.
+The kernel's time is the launch overhead plus its waves' times. A packed
+launch (independent kernels on consecutive ranges of blocks, a thread
+running one member) is its members' waves one after the other, each
+member's blocks at the occupancy of the whole launch (its registers and
+shared memory are the largest member's), after one launch overhead.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from tvm_stitch.planning.resources import occupancy
@@ -63,6 +67,7 @@ class KernelGeometry:
     registers: int = DEFAULT_REGISTERS
     shared_bytes: int = 0  # static shared memory per block
     dram_bytes: int = -1
+    members: tuple = ()  # a packed launch: each member's KernelGeometry on its range of blocks
 
     @property
     def loaded_per_thread(self) -> int:
@@ -147,13 +152,15 @@ def kernel_time(geometry: KernelGeometry, spec: TargetSpec) -> KernelTime:
     waves, tail_blocks = divmod(geometry.grid, per_wave)
     parts = {"bandwidth": 0.0, "latency": 0.0, "sfu": 0.0, "serial": 0.0}
     total = 0.0
-    for count, blocks in ((waves, per_wave), (1 if tail_blocks else 0, tail_blocks)):
-        if not count:
-            continue
-        wave = _wave(geometry, blocks, spec)
-        total += count * max(wave.values())
-        for key, value in wave.items():
-            parts[key] += count * value
+    for member in _members(geometry):
+        member_waves, member_tail = divmod(member.grid, per_wave)
+        for count, blocks in ((member_waves, per_wave), (1 if member_tail else 0, member_tail)):
+            if not count:
+                continue
+            wave = _wave(member, blocks, spec)
+            total += count * max(wave.values())
+            for key, value in wave.items():
+                parts[key] += count * value
     us = spec.launch_us + total
     biggest = max(parts, key=parts.get)
     bound = biggest if parts[biggest] > spec.launch_us else "launch"
@@ -161,6 +168,17 @@ def kernel_time(geometry: KernelGeometry, spec: TargetSpec) -> KernelTime:
     return KernelTime(geometry.name, us, spec.launch_us, parts["bandwidth"], parts["latency"], parts["sfu"],
                       parts["serial"], waves, tail_blocks / per_wave, min(per_wave, geometry.grid) * geometry.threads,
                       geometry.grid * geometry.threads, share, nbytes, nbytes / us / peak_bytes_per_us(spec), bound, geometry)
+
+
+def _members(geometry: KernelGeometry) -> tuple:
+    """The parts of a launch priced one after the other: a packed launch's members, each with
+    its share of the launch's device-memory bytes (by the bytes it accesses); else the launch."""
+    if not geometry.members:
+        return (geometry,)
+    accessed = sum(m.accessed_bytes for m in geometry.members)
+    share = geometry.dram_bytes >= 0 and accessed > 0
+    return tuple(replace(m, dram_bytes=geometry.dram_bytes * m.accessed_bytes // accessed if share else -1)
+                 for m in geometry.members)
 
 
 def total_us(times) -> float:
@@ -172,4 +190,5 @@ def geometry_from_dict(data: dict) -> KernelGeometry:
     data = dict(data)
     for key in ("loads", "stores"):
         data[key] = tuple(tuple(pair) for pair in data.get(key, ()))
+    data["members"] = tuple(geometry_from_dict(m) for m in data.get("members", ()))
     return KernelGeometry(**data)
