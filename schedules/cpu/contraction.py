@@ -144,19 +144,21 @@ def _held_per_vector(block: s_tir.SBlock, row_var, column_var) -> int:
     return 0
 
 
-def _rows_outer(sch: s_tir.Schedule, reduce: list, columns, cols: int, elem_bytes: int, l2_bytes: int) -> bool:
+def _rows_outer(sch: s_tir.Schedule, reduce: list, rows, columns, cols: int, elem_bytes: int,
+                l2_bytes: int) -> bool:
     """Walk the tiles rows-outer (each row tile over every column panel) when there is more than
-    one panel and the panels together (reduction steps x columns) fit in half the L2: the first
-    operand's rows are then read once, from L1, and the second operand is reused from L2, where
-    columns-outer re-reads all of the first operand per panel (ConvNeXt's 6272 x 96 x 384:
-    12 passes over 2.4 MB). Symbolic extents keep columns-outer."""
+    one panel, the panels together (reduction steps x columns) fit in half the L2 and the first
+    operand's rows (rows x reduction steps) do not: its rows are then read once, from L1, and
+    the second operand is reused from L2, where columns-outer re-reads all of the first operand
+    from memory per panel (ConvNeXt's 6272 x 96 x 384: 12 passes over 2.4 MB). Symbolic
+    extents keep columns-outer."""
     steps = [_static(sch, loop) for loop in reduce]
-    if columns is None or columns <= cols or any(s is None for s in steps):
+    if columns is None or rows is None or columns <= cols or any(s is None for s in steps):
         return False
-    footprint = columns * elem_bytes
+    reduction = elem_bytes
     for s in steps:
-        footprint *= s
-    return 2 * footprint <= l2_bytes
+        reduction *= s
+    return 2 * reduction * columns <= l2_bytes < 2 * reduction * rows
 
 
 def _vectorise_inner(sch: s_tir.Schedule, block, lanes: int) -> None:
@@ -218,8 +220,9 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec) -> s_tir.Schedu
     columns = _static(sch, spatial[-1])
     lanes = _lanes(columns, max(1, spec.vector_bytes * 8 // max(32, out_bits)))
     held = _held_per_vector(node, spatial_vars[-2], spatial_vars[-1])
-    rows, cols = _tile(columns, _static(sch, spatial[-2]), lanes, spec.vector_registers, held)
-    rows_outer = _rows_outer(sch, reduce, columns, cols, out_bits // 8, spec.l2_bytes)
+    row_count = _static(sch, spatial[-2])
+    rows, cols = _tile(columns, row_count, lanes, spec.vector_registers, held)
+    rows_outer = _rows_outer(sch, reduce, row_count, columns, cols, out_bits // 8, spec.l2_bytes)
     batch = spatial[:-2]
     i0, i1 = sch.split(spatial[-2], [None, rows])
     j0, j1 = sch.split(spatial[-1], [None, cols])
