@@ -12,6 +12,9 @@ input) keeps its label: the add stays with the normalisation stitched
 after it, which reads that input anyway (moved into the matmul it split
 LLaMA's RMSNorm kernel: 0.90x-0.94x). Transposes and broadcasts keep their
 labels: on the CPU they stay with the stitched kernels that read them.
+Reshapes of symbolic size keep theirs too: with them relabelled, BERT with
+a symbolic sequence length gave NaN (the GELU in a matmul whose rows are
+symbolic; not diagnosed further).
 """
 
 from __future__ import annotations
@@ -72,12 +75,12 @@ def _light_element_wise(mod: tvm.IRModule, call: relax.Call, var: relax.Var) -> 
 
 
 class ReshapesJoin:
-    """The `pricer` of RelabelMatmulEpilogues on the CPU: a reshape whose readers are all light
-    element-wise ops pays (module docstring), any other copy does not."""
+    """The `pricer` of RelabelMatmulEpilogues on the CPU: a reshape of static size whose readers are
+    all light element-wise ops pays (module docstring), any other copy does not."""
 
     def pays(self, mod: tvm.IRModule, path: list, copy: relax.Call, out: relax.Var) -> bool:
         """Whether `copy` (a call_tir of a pure copy writing `out`) joins the compute kernel of `path`."""
-        if copy_kind(mod[copy.args[0]]) != "reshape":
+        if copy_kind(mod[copy.args[0]]) != "reshape" or _elements(out) is None:
             return False
         readers = _readers(mod, out)
         return bool(readers) and all(_light_element_wise(mod, call, out) for call in readers)
