@@ -13,11 +13,15 @@
         all arithmetic),
     FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
         gelu, gelu_tanh, sigmoid, silu, softplus)
+    llvm only: PatchifyAsMatmul (fusion/patchify: a convolution whose stride
+        is its kernel as a matmul of patches)
     LegalizeOps, AnnotateTIROpPattern (TVM)
     CUDA only: FoldProloguesIntoMatmuls (a cheap spatial op feeding only
         matmuls becomes part of them), RelabelMatmulEpilogues (the copies
         after a matmul join its epilogue where the time model says it pays);
-        dlight's Matmul rule inlines both
+        dlight's Matmul rule inlines both; llvm: RelabelMatmulEpilogues with
+        fusion/cpu_epilogue's policy (a reshape read by light element-wise
+        ops joins the matmul)
     FoldConstant, FuseOps (TVM)
     CanonicalizeBindings, DeadCodeElimination (TVM, guarded): tuple
         projections of known tuples become their element, so a producer read

@@ -14,10 +14,13 @@ columns j of a matmul; output rows and columns of a convolution) are cut into
 a tile of `rows x cols` accumulators, `cols` a multiple of the vector width,
 which stay in vector registers over the whole reduction: per reduction step
 one vector load of the second operand per vector of the tile and one
-broadcast of the first per row. Tiles are walked columns-outer so one
-column panel of the second operand (a matmul's weights) is reused, from
-the caches, by every row tile; a single long reduction axis is cut into
-chunks so a panel chunk stays in L1. The tile loops and any batch axes are
+broadcast of the first per row (a convolution holds no vectors of its
+weight, which it broadcasts, and gives those registers to accumulators).
+Tiles are walked columns-outer so one column panel of the second operand
+(a matmul's weights) is reused, from the caches, by every row tile, or
+rows-outer where all the panels fit in half the L2 and the first operand
+does not (each row tile then stays in L1 over every panel); a single long
+reduction axis is cut into chunks so a panel chunk stays in L1. The tile loops and any batch axes are
 fused into one loop, parallel over the cores. The consumers are computed per
 tile right after it (the intermediate shrinks to the tile), vectorised; the
 producers run before, as their own parallel, vectorised loops.
@@ -215,7 +218,7 @@ def apply(func: tirx.PrimFunc, target: Target, spec: TargetSpec) -> s_tir.Schedu
         return None
     spatial_vars = [iv.var for iv in node.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     if not _contiguous_along(node, spatial_vars[-1]):
-        return None  # TVM's loop nest beat gathered vectors (ConvNeXt's stride-4 stem: 0.5x)
+        return None  # TVM's loop nest beat gathered vectors (a patchifying stem is a matmul before: patchify.py)
     out_bits = node.writes[0].source.dtype.bits if node.writes else 32
     columns = _static(sch, spatial[-1])
     lanes = _lanes(columns, max(1, spec.vector_bytes * 8 // max(32, out_bits)))
