@@ -13,11 +13,15 @@
         all arithmetic),
     FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
         gelu, gelu_tanh, sigmoid, silu, softplus)
+    llvm only: PatchifyAsMatmul (fusion/patchify: a convolution whose stride
+        is its kernel as a matmul of patches)
     LegalizeOps, AnnotateTIROpPattern (TVM)
     CUDA only: FoldProloguesIntoMatmuls (a cheap spatial op feeding only
         matmuls becomes part of them), RelabelMatmulEpilogues (the copies
         after a matmul join its epilogue where the time model says it pays);
-        dlight's Matmul rule inlines both
+        dlight's Matmul rule inlines both; llvm: RelabelMatmulEpilogues with
+        fusion/cpu_epilogue's policy (a reshape read by light element-wise
+        ops joins the matmul)
     FoldConstant, FuseOps (TVM)
     CanonicalizeBindings, DeadCodeElimination (TVM, guarded): tuple
         projections of known tuples become their element, so a producer read
@@ -51,11 +55,13 @@ from schedules.cuda.vector_selects import selects_as_branches
 
 from tvm_stitch.fusion.attention import FuseAttention
 from tvm_stitch.fusion.closed_forms import ComputeClosedForms
+from tvm_stitch.fusion.cpu_epilogue import ReshapesJoin
 from tvm_stitch.fusion.fast_math import FastMath
 from tvm_stitch.fusion.host_constants import FoldHostConstants
 from tvm_stitch.fusion.epilogue_price import EpiloguePricer
 from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
 from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
+from tvm_stitch.fusion.patchify import PatchifyAsMatmul
 from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
@@ -191,13 +197,14 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
         + backend_passes(target).library_dispatch_passes(target)
         + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]
         + ([guarded(FastMath(), report)] if fast_math else [])
+        + ([guarded(PatchifyAsMatmul(), report)] if target.kind.name == "llvm" else [])
         + [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
         ]
         + ([guarded(FoldProloguesIntoMatmuls(target, report), report),
             guarded(RelabelMatmulEpilogues(EpiloguePricer(target, report)), report)]
-           if target.kind.name == "cuda" else [])
+           if target.kind.name == "cuda" else [guarded(RelabelMatmulEpilogues(ReshapesJoin()), report)])
         + [
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),

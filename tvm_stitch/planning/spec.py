@@ -83,6 +83,7 @@ CUDA_VECTOR_BYTES = 16  # the widest global load and store: 128 bits
 CUDA_RESIDENT_PER_MILLE = 80  # 4 MB of an H100's 50 MB L2
 CPU_RESIDENT_PER_MILLE = 125  # 4 MB of a 32 MB L3
 CPU_L1_BYTES = 32 << 10  # a core's level-1 data cache, where the OS does not report one
+CPU_L2_BYTES = 512 << 10  # a core's level-2 cache, where the OS does not report one
 CPU_CACHE_BYTES = 32 << 20  # a server CPU's last-level cache, where the OS does not report one
 
 
@@ -107,6 +108,7 @@ class TargetSpec:
     register_granule: int = 0
     vector_registers: int = 0  # CPU: architectural vector registers (a matmul tile's accumulators live there)
     l1_bytes: int = 0  # CPU: a core's level-1 data cache (a chunk of a matmul's weight panel stays in it)
+    l2_bytes: int = 0  # CPU: a core's level-2 cache (a matmul's whole weight, when it fits, is reused from it)
     # CUDA, for the time model (planning/time_model.py): achievable device-memory bandwidth (bytes/us),
     # loaded DRAM latency, launch overhead, special-function results per SM per us, the SM clock;
     # published figures, or the fitted table shipped for the arch (time_fit.py).
@@ -202,7 +204,8 @@ def _cpu_spec(target: Target) -> TargetSpec:
         cores=int(tvm.get_global_func("runtime.NumThreads")()),  # the runtime's threads, as threads.py sets them
         converts_half=_has_feature(target, "f16c"),
         cache_bytes=_host_cache_bytes(),
-        l1_bytes=_host_l1_bytes(),
+        l1_bytes=_host_cache_level(1, CPU_L1_BYTES),
+        l2_bytes=_host_cache_level(2, CPU_L2_BYTES),
     )
 
 
@@ -235,17 +238,18 @@ def _host_cache_bytes() -> int:
     return max(sizes, default=CPU_CACHE_BYTES)
 
 
-def _host_l1_bytes() -> int:
-    """This machine's level-1 data cache per core (Linux sysfs); CPU_L1_BYTES where the OS does not say."""
+def _host_cache_level(level: int, default: int) -> int:
+    """This machine's data (or unified) cache of `level` per core (Linux sysfs); `default` where the
+    OS does not say."""
     for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
-            level, kind, size = ((entry / name).read_text().strip() for name in ("level", "type", "size"))
+            found, kind, size = ((entry / name).read_text().strip() for name in ("level", "type", "size"))
         except OSError:
             continue
-        match = re.fullmatch(r"(\d+)K", size)
-        if level == "1" and kind == "Data" and match:
-            return int(match.group(1)) << 10
-    return CPU_L1_BYTES
+        match = re.fullmatch(r"(\d+)([KM])", size)
+        if found == str(level) and kind in ("Data", "Unified") and match:
+            return int(match.group(1)) << {"K": 10, "M": 20}[match.group(2)]
+    return default
 
 
 def _has_feature(target: Target, feature: str) -> bool:
