@@ -10,7 +10,8 @@ by more than TIE. Where the plan for every size is modeled there at the least
 time any plan can have (one launch and one DRAM round trip), no plan is chosen
 for the range; where the variant of the adjoining larger sizes is modeled there
 within TIE of the range's rule plan, it serves the range too, without a timed
-choice. The kept plans are scheduled on the same PrimFunc and joined under one dispatch on
+choice (that variant priced from its kernel for every size, scheduled once and reused by the
+dispatch). The kept plans are scheduled on the same PrimFunc and joined under one dispatch on
 the host: `if cond_1: variant_1 elif ...: else: the plan valid for every size`,
 so the Relax program keeps one call and every launch is one variant's.
 
