@@ -40,7 +40,7 @@ from tvm_stitch.fusion.unfuse import opened_block
 from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
 from tvm_stitch.fusion.timed_packing import pack_in_time, walk_in_time
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
-from tvm_stitch.fusion.variants import Planner, dispatching, size_variants
+from tvm_stitch.fusion.variants import Planner, dispatching, row_size, size_variants
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.plan import StitchPlan
@@ -311,7 +311,7 @@ class _Stitcher:
             if kernel is None:
                 name, rule, plan = self._plan(fused, group.ops)
                 reached = PLANNED
-                kernel = self._add(fused, self._size_variants(fused, self._scheduled(fused, name, rule, plan)))
+                kernel = self._add(fused, self._built(fused, name, rule, plan))
                 self._walk_variant(fused, kernel)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = reason_of(err)
@@ -339,12 +339,29 @@ class _Stitcher:
         self.outcome.notes.extend(kernel.notes)
         return kernel
 
-    def _scheduled(self, fused: tvm.tirx.PrimFunc, name: str, rule: StitchPlan, plan: StitchPlan) -> Kernel:
+    def _built(self, fused: tvm.tirx.PrimFunc, name: str, rule: StitchPlan, plan: StitchPlan) -> Kernel:
+        """The kernel of `plan` with its size variants where some are built. A kernel that may get
+        variants is checked once: the dispatch's build check covers the plan for every size (its
+        last branch); without variants it is checked alone, rescheduled as `_scheduled` does
+        where it fails."""
+        if row_size(fused, plan) is None:
+            return self._size_variants(fused, self._scheduled(fused, name, rule, plan))
+        kernel = self._size_variants(fused, self._scheduled(fused, name, rule, plan, checked=False))
+        if kernel.variants:
+            return kernel
+        try:
+            check_builds(kernel.func, self.target)
+        except Exception:  # noqa: BLE001 - the check _scheduled makes, and its fallback to the rule plan
+            return self._scheduled(fused, name, rule, plan)
+        return kernel
+
+    def _scheduled(self, fused: tvm.tirx.PrimFunc, name: str, rule: StitchPlan, plan: StitchPlan,
+                   checked: bool = True) -> Kernel:
         """The kernel of `plan` (the rule plan where the cost model's choice does not build), with
-        its modeled traffic."""
+        its modeled traffic; `checked`: whether `plan`'s kernel is build-checked here."""
         notes = ()
         try:
-            scheduled = self._schedule(fused, plan)
+            scheduled = self._schedule(fused, plan, checked)
         except Exception as err:  # noqa: BLE001 - the model's choice failed: the rules' plan is the fallback
             if plan is rule:
                 raise
@@ -428,10 +445,11 @@ class _Stitcher:
         self.outcome.notes.append(f"time model: {', '.join(p.kernel for p in plans)} left unpacked (slower packed)")
         return False
 
-    def _schedule(self, fused: tvm.tirx.PrimFunc, plan: StitchPlan) -> tvm.tirx.PrimFunc:
+    def _schedule(self, fused: tvm.tirx.PrimFunc, plan: StitchPlan, checked: bool = True) -> tvm.tirx.PrimFunc:
         sch = schedule_for(fused, plan, self.target)
         scheduled = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-        check_builds(scheduled, self.target)
+        if checked:
+            check_builds(scheduled, self.target)
         return scheduled
 
     # --- the groups of one block

@@ -110,6 +110,8 @@ def _global(buffer) -> bool:
 
 def _expressions(walk: _Walk, expr, times: int, sites: float) -> None:
     """Loads and special functions of one expression evaluated `times` times per thread."""
+    if isinstance(expr, (tirx.Var, tirx.IntImm, tirx.FloatImm)):
+        return  # a leaf: neither a load nor a call
 
     def visit(node):
         kind = type(node).__name__
@@ -127,7 +129,7 @@ def _expressions(walk: _Walk, expr, times: int, sites: float) -> None:
             elif op.startswith("tirx.") and op[5:] in SFU_COST:
                 walk.sfu += times * SFU_COST[op[5:]] * tvm.DataType(str(node.ty.dtype)).lanes
 
-    tvm_ffi.structural_walk(expr, (object, visit), order="pre")
+    tvm_ffi.structural_walk(expr, ((tvm.ir.TensorLoad, tvm.ir.Call), visit), order="pre")  # only these called back
 
 
 def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:

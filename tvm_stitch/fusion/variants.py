@@ -10,7 +10,8 @@ by more than TIE. Where the plan for every size is modeled there at the least
 time any plan can have (one launch and one DRAM round trip), no plan is chosen
 for the range; where the variant of the adjoining larger sizes is modeled there
 within TIE of the range's rule plan, it serves the range too, without a timed
-choice. The kept plans are scheduled on the same PrimFunc and joined under one dispatch on
+choice (that variant priced from its kernel for every size, scheduled once and reused by the
+dispatch). The kept plans are scheduled on the same PrimFunc and joined under one dispatch on
 the host: `if cond_1: variant_1 elif ...: else: the plan valid for every size`,
 so the Relax program keeps one call and every launch is one variant's.
 
@@ -22,7 +23,7 @@ split exact and emits no predicate around the barriers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import tvm
 import tvm_ffi
@@ -49,7 +50,9 @@ class Planner:
     fused, plan)` -> the time model's KernelTime of each of its kernels, scheduled there (None: not
     priced), `priced(scheduled PrimFunc, plan)` -> the same for a PrimFunc already scheduled for
     CUDA, `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds
-    threads (a dispatch on the host around kernels; its kernels are CUDA's, priced as scheduled)."""
+    threads (a dispatch on the host around kernels; its kernels are CUDA's, priced as scheduled);
+    `made`: the variants' plans scheduled for every size (`_variant_func`), by `key`, each made
+    once for the pricing of an adjoining range and the dispatch."""
 
     rule: object
     choose: object
@@ -57,6 +60,7 @@ class Planner:
     priced: object
     schedule: object
     device: bool
+    made: dict = field(default_factory=dict)
 
 
 def row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
@@ -115,7 +119,7 @@ def _range_variant(condition: SizeRange, sample: int, rule: StitchPlan, above: V
     if everywhere >= 0 and least_us(times, rule.spec) >= everywhere * (1 - TIE):
         return None, 0.0  # `general` is modeled at the least time any plan here can have: no choice beats it
     beats = lambda us: us >= 0 and (everywhere < 0 or us < everywhere * (1 - TIE))  # noqa: E731
-    extended = _extended(above, condition, sample, rule, statics, planner)
+    extended = _extended(above, condition, sample, rule, statics, general_func, planner)
     if extended is not None and beats(extended[1]):
         return extended[0], everywhere - extended[1] if everywhere >= 0 else float("inf")
     plan = planner.choose(statics.at(sample), rule)
@@ -125,17 +129,36 @@ def _range_variant(condition: SizeRange, sample: int, rule: StitchPlan, above: V
 
 
 def _extended(above: Variant | None, condition: SizeRange, sample: int, rule: StitchPlan, statics,
-              planner: Planner) -> tuple | None:
+              general_func: tirx.PrimFunc, planner: Planner) -> tuple | None:
     """(`above` serving `condition`'s sizes too, its modeled us at `sample`) where `above` adjoins
     `condition` (the same multiple) and is modeled there within TIE of `rule`; else None."""
     if (above is None or condition.high is None or above.condition.low != condition.high + 1
             or above.condition.multiple != condition.multiple):
         return None
-    static = statics.at(sample)
-    rule_times, above_times = planner.price(static, rule), planner.price(static, _restated(above.plan, rule))
+    rule_times = planner.price(statics.at(sample), rule)
+    above_times = _above_times(above, sample, rule, statics, general_func, planner) if rule_times else None
     if not rule_times or not above_times or total_us(above_times) > total_us(rule_times) * (1 + TIE):
         return None
     return replace(above, condition=replace(above.condition, low=condition.low)), total_us(above_times)
+
+
+def _above_times(above: Variant, sample: int, rule: StitchPlan, statics, general_func: tirx.PrimFunc,
+                 planner: Planner) -> list | None:
+    """The time model's KernelTimes of `above`'s plan at `sample` rows: on CUDA, where `sample` is a
+    whole number of its blocks, its kernel for every size (scheduled once, for the dispatch too) at
+    that size; else its plan scheduled at that size."""
+    if planner.device and sample % above.condition.multiple == 0:
+        func = _for_every_size(statics.fused, above, general_func.params, planner)
+        return planner.priced(at_sizes(func, {statics.size: sample}), above.plan)
+    return planner.price(statics.at(sample), _restated(above.plan, rule))
+
+
+def _for_every_size(fused: tirx.PrimFunc, variant: Variant, params: list, planner: Planner) -> tirx.PrimFunc:
+    """`_variant_func` of `variant`, made once per plan (`planner.made`)."""
+    made = key(variant.plan)
+    if made not in planner.made:
+        planner.made[made] = _variant_func(fused, variant, next(iter(sizes(fused).values())), params, planner)
+    return planner.made[made]
 
 
 def _restated(plan: StitchPlan, static: StitchPlan) -> StitchPlan:
@@ -187,7 +210,8 @@ def dispatching(fused: tirx.PrimFunc, general: tirx.PrimFunc, variants: tuple, p
     g_root = general.body.block
     body, allocs, priced = g_root.body, list(g_root.alloc_buffers), []
     for variant in reversed(variants):
-        func = _variant_func(fused, variant, var, general.params, planner)
+        made = planner.made.pop(key(variant.plan), None)  # each scheduled variant used once: TIR defines a variable once
+        func = made if made is not None else _variant_func(fused, variant, var, general.params, planner)
         priced.insert(0, _with_traffic(func, variant, var))
         cond = _condition(variant.condition, var)
         wrapped = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", cond) if planner.device else cond
