@@ -33,7 +33,8 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from tvm_stitch.analysis.attention_operand import OperandView
+from tvm_stitch.analysis.attention_operand import OperandView, reshape_groups
+from tvm_stitch.analysis.shape_dims import dims, is_static, product, same, static
 
 VIEW_OPS = ("relax.reshape", "relax.broadcast_to")
 MASKED = -1.0e4  # an additive mask value at or below this hides the key (exp underflows in float32)
@@ -66,11 +67,8 @@ class NotAChain:
 
 
 def _shape(expr) -> tuple | None:
-    ty = expr.ty if hasattr(expr, "ty") else None
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = ty.shape.values
-    return tuple(int(d) for d in dims) if all(isinstance(d, tirx.IntImm) for d in dims) else None
+    """Its dimensions: ints, and simplified expressions where symbolic (analysis/shape_dims.py)."""
+    return dims(expr)
 
 
 def _dtype(expr) -> str:
@@ -118,9 +116,9 @@ def _through_views(graph: _Graph, expr):
         inner, outer = _shape(call.args[0]), _shape(expr)
         if inner is None or outer is None or not 2 <= len(inner) <= 4 or len(outer) < 2:
             return expr  # a 5-d input: the repeat of grouped-query attention (see _kv_heads)
-        if call.op.name == "relax.broadcast_to" and inner != outer:
+        if call.op.name == "relax.broadcast_to" and not same(inner, outer):
             return expr
-        if inner[-2:] != outer[-2:] or int(np.prod(inner)) != int(np.prod(outer)):
+        if not same(inner[-2:], outer[-2:]) or not same(product(inner), product(outer)):
             return expr
         expr = call.args[0]
 
@@ -133,7 +131,8 @@ def _kv_heads(graph: _Graph, expr):
     if expand is None or [int(a) for a in expand.attrs.axis] != [2]:
         return expr, 1
     kv, repeated = _shape(expand.args[0]), _shape(bcast)
-    if kv is None or repeated is None or len(kv) != 4 or repeated[:2] + repeated[3:] != kv[:2] + kv[2:]:
+    if (kv is None or repeated is None or len(kv) != 4 or not same(repeated[:2] + repeated[3:], kv)
+            or not is_static(repeated[2])):
         return expr, 1
     return expand.args[0], repeated[2]
 
@@ -238,7 +237,7 @@ def mask_kind(mask, q_len: int, kv_len: int) -> str:
     data = mask.value.numpy().astype(np.float64)
     if not data.any():
         return "none"
-    if data.ndim < 2 or data.shape[-2:] != (q_len, kv_len):
+    if data.ndim < 2 or not static((q_len, kv_len)) or data.shape[-2:] != (q_len, kv_len):
         return "additive"
     i, j = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
     seen = j <= i + (kv_len - q_len)
@@ -285,16 +284,18 @@ def _checked(graph: _Graph, chain: AttentionChain, groups: tuple, names: list) -
     dtypes = {_dtype(e) for e in (chain.q, chain.k, chain.v, chain.output)}
     if len(dtypes) != 1:
         raise _Stop("attention-dtypes", dtypes=", ".join(sorted(dtypes)))
-    if (groups[0] != groups[1] or k != v or q[0] != k[0] or q[1] != k[1] * groups[0] or q[3] != k[3]
-            or out != q):
+    if not static((q[1], k[1], q[3], k[3])):
+        raise _Stop("attention-symbolic-dims", shapes=str([q, k, v]))
+    if (groups[0] != groups[1] or not same(k, v) or not same(q[0], k[0]) or q[1] != k[1] * groups[0]
+            or q[3] != k[3] or not same(out, q)):
         raise _Stop("attention-shapes", shapes=str([q, k, v]))
     kind = mask_kind(chain.mask, q[2], k[2])
     if kind == "additive":
         mask = _shape(chain.mask)
-        if mask is None or len(mask) > 4 or any(m not in (1, t) for m, t in
+        if mask is None or len(mask) > 4 or any(not (same(m, 1) or same(m, t)) for m, t in
                                                 zip(((1,) * (4 - len(mask)) + mask), (q[0], q[1], q[2], k[2]))):
             raise _Stop("attention-mask-shape", shape=str(mask))
-        if mask[-1] != k[2]:
+        if not same(mask[-1], k[2]):
             raise _Stop("attention-mask-shape", shape=str(mask))
     read = [operand_view(graph, e) for e in (chain.q, chain.k, chain.v)]
     return AttentionChain(chain.output, chain.q, chain.k, chain.v, chain.mask if kind == "additive" else None,
@@ -307,8 +308,8 @@ def operand_view(graph: _Graph, expr) -> tuple:
     make it, after a rotary embedding where `expr` is one (its cos and sin tables, else ())."""
     shape = _shape(expr)
     four = _as_4d(shape)
-    steps = [] if four == shape else [("reshape", shape, four)]
-    rotary = _rotary(graph, expr) if four == shape else None
+    steps = [] if len(shape) == 4 else [("reshape", shape, four)]
+    rotary = _rotary(graph, expr) if len(shape) == 4 else None
     tables = ()
     if rotary is not None:
         expr, tables = rotary[0], rotary[1:]
@@ -348,14 +349,15 @@ def _rotated_half(graph: _Graph, rot, x) -> bool:
     if concat is None or shape is None or len(shape) != 4 or int(concat.attrs.axis) not in (-1, 3):
         return False
     parts = list(concat.args[0].fields) if isinstance(concat.args[0], relax.Tuple) else []
-    if len(parts) != 2 or shape[3] % 2:
+    if len(parts) != 2 or not is_static(shape[3]) or shape[3] % 2:
         return False
     neg = graph.call(parts[0], "relax.negative")
     high, low = (_view_step(graph, p) for p in (neg.args[0] if neg is not None else None, parts[1]))
     half = shape[3] // 2
     return (high is not None and low is not None and high[0].same_as(x) and low[0].same_as(x)
-            and high[1] == ("slice", shape, (3, half, 1)) and low[1] == ("slice", shape, (3, 0, 1))
-            and _shape(parts[0]) == _shape(parts[1]) == shape[:3] + (half,))
+            and high[1][0] == low[1][0] == "slice" and same(high[1][1], shape) and same(low[1][1], shape)
+            and high[1][2] == (3, half, 1) and low[1][2] == (3, 0, 1)
+            and same(_shape(parts[0]), shape[:3] + (half,)) and same(_shape(parts[1]), shape[:3] + (half,)))
 
 
 def _unpadded(graph: _Graph, expr):
@@ -363,7 +365,7 @@ def _unpadded(graph: _Graph, expr):
     while True:
         call = graph.call(expr, "relax.expand_dims", "relax.reshape")
         inner = _shape(call.args[0]) if call is not None else None
-        if inner is None or not inner or (1,) * (len(_shape(expr)) - len(inner)) + inner != _shape(expr):
+        if inner is None or not inner or not same((1,) * (len(_shape(expr)) - len(inner)) + inner, _shape(expr)):
             return expr
         expr = call.args[0]
 
@@ -372,8 +374,8 @@ def _table(expr, shape: tuple) -> bool:
     """Whether `expr` is a cos or sin table of `shape`'s (positions, dim), broadcast over batch and heads."""
     table = _shape(expr)
     table = (1,) * (4 - len(table)) + table if table is not None and 2 <= len(table) <= 4 else None
-    return (table is not None and table[2:] == shape[2:] and table[1] == 1 and table[0] in (1, shape[0])
-            and _dtype(expr) in ("float32", "float16", "bfloat16"))
+    return (table is not None and same(table[2:], shape[2:]) and same(table[1], 1)
+            and (same(table[0], 1) or same(table[0], shape[0])) and _dtype(expr) in ("float32", "float16", "bfloat16"))
 
 
 def _view_step(graph: _Graph, expr):
@@ -386,6 +388,8 @@ def _view_step(graph: _Graph, expr):
             return None
         axis = int(split.attrs.axis) % len(inner)
         cuts = split.attrs.indices_or_sections
+        if not is_static(inner[axis]):
+            return None
         begin = (value.index * (inner[axis] // int(cuts)) if isinstance(cuts, tirx.IntImm)
                  else ([0] + [int(c) for c in cuts])[value.index])
         return split.args[0], ("slice", inner, (axis, begin, 1))
@@ -398,9 +402,9 @@ def _view_step(graph: _Graph, expr):
         axes = [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else list(range(len(inner)))[::-1]
         return call.args[0], ("permute", inner, tuple(axes))
     if name == "relax.reshape":
-        return call.args[0], ("reshape", inner, _shape(expr))
+        return (call.args[0], ("reshape", inner, _shape(expr))) if reshape_groups(_shape(expr), inner) else None
     if name == "relax.broadcast_to":
-        return (call.args[0], None) if inner == _shape(expr) else None
+        return (call.args[0], None) if same(inner, _shape(expr)) else None
     return _sliced(call, inner)
 
 

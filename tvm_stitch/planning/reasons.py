@@ -73,6 +73,8 @@ MESSAGES = MappingProxyType({
     "attention-no-scores": lambda p: f"{p['binding']} is not a scaled (and masked) matmul",
     "attention-no-transpose": lambda p: f"softmax {p['binding']}: the scores' right operand is not a transposed K",
     "attention-shapes": lambda p: f"Q, K, V shapes {p['shapes']} do not make attention",
+    "attention-symbolic-dims": lambda p: (f"Q, K, V shapes {p['shapes']}: symbolic heads or head dimension (the "
+                                          "kernel takes a symbolic batch and sequence lengths)"),
     "attention-dtypes": lambda p: f"Q, K, V and the output differ in dtype ({p['dtypes']})",
     "attention-mask-shape": lambda p: f"mask of shape {p['shape']} does not broadcast to the scores",
     "attention-dtype": lambda p: f"attention in {p['dtype']}: the kernel computes float32, float16 and bfloat16",
