@@ -237,12 +237,20 @@ def mask_kind(mask, q_len: int, kv_len: int) -> str:
     data = mask.value.numpy().astype(np.float64)
     if not data.any():
         return "none"
-    if data.ndim < 2 or not static((q_len, kv_len)) or data.shape[-2:] != (q_len, kv_len):
+    if not static((q_len, kv_len)):
         return "additive"
+    return "causal" if is_causal(data, q_len, kv_len) else "additive"
+
+
+def is_causal(data: np.ndarray, q_len: int, kv_len: int) -> bool:
+    """Whether every (batch, head) slice of `data` is 0 on and below the diagonal aligned at the end
+    (key j seen by query i where j <= i + kv_len - q_len) and at most MASKED above it."""
+    if data.ndim < 2 or data.shape[-2:] != (q_len, kv_len):
+        return False
     i, j = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
     seen = j <= i + (kv_len - q_len)
-    rows = data.reshape(-1, q_len, kv_len)  # every (batch, head) slice the same causal mask
-    return "causal" if not rows[:, seen].any() and np.all(rows[:, ~seen] <= MASKED) else "additive"
+    rows = data.reshape(-1, q_len, kv_len)
+    return not rows[:, seen].any() and bool(np.all(rows[:, ~seen] <= MASKED))
 
 
 def _as_4d(shape: tuple | None) -> tuple | None:

@@ -38,7 +38,7 @@ class OperandView:
     def table_index(self, table: str, b, row, d) -> list:
         """The index of the `table` ("cos" or "sin") element of batch `b`, position `row`, dim `d`."""
         shape = getattr(self, table)
-        batch = b if len(shape) == 4 and shape[0] > 1 else 0
+        batch = b if len(shape) == 4 and not (is_static(shape[0]) and shape[0] == 1) else 0
         return [batch, 0, row, d][4 - len(shape):]
 
     @property

@@ -31,6 +31,7 @@ from schedules.cuda import attention as cuda_attention
 from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mask_kind
 from tvm_stitch.analysis.shape_dims import dims, sizes_in, static
 from tvm_stitch.analysis.size_bounds import function_bounds
+from tvm_stitch.fusion.attention_mask import sizes_read, symbolic_mask_kind
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.fusion.host_constants import evaluate_bindings
 from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention, priced_sizes
@@ -105,7 +106,7 @@ class FuseAttention:
             chains, others = find_chains(func)
             bounds = function_bounds(func) if isinstance(func, relax.Function) else {}
             records += [AttentionRecord(gv.name_hint, (o.binding,), reason=Reason(o.code, o.params)) for o in others]
-            chains = [_with_evaluated_mask(func, c) for c in chains]
+            chains = [_with_evaluated_mask(func, c, bounds) for c in chains]
             for chain in chains:
                 record, kernel = self._planned(gv.name_hint, chain, spec, bounds)
                 records.append(record)
@@ -138,30 +139,36 @@ class FuseAttention:
         return AttentionRecord(function, chain.bindings, plan, kernel="fused_attention"), kernel
 
 
-def _with_evaluated_mask(func: relax.Function, chain: AttentionChain) -> AttentionChain:
+def _with_evaluated_mask(func: relax.Function, chain: AttentionChain, bounds: dict) -> AttentionChain:
     """`chain`, its mask kind decided from the mask's value where the mask depends on constants alone
-    (and has a static shape: a mask computed from a symbolic length stays a mask the kernel reads)."""
-    if chain.mask is None or not isinstance(chain.mask, relax.Var) or not static(dims(chain.mask)):
+    (of a symbolic shape: on constants and one bounded size, evaluated at every value of it,
+    fusion/attention_mask.py)."""
+    if chain.mask is None or not isinstance(chain.mask, relax.Var):
         return chain
     bindings = constant_slice(func, chain.mask)
-    if bindings is None:
-        return chain
-    value = evaluate_bindings(bindings, [chain.mask])[0]
     q_len, kv_len = _four(chain.q)[2], _four(chain.k)[2]
-    kind = mask_kind(relax.const(np.asarray(value), str(chain.mask.ty.dtype)), q_len, kv_len)
+    if not static(dims(chain.mask)):
+        kind = symbolic_mask_kind(bindings, chain.mask, q_len, kv_len, bounds)
+    elif bindings is None or sizes_read(bindings):
+        return chain
+    else:
+        value = evaluate_bindings(bindings, [chain.mask])[0]
+        kind = mask_kind(relax.const(np.asarray(value), str(chain.mask.ty.dtype)), q_len, kv_len)
     if kind == "additive":
         return chain
     return dataclasses.replace(chain, mask=None, mask_kind=kind)
 
 
 def constant_slice(func: relax.Function, var: relax.Var) -> list | None:
-    """The bindings (in order) that compute `var` from constants alone: Relax operators over constants
-    (bound to vars or not), no parameter, no call of a function; None where `var` needs anything else."""
+    """The bindings (in order) that compute `var` from constants (and the function's symbolic sizes)
+    alone: Relax operators over constants (bound to vars or not), no parameter, no call of a function;
+    None where `var` needs anything else."""
     bound = {b.var: b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)}
+    sizes = set(relax.analysis.defined_symbolic_vars(func))
     needed, stack = set(), [var]
     while stack:
         v = stack.pop()
-        if v in needed:
+        if v in needed or v in sizes:
             continue
         binding = bound.get(v)
         value = binding.value if binding is not None else None

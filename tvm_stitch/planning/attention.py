@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div
+from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div, is_static
 from tvm_stitch.planning.attention_cost import modeled_us
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
@@ -73,6 +73,11 @@ class AttentionShape:
     def group(self) -> int:
         """Query heads per KV head (grouped-query attention; 1 for multi-head attention)."""
         return self.heads // self.kv_heads
+
+    def mask_index(self, b, h, i, j) -> list:
+        """The index of the additive mask's element for (batch, head, query, key): 0 on its axes of extent 1."""
+        return [index if not (is_static(extent) and extent == 1) else 0
+                for index, extent in zip((b, h, i, j), self.mask_shape)]
 
     def priced(self) -> AttentionShape:
         """This shape with its symbolic sizes at the values it is planned and priced at (all ints)."""
