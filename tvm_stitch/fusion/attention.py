@@ -32,6 +32,7 @@ from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mas
 from tvm_stitch.analysis.shape_dims import dims, sizes_in, static
 from tvm_stitch.analysis.size_bounds import function_bounds
 from tvm_stitch.fusion.attention_mask import sizes_read, symbolic_mask_kind
+from tvm_stitch.fusion.attention_tables import with_constant_tables
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.fusion.host_constants import evaluate_bindings
 from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention, priced_sizes
@@ -106,7 +107,7 @@ class FuseAttention:
             chains, others = find_chains(func)
             bounds = function_bounds(func) if isinstance(func, relax.Function) else {}
             records += [AttentionRecord(gv.name_hint, (o.binding,), reason=Reason(o.code, o.params)) for o in others]
-            chains = [_with_evaluated_mask(func, c, bounds) for c in chains]
+            chains = [with_constant_tables(func, _with_evaluated_mask(func, c, bounds)) for c in chains]
             for chain in chains:
                 record, kernel = self._planned(gv.name_hint, chain, spec, bounds)
                 records.append(record)
