@@ -31,7 +31,7 @@ from schedules.cuda import attention as cuda_attention
 from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mask_kind
 from tvm_stitch.analysis.shape_dims import dims, sizes_in, static
 from tvm_stitch.analysis.size_bounds import function_bounds
-from tvm_stitch.fusion.attention_mask import sizes_read, symbolic_mask_kind
+from tvm_stitch.fusion.attention_mask import symbolic_mask_kind
 from tvm_stitch.fusion.attention_tables import with_constant_tables
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.fusion.host_constants import evaluate_bindings
@@ -107,7 +107,7 @@ class FuseAttention:
             chains, others = find_chains(func)
             bounds = function_bounds(func) if isinstance(func, relax.Function) else {}
             records += [AttentionRecord(gv.name_hint, (o.binding,), reason=Reason(o.code, o.params)) for o in others]
-            chains = [with_constant_tables(func, _with_evaluated_mask(func, c, bounds)) for c in chains]
+            chains = [with_constant_tables(func, _with_evaluated_mask(func, c)) for c in chains]
             for chain in chains:
                 record, kernel = self._planned(gv.name_hint, chain, spec, bounds)
                 records.append(record)
@@ -140,18 +140,17 @@ class FuseAttention:
         return AttentionRecord(function, chain.bindings, plan, kernel="fused_attention"), kernel
 
 
-def _with_evaluated_mask(func: relax.Function, chain: AttentionChain, bounds: dict) -> AttentionChain:
+def _with_evaluated_mask(func: relax.Function, chain: AttentionChain) -> AttentionChain:
     """`chain`, its mask kind decided from the mask's value where the mask depends on constants alone
-    (of a symbolic shape: on constants and one bounded size, evaluated at every value of it,
-    fusion/attention_mask.py)."""
+    (and on symbolic sizes: proved from its closed form, fusion/attention_mask.py)."""
     if chain.mask is None or not isinstance(chain.mask, relax.Var):
         return chain
     bindings = constant_slice(func, chain.mask)
-    q_len, kv_len = _four(chain.q)[2], _four(chain.k)[2]
-    if not static(dims(chain.mask)):
-        kind = symbolic_mask_kind(bindings, chain.mask, q_len, kv_len, bounds)
-    elif bindings is None or sizes_read(bindings):
+    if bindings is None:
         return chain
+    q_len, kv_len = _four(chain.q)[2], _four(chain.k)[2]
+    if not static(dims(chain.mask)) or any(relax.analysis.free_symbolic_vars(b.value) for b in bindings):
+        kind = symbolic_mask_kind(func, chain.mask, q_len, kv_len)
     else:
         value = evaluate_bindings(bindings, [chain.mask])[0]
         kind = mask_kind(relax.const(np.asarray(value), str(chain.mask.ty.dtype)), q_len, kv_len)
