@@ -284,6 +284,39 @@ def _chain_at(graph: _Graph, p_var) -> AttentionChain:
     return _checked(graph, AttentionChain(output, q, k, v, mask, "", scale, ()), (k_group, v_group), names)
 
 
+ATTENTION_OPS = ("relax.nn.attention", "relax.nn.attention_bias")
+BSHD = [0, 2, 1, 3]  # (batch, len, heads, dim) <-> (batch, heads, len, dim)
+
+
+def _op_chain_at(graph: _Graph, var) -> AttentionChain:
+    """TVM's attention op (`R.nn.attention`, `R.nn.attention_bias`: torch's scaled_dot_product_attention as
+    imported) over (batch, len, heads, dim) permutes of (batch, heads, len, dim) tensors, its output permuted
+    back: Q, K, V are the permutes' inputs, the chain's output the permute after it."""
+    call = graph.value[var]
+    if call.attrs.window_size is not None:
+        raise _Stop("attention-window", binding=var.name)
+    permutes = [graph.call(arg, "relax.permute_dims") for arg in call.args[:3]]
+    reader = graph.single_reader(var)
+    back = graph.call(reader, "relax.permute_dims") if reader is not None else None
+    if any(p is None or p.attrs.axes is None or [int(a) for a in p.attrs.axes] != BSHD for p in permutes + [back]):
+        raise _Stop("attention-layout", binding=var.name)
+    q, k, v = (p.args[0] for p in permutes)
+    head_dim = (_shape(q) or (0,))[-1]
+    scale = float(call.attrs.scale.value) if call.attrs.scale is not None else (
+        1.0 / float(np.sqrt(head_dim)) if is_static(head_dim) and head_dim > 0 else 0.0)
+    mask = call.args[3] if len(call.args) > 3 else None
+    chain = _checked(graph, AttentionChain(reader, q, k, v, mask, "", scale, ()), (1, 1), [var, reader])
+    causal = call.attrs.causal_mask
+    if causal is None:
+        return chain
+    if mask is not None:
+        raise _Stop("attention-mask-and-causal", binding=var.name)
+    q_len, kv_len = _as_4d(_shape(q))[2], _as_4d(_shape(k))[2]
+    if str(causal) == "TopLeft" and not same(q_len, kv_len):  # the kernel aligns the diagonal at the end
+        raise _Stop("attention-causal-alignment", binding=var.name, alignment=str(causal))
+    return dataclasses.replace(chain, mask_kind="causal")
+
+
 def _checked(graph: _Graph, chain: AttentionChain, groups: tuple, names: list) -> AttentionChain:
     """`chain` with its mask kind and binding names, after checking that the shapes make attention."""
     q, k, v, out = (_as_4d(_shape(e)) for e in (chain.q, chain.k, chain.v, chain.output))
@@ -435,10 +468,11 @@ def find_chains(func: relax.Function) -> tuple:
     graph = _Graph(func)
     chains, others = [], []
     for var in graph.order:
-        if graph.call(var, "relax.nn.softmax") is None:
+        found = _op_chain_at if graph.call(var, *ATTENTION_OPS) is not None else _chain_at
+        if found is _chain_at and graph.call(var, "relax.nn.softmax") is None:
             continue
         try:
-            chains.append(_chain_at(graph, var))
+            chains.append(found(graph, var))
         except _Stop as stop:
             others.append(NotAChain(var.name, stop.code, dict(stop.params)))
     return chains, others
