@@ -19,7 +19,11 @@ another tensor (split, strided slice, reshape, permute: GPT-2's head split
 of `c_attn`'s output), and through a rotary embedding applied to them
 (LLaMA's `x * cos + rotate_half(x) * sin`, its cos and sin tables read per
 position), recorded as an OperandView each (analysis/attention_operand.py),
-so that these launch nothing. `find_chains` returns what it found as plain
+so that these launch nothing. TVM's attention op (`R.nn.attention`,
+`R.nn.attention_bias`, as torch's scaled_dot_product_attention is imported:
+between permutes to and from (batch, len, heads, dim)) is a chain too.
+Dimensions are ints or, for a symbolic batch or length, expressions
+compared by proof (analysis/shape_dims.py). `find_chains` returns what it found as plain
 data, and for every softmax that looks like the middle of a chain but is
 not one, the reason (a code of planning/reasons.py).
 """

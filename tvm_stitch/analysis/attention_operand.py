@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm_stitch.analysis.shape_dims import divides, is_static, product, same
+from tvm_stitch.analysis.shape_dims import text as dim_text
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class OperandView:
         return bool(self.steps or self.cos)
 
     def describe(self) -> str:
-        text = "x".join(map(str, self.source))
+        text = "x".join(map(dim_text, self.source))
         if self.steps:
             text += " through " + ", ".join(_step_text(s) for s in self.steps)
         return text + (", rotary embedding (cos, sin per position)" if self.cos else "")
@@ -57,7 +58,7 @@ def _step_text(step) -> str:
     if op == "slice":
         axis, begin, stride = params
         return f"slice axis {axis} from {begin}" + (f" step {stride}" if stride != 1 else "")
-    return f"{op} {list(params)}"
+    return f"{op} [{', '.join(dim_text(p) for p in params)}]"
 
 
 def source_index(view: OperandView, index) -> list:

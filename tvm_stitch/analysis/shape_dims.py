@@ -10,6 +10,8 @@ where a factor is symbolic.
 
 from __future__ import annotations
 
+import re
+
 from tvm import relax, sym, tirx
 
 
@@ -69,6 +71,11 @@ def at_least(a, b) -> bool:
 def ceil_div(a, tile: int):
     """ceil(a / tile) of a dimension."""
     return -(-a // tile) if is_static(a) else _int_or(sym.Analyzer().simplify((a + (tile - 1)) // tile))
+
+
+def text(dim) -> str:
+    """A dimension as the plan's lines print it: `128`, `s`, `(s + 63) // 64 * 24`."""
+    return re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", str(dim))
 
 
 def at_values(dim, values: dict) -> int:

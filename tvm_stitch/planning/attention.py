@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div, is_static
+from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div, is_static, text
 from tvm_stitch.planning.attention_cost import modeled_us
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
@@ -133,14 +133,15 @@ class AttentionPlan:
 
     def describe(self) -> str:
         s = self.shape
-        where = (f"{self.tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
-                 f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else f"{self.tasks} tasks")
+        tasks = text(self.tasks)
+        where = (f"{tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
+                 f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else f"{tasks} tasks")
         heads = f"{s.heads} heads" + (f" over {s.kv_heads} KV heads" if s.group > 1 else "")
         read = "".join(f"; {name} read from {view.describe()}" for name, view in zip("QKV", s.operands)
                        if view.absorbed)
         sizes = (" (symbolic, planned at " + ", ".join(f"{n}={v}" for n, v in s.priced_at) + ")"
                  if s.priced_at else "")
-        return (f"attention {s.batch}x{heads}, q {s.q_len} x kv {s.kv_len}{sizes}, head dim {s.head_dim}, {s.dtype}, "
+        return (f"attention {text(s.batch)}x{heads}, q {text(s.q_len)} x kv {text(s.kv_len)}{sizes}, head dim {s.head_dim}, {s.dtype}, "
                 f"mask {s.mask}: query tile {self.q_tile}, key tile {self.k_tile}, {where}; online softmax "
                 f"({self.state}){read}")
 
