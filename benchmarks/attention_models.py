@@ -4,8 +4,13 @@ Usage:
   python benchmarks/attention_models.py launches [SEQ]      # CUDA sm_90 build counts, batch 1
   python benchmarks/attention_models.py export DIR [SEQ]    # LLaMA's llvm build, saved as DIR/stitched.so
   python benchmarks/attention_models.py cpu BEFORE.so AFTER.so [SEQ] [ROUNDS]
+  python benchmarks/attention_models.py profile BEFORE.so AFTER.so [SEQ] [ROUNDS]
+  python benchmarks/attention_models.py kernel [SEQ] [ROUNDS]
 The `export` of the checkout before a change and of the one after, then `cpu`, times both builds
-and PyTorch eager (its sdpa and its eager attention) in alternating rounds in one process.
+and PyTorch eager (its sdpa and its eager attention) in alternating rounds in one process;
+`profile` times each kernel of both builds (the VM's instrument hook, alternating rounds);
+`kernel` times the fused CPU kernel alone at LLaMA's attention shape (batch 1, 8 query heads over
+4 KV heads, head dim 64, causal, float32 Q, K, V tensors) against PyTorch's sdpa of the same.
 Needs the torch extra.
 """
 
@@ -93,11 +98,91 @@ def cpu(before: str, after: str, seq: int = 1024, rounds: int = 5) -> None:
               f"({base / min(values):.2f}x the build before)")
 
 
+def profile(before: str, after: str, seq: int = 1024, rounds: int = 5) -> None:
+    """Per kernel of each build: calls per forward and median milliseconds per forward over `rounds`."""
+    import collections
+
+    import tvm
+    from tvm import relax
+
+    ids = tvm.runtime.tensor(np.random.default_rng(0).integers(0, 1000, (1, seq)).astype("int64"))
+    spent = {label: collections.defaultdict(list) for label in ("before", "after")}
+    vms = {}
+    for label, path in (("before", before), ("after", after)):
+        vms[label] = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
+        vms[label].set_instrument(_timer(spent[label]))
+        vms[label]["main"](ids)
+    for label in spent:
+        spent[label].clear()
+    for _ in range(rounds):
+        for label, vm in vms.items():
+            vm["main"](ids)
+    for label, kernels in spent.items():
+        per_forward = {name: (len(times) // rounds, float(np.median(np.add.reduceat(times, range(0, len(times),
+                                                                                                 len(times) // rounds)))))
+                       for name, times in kernels.items() if not name.startswith("vm.builtin")}
+        print(f"{label}: kernels {sum(t for _, t in per_forward.values()) * 1e3:.1f} ms per forward (median per kernel)")
+        for name, (calls, t) in sorted(per_forward.items(), key=lambda item: -item[1][1]):
+            print(f"  {t * 1e3:7.2f} ms  {calls} x {name}")
+
+
+def kernel(seq: int = 1024, rounds: int = 7) -> None:
+    import torch
+    import tvm
+
+    from tvm_stitch.fusion.attention import kernel_for
+    from tvm_stitch.planning.attention import AttentionShape, plan_attention
+    from tvm_stitch.planning.spec import TargetSpec
+    from tvm_stitch.target import host_target
+
+    shape = AttentionShape(1, 8, 4, seq, seq, 64, "float32", 0.125, "causal")
+    plan = plan_attention(shape, TargetSpec.from_target(host_target()))
+    lib = tvm.tirx.build(tvm.IRModule({"main": kernel_for(plan).with_attr("global_symbol", "main")}),
+                         target=host_target())
+    q, k, v = (torch.randn(1, h, seq, 64) for h in (8, 4, 4))
+    out = tvm.runtime.empty((1, 8, seq, 64), "float32", tvm.cpu())
+    args = [tvm.runtime.tensor(t.numpy()) for t in (q, k, v)] + [out]
+    with torch.no_grad():
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    lib["main"](*args)
+    print(f"{plan.describe()}\nmax |fused - sdpa| {np.abs(out.numpy() - want.numpy()).max():.2e}")
+    runs = {"fused kernel": lambda: lib["main"](*args),
+            "torch sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                                   enable_gqa=True)}
+    times = {label: [] for label in runs}
+    for _ in range(rounds):
+        for label, run in runs.items():
+            start = time.perf_counter()
+            with torch.no_grad():
+                run()
+            times[label].append(time.perf_counter() - start)
+    for label, values in times.items():
+        print(f"{label}: best {min(values) * 1e3:.2f} ms, median {np.median(values) * 1e3:.2f} ms")
+
+
+def _timer(spent):
+    """A VM instrument recording each call's wall time under the callee's name."""
+    started = {}
+
+    def instrument(_func, name, before_run, _ret, *_args):
+        if before_run:
+            started[name] = time.perf_counter()
+        else:
+            spent[name].append(time.perf_counter() - started[name])
+        return 0
+
+    return instrument
+
+
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
     if mode == "launches":
         launches(*map(int, rest))
     elif mode == "export":
         export(rest[0], *map(int, rest[1:]))
+    elif mode == "kernel":
+        kernel(*map(int, rest))
+    elif mode == "profile":
+        profile(rest[0], rest[1], *map(int, rest[2:]))
     else:
         cpu(rest[0], rest[1], *map(int, rest[2:]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -11,6 +12,15 @@ import pytest
 from tvm_stitch.tools.workloads import relax_blocks
 import tvm
 from tvm import relax
+
+
+MAX_WORKERS = 4  # each worker holds torch, transformers and TVM builds of whole models in memory
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one worker per core this process may use, at most MAX_WORKERS."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
 
 LLVM = tvm.target.Target({"kind": "llvm"})
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

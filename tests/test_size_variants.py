@@ -15,7 +15,7 @@ from tvm_stitch.fusion.variants import ATTR, least_us, branch_at, launches_at
 from tvm_stitch.planning.plan import StitchPlan, ThreadMapping
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import KernelGeometry, kernel_time
-from tvm_stitch.planning.variants import SizeRange, ranges, sample_sizes, sampled_plans
+from tvm_stitch.planning.variants import SizeRange, Variant, merged, ranges, sample_sizes, sampled_plans
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
 
@@ -76,6 +76,17 @@ def test_sample_sizes_and_the_ranges_of_the_plans_made_there():
     assert [(c, s) for c, s, _ in found] == [(SizeRange("n", None, 8), 8), (SizeRange("n", 65, None, 8), 4096)]
     assert found[1][0].text() == "n >= 65 and n % 8 == 0"
     assert found[1][0].holds(4096) and not found[1][0].holds(4100) and not found[1][0].holds(64)
+    assert found[1][0].holds_within(1, 72) and not found[1][0].holds_within(1, 71)
+    assert not SizeRange("n", 3, 5, 8).holds_within(None, None) and SizeRange("n", None, 8, 8).holds_within(2, None)
+
+
+def test_adjoining_variants_of_the_same_code_are_one():
+    split = _plan(threads=256, split=10, scheme="row-split")
+    few, more = Variant(SizeRange("n", None, 8), split, 8), Variant(SizeRange("n", 9, 64), split, 64)
+    packed = Variant(SizeRange("n", 513, None, 8), _plan(rows_per_task=8), 4096)
+    assert merged((few, more, packed)) == (Variant(SizeRange("n", None, 64), split, 64), packed)
+    apart = Variant(SizeRange("n", 10, 64), split, 64)  # n = 9 is between them: not joined
+    assert merged((few, apart)) == (few, apart)
 
 
 def test_no_kernel_is_modeled_below_one_launch_and_one_dram_round_trip():
@@ -114,7 +125,10 @@ def test_short_rows_run_packed_at_many_rows_and_one_per_block_at_few(monkeypatch
 def test_few_long_rows_run_row_split():
     symbolic = build(_softmax([N, 30000], upper=4096), CUDA, stitched=True)
     (group,) = symbolic.report.groups
-    assert [p.scheme for _, p in group.variants] == ["row-split", "row-split", "row-resident"]
+    # The plan chosen at m = 64 (10 chunks per row) is modeled at m = 8 within TIE of the rule plan
+    # there (12 chunks): it serves every m <= 64, with no timed choice made at m = 8.
+    assert [(c, p.scheme) for c, p in group.variants] == [("n <= 64", "row-split"), ("otherwise", "row-resident")]
+    assert group.variants[0][1].mapping.split == 10
     _as_static_build(symbolic, 64, 30000)
     chosen = branch_at(_kernel(symbolic, ATTR), {"n": 64})
     assert len(_launches_and_bytes(chosen, symbolic.report.spec)[0]) == 2  # partials, then the combine

@@ -18,7 +18,9 @@ from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec, time_constants, _arch_facts
 from tvm_stitch.planning.time_model import KernelGeometry, kernel_time, peak_bytes_per_us, resident_blocks
 from tvm_stitch.report import StitchReport
+from tvm_stitch.tools.build import build
 from tvm_stitch.tools.workloads import SUITE, dims
+from tvm_stitch.tools.workloads.attention import Chain
 
 H200 = TargetSpec.from_target(CUDA)
 A100 = TargetSpec.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
@@ -176,7 +178,7 @@ def test_choices_in_time_are_never_slower_than_the_rules_and_launch_as_often():
 
 
 def test_a_choice_in_time_computes_the_same_values_emulated(rng):
-    from tvm_stitch.tools.build import build, run_cpu
+    from tvm_stitch.tools.build import run_cpu
 
     mod = SUITE["softmax"].build("float32", BENCH_SOFTMAX)
     built = build(mod, LLVM, stitched=True, emulate="cuda")
@@ -220,3 +222,17 @@ def test_a_packed_launch_counts_one_members_work_per_thread():
     assert len(members) > 2 and whole.grid == sum(plans[m].mapping.grid for m in members)
     assert whole.stores == ((4, 3),)  # the parameter and both moments, one element per thread
     assert whole.sfu_ops == 1.0  # the square root of the second moment
+
+
+def test_a_causal_attention_is_priced_at_its_mean_key_range():
+    """The causal kernel's key loop runs to the diagonal (an extent of the block index): priced
+    at its mean over the launch, below the full-range kernel of the same shape."""
+    def modeled(mask):
+        built = build(Chain(1, 2, 256, 256, 64, mask=mask).module(), CUDA, stitched=True)
+        times = modeled_times(built.lowered["fused_attention"], TargetSpec.from_target(tvm.target.Target(CUDA)))
+        assert times is not None and len(times) == 1
+        return times[0]
+
+    causal, full = modeled("causal"), modeled(None)
+    assert causal.launched_threads == full.launched_threads
+    assert 0.3 * full.us < causal.us < full.us

@@ -186,7 +186,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
         # by its readers' stitched kernels), before the dispatch makes a cumsum a scan.
         # attention chains as one kernel each, while softmax is still a Relax op (FastMath rewrites it)
         # and a mask of constants is still Relax ops (ComputeClosedForms makes kernels of them)
-        + [guarded(FuseAttention(target, report=report), report)]
+        + [guarded(FuseAttention(target, report=report, fast_math=fast_math), report)]
         + [guarded(ComputeClosedForms(report=report), report)]
         + backend_passes(target).library_dispatch_passes(target)
         + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]

@@ -30,7 +30,7 @@ from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
 from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
-from tvm_stitch.check.modeled_time import plan_times, plan_us, scheduled_us
+from tvm_stitch.check.modeled_time import modeled_times, plan_times, plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.group_pricing import estimated_plan
@@ -365,13 +365,15 @@ class _Stitcher:
         planner = Planner(rule=lambda static: plan_kernel(static, self.spec, kernel.name, rows_first=False),
                           choose=lambda static, rule: (self.choose or _priced)(static, rule, self.spec),
                           price=lambda static, plan: plan_times(static, plan, self.spec),
+                          priced=lambda func, plan: modeled_times(func, self.spec, plan.registers, plan.kernel),
                           schedule=lambda func, plan: schedule_for(func, plan, self.target).mod["main"],
                           device=self.target.kind.name == "cuda")
         try:
-            variants = size_variants(fused, kernel.plan, planner)
+            variants = size_variants(fused, kernel.plan, kernel.func, planner)
             if not variants:
                 return kernel
-            func = dispatching(fused, kernel.func, variants, planner).with_attr("tirx.is_scheduled", True)
+            func, variants = dispatching(fused, kernel.func, variants, planner)
+            func = func.with_attr("tirx.is_scheduled", True)
             check_builds(func, self.target)
         except Exception as err:  # noqa: BLE001 - the variants are an optimisation: the plan for every size stays
             self.outcome.notes.append(f"{kernel.name}: size variants not built ({type(err).__name__}: {err})")

@@ -4,6 +4,9 @@ The PrimFunc (ours or one dlight scheduled) is lowered by TVM's TIR
 pipeline for the target, as check/builds.py does, and each device kernel
 is read as a thread runs it:
 - grid and block: its `thread_extent` attributes (static, else UnsupportedGeometry);
+- a loop whose extent depends on the block or thread index (a causal
+  attention's key tiles up to the diagonal): the mean of its extent's bounds
+  over the launch, exact where the extent is affine in one index;
 - global loads and stores: each access site of a buffer in global scope,
   its width (the lanes of its dtype) and how often a thread reaches it (the
   product of the loops around it; branches counted as taken);
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import sym, tirx
 from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
 
@@ -72,6 +75,7 @@ class _Walk:
     serial: int = 0
     sfu: float = 0.0
     shared: int = 0
+    ranges: sym.Analyzer = field(default_factory=sym.Analyzer)  # launch and loop variables bound so far
 
 
 def _static(expr, what: str) -> int:
@@ -80,6 +84,17 @@ def _static(expr, what: str) -> int:
     if isinstance(expr, int):
         return expr
     raise UnsupportedGeometry(f"{what} is not static: {expr}")
+
+
+def _launch_mean(walk: _Walk, expr, what: str) -> int:
+    """A loop extent over the launch: static, else the mean of its bounds given the thread and
+    block indices, loop variables and bindings around it."""
+    if isinstance(expr, (int, tirx.IntImm)):
+        return _static(expr, what)
+    bound = walk.ranges.const_int_bound(expr)
+    if bound.max_value - bound.min_value > 1 << 30:
+        raise UnsupportedGeometry(f"{what} is not bounded over the launch: {expr}")
+    return max(0, (int(bound.min_value) + int(bound.max_value) + 1) // 2)
 
 
 def _width(ty) -> int:
@@ -121,6 +136,7 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
     elif kind == "AttrStmt":
         if stmt.attr_key == "thread_extent":
             extent = _static(stmt.value, f"extent of {stmt.node.thread_tag}")
+            walk.ranges.bind(stmt.node.var, tvm.ir.Range(0, extent), allow_override=True)
             if stmt.node.thread_tag.startswith("blockIdx"):
                 walk.grid *= extent
             else:
@@ -129,7 +145,8 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
             _expressions(walk, stmt.value, times, sites)
         _stmt(walk, stmt.body, times, sites)
     elif kind == "For":
-        extent = _static(stmt.extent, f"loop {stmt.loop_var}")
+        extent = _launch_mean(walk, stmt.extent, f"loop {stmt.loop_var}")
+        walk.ranges.bind(stmt.loop_var, tvm.ir.Range.from_min_extent(stmt.min, max(extent, 1)), allow_override=True)
         unrolled = stmt.kind == tirx.ForKind.UNROLLED
         if not unrolled:
             walk.serial += times * extent
@@ -155,6 +172,8 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
             width = _width(stmt.value.ty)
             walk.stores[width] = walk.stores.get(width, 0) + times
     elif kind in ("Evaluate", "Bind", "AssertStmt"):
+        if kind == "Bind":
+            walk.ranges.bind(stmt.var, stmt.value, allow_override=True)
         _expressions(walk, stmt.value if kind != "AssertStmt" else stmt.condition, times, sites)
     elif kind != "DeclBuffer":
         for child in ("body", "then_case", "else_case"):
@@ -164,7 +183,7 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
 
 def _branch(walk: _Walk, stmt, times: int, sites: float) -> _Walk:
     """What one branch of an if-else does, walked apart (it sees the extents found so far)."""
-    apart = _Walk(grid=walk.grid, threads=walk.threads, loading=walk.loading)
+    apart = _Walk(grid=walk.grid, threads=walk.threads, loading=walk.loading, ranges=walk.ranges)
     _stmt(apart, stmt, times, sites)
     return apart
 

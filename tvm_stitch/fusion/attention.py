@@ -94,10 +94,11 @@ def kernel_for(plan: AttentionPlan):
 class FuseAttention:
     """Attention chains -> one planned kernel each (module docstring). `report`: a StitchReport
     (its `attention` list receives an AttentionRecord per chain); `spec`: the TargetSpec to plan for
-    (default: the target's)."""
+    (default: the target's); `fast_math`: CPU kernels take exp as a vectorisable polynomial (the
+    pipeline's option; default on, as the pipeline's on llvm)."""
 
-    def __init__(self, target, report=None, spec: TargetSpec | None = None):
-        self.target, self.report, self.spec = target, report, spec
+    def __init__(self, target, report=None, spec: TargetSpec | None = None, fast_math: bool = True):
+        self.target, self.report, self.spec, self.fast_math = target, report, spec, fast_math
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         spec = self.spec if self.spec is not None else TargetSpec.from_target(self.target)
@@ -127,7 +128,7 @@ class FuseAttention:
 
     def _planned(self, function: str, chain: AttentionChain, spec: TargetSpec, bounds: dict) -> tuple:
         try:
-            plan = plan_attention(shape_of(chain, bounds), spec)
+            plan = plan_attention(shape_of(chain, bounds), spec, fast_exp=self.fast_math)
             kernel = kernel_for(plan).with_attrs({"op_pattern": OPAQUE, "tvm_stitch.attention": plan.describe(),
                                                   "tvm_stitch.traffic": list(traffic(plan))})
             check_builds(kernel, self.target)

@@ -2,12 +2,15 @@
 
 For a kernel whose row count is one symbolic size and whose plan has barriers
 (several threads per row), planning/variants.py says which sizes another plan
-serves (few long rows split over blocks, short rows packed into blocks); each
-such plan is priced against the plan valid for every size by the time model at
-the size it was made for, and kept where it is faster by more than TIE. Where
-the plan for every size is modeled there at the least time any plan can have
-(one launch and one DRAM round trip), no plan is chosen and priced for the range. The
-kept plans are scheduled on the same PrimFunc and joined under one dispatch on
+serves (few long rows split over blocks, short rows packed into blocks). The
+ranges are taken from the largest sizes down; each range's plan (the time
+model's choice at the size it was made for) is priced against the plan valid
+for every size (its compiled kernel at that size) and kept where it is faster
+by more than TIE. Where the plan for every size is modeled there at the least
+time any plan can have (one launch and one DRAM round trip), no plan is chosen
+for the range; where the variant of the adjoining larger sizes is modeled there
+within TIE of the range's rule plan, it serves the range too, without a timed
+choice. The kept plans are scheduled on the same PrimFunc and joined under one dispatch on
 the host: `if cond_1: variant_1 elif ...: else: the plan valid for every size`,
 so the Relax program keeps one call and every launch is one variant's.
 
@@ -31,7 +34,7 @@ from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import total_us
-from tvm_stitch.planning.variants import (MAX_VARIANTS, SizeRange, Variant, key, packs_with_barriers, ranges,
+from tvm_stitch.planning.variants import (MAX_VARIANTS, SizeRange, Variant, key, merged, packs_with_barriers, ranges,
                                           sample_sizes, sampled_plans, symbolic)
 
 # On the dispatching PrimFunc: [low, high, multiple, kernels] per variant in the dispatch's order (-1: no
@@ -43,13 +46,15 @@ ATTR = "tvm_stitch.variants"
 class Planner:
     """What building variants needs from the pass: `rule(static fused)` -> the rule plan,
     `choose(static fused, rule plan)` -> the plan to build with its modeled_us, `price(static
-    fused, plan)` -> the time model's KernelTime of each of its kernels (None: not priced),
-    `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds threads (a
-    dispatch on the host around kernels)."""
+    fused, plan)` -> the time model's KernelTime of each of its kernels, scheduled there (None: not
+    priced), `priced(scheduled PrimFunc, plan)` -> the same for a PrimFunc already scheduled for
+    CUDA, `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds
+    threads (a dispatch on the host around kernels; its kernels are CUDA's, priced as scheduled)."""
 
     rule: object
     choose: object
     price: object
+    priced: object
     schedule: object
     device: bool
 
@@ -72,33 +77,93 @@ def row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
     return var
 
 
-def size_variants(fused: tirx.PrimFunc, general: StitchPlan, planner: Planner) -> tuple:
-    """The variants worth compiling besides `general` (valid for every size), in the dispatch's
-    order; () when one plan serves every size (the rules at the bounds agree with `general`: the
-    sizes between are not planned)."""
+def size_variants(fused: tirx.PrimFunc, general: StitchPlan, general_func: tirx.PrimFunc, planner: Planner) -> tuple:
+    """The variants worth compiling besides `general` (valid for every size, scheduled as
+    `general_func`), in the dispatch's order, without their modeled traffic (`dispatching` adds it);
+    () when one plan serves every size (the rules at the bounds agree with `general`: the sizes
+    between are not planned)."""
     var = row_size(fused, general)
     if var is None:
         return ()
     low, high = size_bounds(fused).get(var.name, (None, None))
-    samples = sample_sizes(low, high)
-    statics = {s: at_sizes(fused, {var.name: s}) for s in samples}
-    plans = sampled_plans(samples, lambda s: planner.rule(statics[s]))
+    samples, statics = sample_sizes(low, high), _Statics(fused, var.name, (low, high))
+    plans = sampled_plans(samples, lambda s: planner.rule(statics.at(s)))
     if all(key(plan) == key(general) for plan in plans):
         return ()
-    kept = []
-    for condition, sample, rule in ranges(var.name, samples, plans, general):
-        if packs_with_barriers(rule) and rule.rank > 1:
-            continue  # rows of several axes flattened, then packed: a symbolic extent TVM cannot allocate for
-        times = planner.price(statics[sample], _at_count(general, rule))
-        everywhere = total_us(times) if times else -1.0
-        if everywhere >= 0 and least_us(times, rule.spec) >= everywhere * (1 - TIE):
-            continue  # `general` is modeled at the least time any plan here can have: no choice beats it
-        plan = planner.choose(statics[sample], rule)
-        if plan.modeled_us >= 0 and (everywhere < 0 or plan.modeled_us < everywhere * (1 - TIE)):
-            gain = everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
-            kept.append((gain, Variant(condition, _with_traffic(statics[sample], plan, planner), sample)))
+    kept, above = [], None  # from the largest sizes down; `above`: the variant of the range just above
+    for condition, sample, rule in reversed(ranges(var.name, samples, plans, general)):
+        variant, gain = _range_variant(condition, sample, rule, above, statics, general, general_func, planner)
+        if variant is not None and above is not None and variant.plan is above.plan:
+            kept[-1] = (kept[-1][0], variant)  # the range above extended down over this one
+        elif variant is not None:
+            kept.append((gain, variant))
+        above = variant
     best = sorted(kept, key=lambda pair: -pair[0])[:MAX_VARIANTS]
-    return tuple(v for _, v in sorted(best, key=lambda pair: kept.index(pair)))
+    return merged(tuple(v for _, v in sorted(best, key=lambda pair: -kept.index(pair))))
+
+
+def _range_variant(condition: SizeRange, sample: int, rule: StitchPlan, above: Variant | None, statics,
+                   general: StitchPlan, general_func: tirx.PrimFunc, planner: Planner) -> tuple:
+    """(the variant serving the sizes of `condition`, its modeled gain over `general` at `sample`), or
+    (None, 0): none beats `general` there by more than TIE. The variant `above` (of the adjoining larger
+    sizes) serves them too where it is modeled within TIE of the range's rule plan at `sample` (no
+    timed choice made); else the time model chooses among the rule plan's neighbours."""
+    if (packs_with_barriers(rule) and rule.rank > 1) or not condition.holds_within(*statics.bounds):
+        return None, 0.0  # rows of several axes flattened, then packed (a symbolic extent TVM cannot allocate for), or no size
+    times = _general_times(statics, sample, general, general_func, rule, planner)
+    everywhere = total_us(times) if times else -1.0
+    if everywhere >= 0 and least_us(times, rule.spec) >= everywhere * (1 - TIE):
+        return None, 0.0  # `general` is modeled at the least time any plan here can have: no choice beats it
+    beats = lambda us: us >= 0 and (everywhere < 0 or us < everywhere * (1 - TIE))  # noqa: E731
+    extended = _extended(above, condition, sample, rule, statics, planner)
+    if extended is not None and beats(extended[1]):
+        return extended[0], everywhere - extended[1] if everywhere >= 0 else float("inf")
+    plan = planner.choose(statics.at(sample), rule)
+    if not beats(plan.modeled_us):
+        return None, 0.0
+    return Variant(condition, plan, sample), everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
+
+
+def _extended(above: Variant | None, condition: SizeRange, sample: int, rule: StitchPlan, statics,
+              planner: Planner) -> tuple | None:
+    """(`above` serving `condition`'s sizes too, its modeled us at `sample`) where `above` adjoins
+    `condition` (the same multiple) and is modeled there within TIE of `rule`; else None."""
+    if (above is None or condition.high is None or above.condition.low != condition.high + 1
+            or above.condition.multiple != condition.multiple):
+        return None
+    static = statics.at(sample)
+    rule_times, above_times = planner.price(static, rule), planner.price(static, _restated(above.plan, rule))
+    if not rule_times or not above_times or total_us(above_times) > total_us(rule_times) * (1 + TIE):
+        return None
+    return replace(above, condition=replace(above.condition, low=condition.low)), total_us(above_times)
+
+
+def _restated(plan: StitchPlan, static: StitchPlan) -> StitchPlan:
+    """`plan` (made for another row count) for the rows of `static`, a plan of a static count."""
+    rows, m = static.mapping.rows, plan.mapping
+    grid = -(-rows // m.rows_per_task) * m.split
+    return replace(plan, mapping=replace(m, rows=rows, grid=grid), row_shape=static.row_shape)
+
+
+class _Statics:
+    """The fused PrimFunc at static row counts, each made once, when first asked for."""
+
+    def __init__(self, fused: tirx.PrimFunc, size: str, bounds: tuple):
+        self.fused, self.size, self.bounds, self.made = fused, size, bounds, {}
+
+    def at(self, value: int) -> tirx.PrimFunc:
+        if value not in self.made:
+            self.made[value] = at_sizes(self.fused, {self.size: value})
+        return self.made[value]
+
+
+def _general_times(statics: _Statics, sample: int, general: StitchPlan, general_func: tirx.PrimFunc,
+                   rule: StitchPlan, planner: Planner) -> list | None:
+    """The time model's KernelTimes of the plan for every size at `sample` rows: on CUDA its
+    compiled kernel at that size (nothing scheduled again); else scheduled at that size."""
+    if planner.device:
+        return planner.priced(at_sizes(general_func, {statics.size: sample}), general)
+    return planner.price(statics.at(sample), _at_count(general, rule))
 
 
 def least_us(times: list, spec: TargetSpec) -> float:
@@ -109,36 +174,39 @@ def least_us(times: list, spec: TargetSpec) -> float:
     return spec.launch_us + (spec.dram_latency_us if loads else 0.0)
 
 
-def _with_traffic(static: tirx.PrimFunc, plan: StitchPlan, planner: Planner) -> StitchPlan:
-    """`plan` (of a static row count) with the modeled traffic of its kernel."""
-    traffic = modeled_traffic(planner.schedule(static, plan), plan.spec)
-    if traffic is None:
-        return plan
-    return replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
-
-
 def _at_count(plan: StitchPlan, static: StitchPlan) -> StitchPlan:
     """A one-row-per-block plan of a symbolic count, for the rows of a plan of a static count."""
     rows = static.mapping.rows
     return replace(plan, mapping=replace(plan.mapping, rows=rows, grid=rows), row_shape=static.row_shape)
 
 
-def dispatching(fused: tirx.PrimFunc, general: tirx.PrimFunc, variants: tuple, planner: Planner) -> tirx.PrimFunc:
-    """One PrimFunc running, per call, the first variant whose condition holds, else `general`."""
+def dispatching(fused: tirx.PrimFunc, general: tirx.PrimFunc, variants: tuple, planner: Planner) -> tuple:
+    """(one PrimFunc running, per call, the first variant whose condition holds, else `general`;
+    the variants with the modeled traffic of their kernels at the size each was planned for)."""
     var = row_size(fused, StitchPlan.from_json(str(general.attrs["tvm_stitch.plan"])))
     g_root = general.body.block
-    body, allocs = g_root.body, list(g_root.alloc_buffers)
+    body, allocs, priced = g_root.body, list(g_root.alloc_buffers), []
     for variant in reversed(variants):
-        root = _variant_func(fused, variant, var, general.params, planner).body.block
+        func = _variant_func(fused, variant, var, general.params, planner)
+        priced.insert(0, _with_traffic(func, variant, var))
         cond = _condition(variant.condition, var)
         wrapped = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", cond) if planner.device else cond
-        body = tirx.IfThenElse(wrapped, root.body, body)
-        allocs += list(root.alloc_buffers)
+        body = tirx.IfThenElse(wrapped, func.body.block.body, body)
+        allocs += list(func.body.block.alloc_buffers)
     root = s_tir.SBlock([], [], [], "root", body, alloc_buffers=allocs)
     func = tirx.PrimFunc(general.params, s_tir.SBlockRealize([], True, root), general.ret_type, general.attrs)
     recorded = [[_or_none(v.condition.low), _or_none(v.condition.high), v.condition.multiple, v.plan.kernels]
                 for v in variants]
-    return func.with_attr(ATTR, recorded + [[-1, -1, 1, 1]])
+    return func.with_attr(ATTR, recorded + [[-1, -1, 1, 1]]), tuple(priced)
+
+
+def _with_traffic(func: tirx.PrimFunc, variant: Variant, var: tirx.Var) -> Variant:
+    """`variant` with the modeled traffic of its kernels (`func`, scheduled for every size) where
+    the size is `variant.at`."""
+    traffic = modeled_traffic(at_sizes(func, {var.name: variant.at}), variant.plan.spec)
+    if traffic is None:
+        return variant
+    return replace(variant, plan=replace(variant.plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal))
 
 
 def _or_none(bound: int | None) -> int:

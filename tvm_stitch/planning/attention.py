@@ -15,9 +15,13 @@ are staged in shared memory (float32, rows padded by one element against
 bank conflicts), the tile's scores in shared memory. The query tile and
 key tile are the largest (from 64 and 64) that fit the spec's shared
 memory per block with at least 64 threads.
-CPU: a parallel task per (batch, head, query tile), tiles sized so the
-query tile, one transposed key tile, the scores and the accumulators stay
-within a core's share of the cache; no (q x kv) buffer.
+CPU: a parallel task per (batch, KV head, query tile), holding the query
+rows of every query head of that KV head (grouped-query attention: the heads
+share each staged K and V tile); per key tile the scores (Q K^T) and the
+update of the accumulators (P V) are register-blocked products, a block of
+`block_rows` query rows by `score_cols` key columns (`out_cols` head-dim
+columns) held in vector registers, and exp is a vectorisable polynomial
+(topi.fast_exp's) where the pipeline's fast math is on; no (q x kv) buffer.
 A causal mask is computed from the indices (key `j` is seen by query `i`
 where `j <= i + kv_len - q_len`), key tiles past the diagonal are skipped;
 an additive mask is read per key tile, broadcast as its shape says.
@@ -30,6 +34,7 @@ time priced, at its upper bound (`priced_at`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div, is_static, text
@@ -105,6 +110,11 @@ class AttentionPlan:
     k_tile: int
     lanes: int = 1  # CUDA: threads per query row (they split the head dimension and the key tile)
     state: str = STATE
+    shared_heads: int = 1  # CPU: query heads of one task, sharing each staged K and V tile
+    block_rows: int = 1  # CPU: query rows of a register block
+    score_cols: int = 0  # CPU: key columns of a register block of scores
+    out_cols: int = 0  # CPU: head-dim columns of a register block of the P V update
+    fast_exp: bool = False  # CPU: exp as topi.fast_exp's polynomial (vectorised), else libm's (scalar)
 
     @property
     def q_tiles(self):
@@ -116,8 +126,13 @@ class AttentionPlan:
 
     @property
     def tasks(self) -> int:
-        """Thread blocks (CUDA) or parallel tasks (CPU): one per (batch, head, query tile)."""
-        return self.shape.batch * self.shape.heads * self.q_tiles
+        """Thread blocks (CUDA) or parallel tasks (CPU): one per (batch, `shared_heads` heads, query tile)."""
+        return self.shape.batch * self.shape.heads // self.shared_heads * self.q_tiles
+
+    @property
+    def rows(self) -> int:
+        """Query rows of one task (CPU: `shared_heads` heads of `q_tile` rows each)."""
+        return self.shared_heads * self.q_tile
 
     def priced(self) -> AttentionPlan:
         """The plan at its shape's priced sizes (AttentionShape.priced): what the cost model reads."""
@@ -135,7 +150,10 @@ class AttentionPlan:
         s = self.shape
         tasks = text(self.tasks)
         where = (f"{tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
-                 f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else f"{tasks} tasks")
+                 f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else
+                 f"{tasks} tasks of {self.shared_heads} head(s) x {self.q_tile} rows, register blocks "
+                 f"{self.block_rows}x{self.score_cols} (Q K^T), {self.block_rows}x{self.out_cols} (P V), "
+                 f"exp {'fast' if self.fast_exp else 'libm'}")
         heads = f"{s.heads} heads" + (f" over {s.kv_heads} KV heads" if s.group > 1 else "")
         read = "".join(f"; {name} read from {view.describe()}" for name, view in zip("QKV", s.operands)
                        if view.absorbed)
@@ -190,30 +208,28 @@ def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
     return min(fitting, key=lambda plan: max(modeled_us(plan), 0.0))
 
 
-def plan_cpu(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
-    """Query and key tiles whose working set (Q tile, transposed K tile, V tile, scores, accumulators,
-    float32) fits a core's share of the cache, query tiles first; at least one task per core."""
+def plan_cpu(shape: AttentionShape, spec: TargetSpec, fast_exp: bool = True) -> AttentionPlan:
+    """Register blocks of `block_rows` rows x 4 vectors (the accumulators take half of the spec's vector
+    registers: 4 x 64 floats on AVX-512, 2 x 32 on AVX2); a key tile of one such block's columns; the
+    query heads of a KV head in one task; query tiles of at most 128 rows a task (Q, the accumulators,
+    the scores, K, K^T and V: 144 KB at head dim 64, within a core's level-2 cache), halved while there
+    are fewer than 4 tasks per core (causal tasks differ in work)."""
     check_shape(shape)
-    d = shape.head_dim
-    share = max(spec.cache_bytes // max(spec.cores, 1), 64 << 10)
-    q_tile, k_tile = 16, 16
-    for q in (128, 64, 32, 16):
-        for k in (128, 64, 32, 16):
-            if 4 * (2 * q * d + 2 * k * d + q * k) <= share // 2:
-                q_tile, k_tile = q, k
-                break
-        else:
-            continue
-        break
     priced = shape.priced()
-    q_tile = min(q_tile, _pow2_at_least(priced.q_len, 16))
-    while q_tile > 16 and priced.batch * priced.heads * -(-priced.q_len // q_tile) < spec.cores:
+    lanes = max(spec.vector_bytes // 4, 4)
+    block_rows = max(1, spec.vector_registers // 8)
+    k_tile = min(4 * lanes, _pow2_at_least(priced.kv_len, lanes))
+    q_tile = min(_pow2_at_most(max(128 // shape.group, block_rows)), _pow2_at_least(priced.q_len, block_rows))
+    while q_tile > block_rows and priced.batch * shape.kv_heads * -(-priced.q_len // q_tile) < 4 * spec.cores:
         q_tile //= 2
-    return AttentionPlan(shape, spec, q_tile=q_tile, k_tile=min(k_tile, _pow2_at_least(priced.kv_len, 16)))
+    return AttentionPlan(shape, spec, q_tile=q_tile, k_tile=k_tile, shared_heads=shape.group,
+                         block_rows=block_rows, score_cols=math.gcd(k_tile, 4 * lanes),
+                         out_cols=math.gcd(shape.head_dim, 4 * lanes), fast_exp=fast_exp)
 
 
-def plan_attention(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
-    return plan_cuda(shape, spec) if spec.family == "cuda" else plan_cpu(shape, spec)
+def plan_attention(shape: AttentionShape, spec: TargetSpec, fast_exp: bool = True) -> AttentionPlan:
+    """The plan for `spec`; `fast_exp` (CPU): exp as a vectorisable polynomial."""
+    return plan_cuda(shape, spec) if spec.family == "cuda" else plan_cpu(shape, spec, fast_exp)
 
 
 def _pow2_at_least(n: int, floor: int) -> int:
@@ -221,3 +237,7 @@ def _pow2_at_least(n: int, floor: int) -> int:
     while p < n:
         p *= 2
     return p
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (n.bit_length() - 1)

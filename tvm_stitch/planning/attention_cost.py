@@ -2,7 +2,7 @@
 
 Traffic, as check/traffic.py models a kernel: Q read once, O written once;
 K and V of one (batch, KV head) are read by every query tile of its query
-heads, counted once where they fit the cache's resident share (the query
+heads (CPU: by every query tile, the heads of a KV head sharing its tiles), counted once where they fit the cache's resident share (the query
 tiles of a head run at about the same time, the later ones find them in L2;
 CPU: in the last-level cache), else at every read (causal: only the key tiles
 up to the diagonal); an additive mask likewise, once or per (batch, head) it
@@ -48,7 +48,8 @@ def traffic(plan) -> tuple:
     q = s.batch * s.heads * s.q_len * s.head_dim * e
     kv_head = 2 * s.kv_len * s.head_dim * e
     kv = s.batch * s.kv_heads * kv_head
-    kv_read = kv if kv_head <= resident else round(kv * s.group * plan.q_tiles * visited_fraction(plan))
+    readers = s.group // plan.shared_heads * plan.q_tiles  # tasks reading one KV head's tiles
+    kv_read = kv if kv_head <= resident else round(kv * readers * visited_fraction(plan))
     mask = mask_read = 0
     if s.mask == "additive":
         mask = _elements(s.mask_shape) * _bytes(s.mask_dtype)

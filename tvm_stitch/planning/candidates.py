@@ -23,7 +23,7 @@ import tvm
 from tvm import tirx
 
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
-from tvm_stitch.planning.common import PlanError, block_threads
+from tvm_stitch.planning.common import Analyses, PlanError, block_threads
 from tvm_stitch.planning.plan import MIN_LANES, SHARED, StitchPlan
 from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
 from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
@@ -48,8 +48,9 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
     if rule.target == "cpu":
         found = _cpu(func, rule, spec, analysis)
     else:
+        analyses = Analyses()  # the re-plans below share block views and inlining trials
         found = _cuda(rule, spec)
-        found += _scalar([rule] + found) + _recomputing(func, rule, spec) + _splits(func, rule, spec)
+        found += _scalar([rule] + found) + _recomputing(func, rule, spec, analyses) + _splits(func, rule, spec, analyses)
     out, seen = [], set()
     for plan in [rule] + found:
         key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, tuple(plan.inlined()))
@@ -135,7 +136,7 @@ def _scalar(plans: list) -> list:
             if p.mapping.vector > 1]
 
 
-def _recomputing(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> list:
+def _recomputing(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analyses: Analyses) -> list:
     """Row-resident plans (rows leading) with one more shared intermediate recomputed in its consumers."""
     if rule.scheme != "row-resident" or rule.row_axes or rule.bounds:
         return []
@@ -145,14 +146,16 @@ def _recomputing(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> lis
         if inter.level != SHARED or inter.inlined or inter.name in rule.outputs:
             continue
         try:
-            plan = plan_row_resident(func, spec, rule.kernel, recompute=demoted + (inter.name,))
+            recompute = demoted + (inter.name,)
+            analysis = analyse(func, spec.family, recompute, analyses)
+            plan = plan_row_resident(func, spec, rule.kernel, recompute=recompute, analysis=analysis)
         except PlanError:
             continue  # e.g. a reduction, which cannot be inlined
         out.append(with_resources(plan))
     return out
 
 
-def _splits(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> list:
+def _splits(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analyses: Analyses) -> list:
     """Row-split plans (rows leading) with more or fewer chunks per row than the rule's."""
     if rule.scheme != "row-split" or rule.row_axes:
         return []
@@ -161,7 +164,7 @@ def _splits(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> list:
     out = []
     for count in counts:
         try:
-            out.append(with_resources(plan_row_split(func, spec, rule.kernel, split=count)))
+            out.append(with_resources(plan_row_split(func, spec, rule.kernel, split=count, analyses=analyses)))
         except PlanError:
             continue  # chunks that do not divide the row, or shorter than the least chunk
     return out

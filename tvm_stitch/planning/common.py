@@ -10,9 +10,11 @@ recomputed by their readers, cache stages in their producer's order).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import REGION, block_views, buffer_params
+from tvm_stitch.analysis.tir_view import REGION, block_views, buffer_params, function_views
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 
@@ -51,16 +53,65 @@ def check_describable(views: list, error: type = PlanError) -> None:
                 raise error("region-access", block=view.name, role=role, buffer=access.buffer.name)
 
 
-def inline_trial(func: tirx.PrimFunc, names: list, error: type = PlanError) -> tuple:
+class Analyses:
+    """The block views, inlining trials and analyses of fused PrimFuncs, each made once: shared by
+    the planners that plan one kernel (`planner.plan_kernel`: row-split, column-split and
+    row-resident each inline the same blocks) and by the candidates of one choice. Keyed by the
+    PrimFunc object and what was made of it; a PlanError raised while making it is raised again."""
+
+    def __init__(self):
+        self._made = []  # (func, key, value, PlanError or None)
+
+    def made(self, func: tirx.PrimFunc, key: tuple, make):
+        """`make()`, or what it gave (or raised) for `func` and `key` before."""
+        for other, other_key, value, error in self._made:
+            if other_key == key and other.same_as(func):
+                break
+        else:
+            try:
+                value, error = make(), None
+            except PlanError as err:
+                value, error = None, err
+            self._made.append((func, key, value, error))
+        if error is not None:
+            raise error
+        return value
+
+
+def views(func: tirx.PrimFunc, analyses: Analyses | None = None) -> list:
+    """`function_views(func)`, made once per `analyses`."""
+    if analyses is None:
+        return function_views(func)
+    return analyses.made(func, ("views",), lambda: function_views(func))
+
+
+def inline_trial(func: tirx.PrimFunc, names: list, error: type = PlanError, analyses: Analyses | None = None) -> tuple:
     """(schedule, views) of `func` with the blocks `names` inlined, last first; `error` names a
-    block s_tir refuses to inline."""
+    block s_tir refuses to inline. The schedule is read, not changed, by its users: one trial per
+    `analyses` and blocks."""
+    made = (_trial(func, tuple(names), analyses) if analyses is None else
+            analyses.made(func, ("trial",) + tuple(names), lambda: _trial(func, tuple(names), analyses)))
+    if isinstance(made, _Refused):
+        raise error("not-inlinable", block=made.block, detail=made.detail)
+    return made
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A block s_tir refused to inline, and its last line of why."""
+
+    block: str
+    detail: str
+
+
+def _trial(func: tirx.PrimFunc, names: tuple, analyses: Analyses | None):
     trial = s_tir.Schedule(func)
     for name in reversed(names):
         try:
             trial.compute_inline(trial.get_sblock(name))
         except Exception as err:  # noqa: BLE001 - s_tir refuses the inlining: say which block
-            raise error("not-inlinable", block=name, detail=str(err).strip().splitlines()[-1][:120]) from err
-    return trial, block_views(trial)
+            return _Refused(name, str(err).strip().splitlines()[-1][:120])
+    return trial, block_views(trial) if names else views(func, analyses)
 
 
 def recompute_in_readers(sch: s_tir.Schedule, names: tuple) -> None:

@@ -19,7 +19,7 @@ from tvm_stitch.analysis.row_axes import find_row_axes, rows_first
 from tvm_stitch.analysis.size_bounds import ATTR as SIZE_BOUNDS
 from tvm_stitch.analysis.tir_view import static_product
 from tvm_stitch.planning import row_resident
-from tvm_stitch.planning.common import PlanError
+from tvm_stitch.planning.common import Analyses, PlanError
 from tvm_stitch.planning.cpu import row_resident as cpu_row_resident
 from tvm_stitch.planning.cuda.column_split import ColumnError, plan_column_split
 from tvm_stitch.planning.cuda import row_resident as cuda_row_resident
@@ -39,10 +39,10 @@ def _row_rules(family: str):
     return cuda_row_resident if family == "cuda" else cpu_row_resident
 
 
-def analyse(func: tirx.PrimFunc, family: str, recompute: tuple = ()) -> Analysis:
+def analyse(func: tirx.PrimFunc, family: str, recompute: tuple = (), analyses: Analyses | None = None) -> Analysis:
     """The rank-independent analysis of a fused PrimFunc for a target family (PlanError if the
-    row-resident scheme cannot hold it)."""
-    return row_resident.analyse(func, family, _row_rules(family).LEVELS, tuple(recompute))
+    row-resident scheme cannot hold it); made once per `analyses`."""
+    return row_resident.analyse(func, family, _row_rules(family).LEVELS, tuple(recompute), analyses)
 
 
 def plan_row_resident(func: tirx.PrimFunc, spec: TargetSpec, name: str, recompute: tuple = (),
@@ -62,12 +62,14 @@ def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool 
     """The plan of a fused PrimFunc for the target `spec` describes, its row axes moved first
     where its blocks share more rows at axes that do not lead. `columns=False`: no column-split
     plan (the thread-per-column walk, which packing can share a launch with others);
-    `rows_first=False`: the leading axes are the rows (no search for others)."""
-    moved, row_axes = _rows_moved_first(func, spec.family) if rows_first else (func, ())
+    `rows_first=False`: the leading axes are the rows (no search for others). The schemes tried
+    share one set of block views and inlining trials (`Analyses`)."""
+    analyses = Analyses()
+    moved, row_axes = _rows_moved_first(func, spec.family, analyses) if rows_first else (func, ())
     if spec.family != "cuda":
-        plan = plan_row_resident(moved, spec, name)
+        plan = plan_row_resident(moved, spec, name, analysis=analyse(moved, spec.family, (), analyses))
     else:
-        plan = with_resources(_cuda_plan(moved, spec, name, columns))
+        plan = with_resources(_cuda_plan(moved, spec, name, columns, analyses))
     if not row_axes:
         return plan
     positions = sorted({p for _, p, _ in row_axes})
@@ -79,30 +81,30 @@ def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool 
     return dataclasses.replace(plan, row_axes=row_axes, notes=plan.notes + (note,))
 
 
-def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool = True) -> StitchPlan:
+def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool, analyses: Analyses) -> StitchPlan:
     """The CUDA schemes, in order: column reductions as column-split (with a combine launch only
     where row-split would take one too); row-split for few long rows; row-resident, demoting shared
     intermediates until a row fits; a row planned for the bound of its symbolic length that keeps
     nothing on chip streams; row-split for rows that do not fit on chip."""
     split, not_split = None, None
     try:
-        split = plan_row_split(func, spec, name, few_long_rows_only=True)
+        split = plan_row_split(func, spec, name, few_long_rows_only=True, analyses=analyses)
     except SplitError as err:
         not_split = err
     if columns:
         try:
-            return plan_column_split(func, spec, name, combine_allowed=split is not None and split.kernels > 1)
+            return plan_column_split(func, spec, name, split is not None and split.kernels > 1, analyses)
         except ColumnError:
             pass
     if split is not None:
         return split
     try:
-        return _with_idle_note(plan_demoting(func, spec, name), spec, not_split)
+        return _with_idle_note(plan_demoting(func, spec, name, analyses), spec, not_split)
     except SharedMemoryError as err:
         if err.bounded:
-            return _streamed(func, spec, name, err, columns)
+            return _streamed(func, spec, name, err, columns, analyses)
         try:
-            return plan_row_split(func, spec, name, few_long_rows_only=False)
+            return plan_row_split(func, spec, name, few_long_rows_only=False, analyses=analyses)
         except SplitError as split_err:
             raise PlanError("no-scheme", row_resident=err.reason, row_split=split_err.reason) from err
 
@@ -115,21 +117,22 @@ def _with_idle_note(plan: StitchPlan, spec: TargetSpec, not_split: SplitError) -
         f"{plan.mapping.grid} blocks for {spec.sms} SMs, not split over more: {not_split}",))
 
 
-def _streamed(func: tirx.PrimFunc, spec: TargetSpec, name: str, err: SharedMemoryError, columns: bool) -> StitchPlan:
+def _streamed(func: tirx.PrimFunc, spec: TargetSpec, name: str, err: SharedMemoryError, columns: bool,
+              analyses: Analyses) -> StitchPlan:
     """Planned for the bound, no part of the row fits on chip: streamed, as for any length."""
     sizes = ", ".join(f"{n} <= {u}" for n, u in err.bounded)
-    plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name, columns)
+    plan = _cuda_plan(func.without_attr(SIZE_BOUNDS), spec, name, columns, analyses)
     return dataclasses.replace(plan, notes=plan.notes + (
         f"planned for the bound of its symbolic length ({sizes}), no row-sized part stays on "
         f"chip ({err}): streamed instead",))
 
 
-def _rows_moved_first(func: tirx.PrimFunc, family: str) -> tuple:
+def _rows_moved_first(func: tirx.PrimFunc, family: str, analyses: Analyses) -> tuple:
     """(func with its row axes first, the row axes) when its blocks share more rows at axes that
     do not lead than at leading ones (BatchNorm on NCHW: the channel, where no leading axis is
     shared; GroupNorm: (batch, group), where only the batch leads); else (func, ())."""
     try:
-        leading = _row_count(analyse(func, family))
+        leading = _row_count(analyse(func, family, (), analyses))
     except PlanError:
         return func, ()  # the plan below says why
     row_axes = find_row_axes(func)
@@ -137,7 +140,7 @@ def _rows_moved_first(func: tirx.PrimFunc, family: str) -> tuple:
         return func, ()
     try:
         moved = rows_first(func, row_axes)
-        if (_row_count(analyse(moved, family)) or 0) <= leading:
+        if (_row_count(analyse(moved, family, (), analyses)) or 0) <= leading:
             return func, ()
     except (PlanError, s_tir.ScheduleError):
         return func, ()

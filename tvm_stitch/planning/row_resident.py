@@ -27,9 +27,10 @@ from tvm import tirx
 
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
 from tvm_stitch.analysis.size_bounds import size_bounds, upper_bound
-from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, buffer_params, function_views, static_int,
+from tvm_stitch.analysis.tir_view import (GATHER, block_consumers, buffer_params, static_int,
                                           static_product, vars_in)
-from tvm_stitch.planning.common import PlanError, check_describable, inline_trial, output_blocks
+from tvm_stitch.planning.common import Analyses, PlanError, check_describable, inline_trial, output_blocks
+from tvm_stitch.planning.common import views as views_of
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, SHARED, Intermediate, StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
 
@@ -138,9 +139,10 @@ def _gathered(views: list) -> set:
     return out
 
 
-def _kept_rows(func: tirx.PrimFunc, views: list, levels: dict) -> tuple:
+def _kept_rows(func: tirx.PrimFunc, views: list, levels: dict, analyses: Analyses | None = None) -> tuple:
     """(kept blocks, their row alignment) once the register-level blocks are inlined: those decide the rows."""
-    trial, kept = inline_trial(func, [v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == INLINE])
+    names = [v.name for v in views if levels.get(v.name, (GLOBAL,))[0] == INLINE]
+    trial, kept = inline_trial(func, names, analyses=analyses)
     check_describable(kept)
     return kept, analyze_rows(trial.mod["main"], kept)
 
@@ -161,19 +163,28 @@ class Analysis:
     depth_limit: str  # why the aligned depth stops there (the row alignment's reason)
 
 
-def analyse(func: tirx.PrimFunc, family: str, rules: LevelRules, recompute: tuple = ()) -> Analysis:
+def analyse(func: tirx.PrimFunc, family: str, rules: LevelRules, recompute: tuple = (),
+            analyses: Analyses | None = None) -> Analysis:
     """The rank-independent analysis of a fused PrimFunc under the target's level `rules`
-    (PlanError if the scheme cannot hold it)."""
-    views = function_views(func)
+    (PlanError if the scheme cannot hold it); made once per `analyses`."""
+    if analyses is not None:
+        return analyses.made(func, ("analysis", family, tuple(recompute)),
+                             lambda: _analysis(func, family, rules, tuple(recompute), analyses))
+    return _analysis(func, family, rules, tuple(recompute), None)
+
+
+def _analysis(func: tirx.PrimFunc, family: str, rules: LevelRules, recompute: tuple,
+              analyses: Analyses | None) -> Analysis:
+    views = views_of(func, analyses)
     check_describable(views)
     outputs = output_blocks(views, func)
     gathered = _gathered(views)
     levels = _levels(views, outputs, rules, recompute, gathered)
-    kept, rows = _kept_rows(func, views, levels)
+    kept, rows = _kept_rows(func, views, levels, analyses)
     if any(levels[name][0] != INLINE for name in gathered if name in levels):
         # A gathered result kept on chip may be read across rows, where recomputed it would not be.
         inlined = _levels(views, outputs, rules, recompute)
-        kept_inlined, rows_inlined = _kept_rows(func, views, inlined)
+        kept_inlined, rows_inlined = _kept_rows(func, views, inlined, analyses)
         if rows_inlined.depth > rows.depth:
             levels, kept, rows = inlined, kept_inlined, rows_inlined
     return Analysis(func, family, tuple(recompute), tuple(views), frozenset(outputs), levels, tuple(kept), rows.depth,

@@ -49,10 +49,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from tvm_stitch.analysis.row_alignment import analyze_rows, walks_columns
-from tvm_stitch.analysis.tir_view import (block_consumers, block_views, buffer_params, function_views, static_int,
-                                          static_product, vars_in)
-from tvm_stitch.planning.common import (PlanError, block_threads, check_describable, inline_trial, output_blocks,
-                                        recompute_in_readers, wanted_blocks)
+from tvm_stitch.analysis.tir_view import block_consumers, buffer_params, static_int, static_product, vars_in
+from tvm_stitch.planning.common import (Analyses, PlanError, block_threads, check_describable, inline_trial,
+                                        output_blocks, recompute_in_readers, wanted_blocks)
+from tvm_stitch.planning.common import views as views_of
 from tvm_stitch.planning.plan import (GLOBAL, REGISTER, Intermediate, Phase, PhaseRole, StitchPlan,
                                       ThreadMapping)
 from tvm_stitch.planning.resources import cuda_shared_bytes
@@ -104,16 +104,16 @@ def _levels(kept: list, consumers: dict) -> dict:
     return level
 
 
-def _kept_blocks(func: tirx.PrimFunc) -> tuple:
+def _kept_blocks(func: tirx.PrimFunc, analyses: Analyses | None = None) -> tuple:
     """(views, outputs, inlined views, kept views, rank, online pairs, variance pairs, recomputed): the blocks
     once every element-wise block that is not an output is inlined, the rows they share, and the
     (sum, max) and (squared deviations, sum) reductions that take one pass (`online_pairs`,
     `variance_pairs`), and the outputs recomputed by their readers (`_recomputed_outputs`)."""
-    func, recomputed = _recomputed_outputs(func)
-    views = function_views(func)
+    func, recomputed = _recomputed_outputs(func, analyses)
+    views = views_of(func, analyses)
     outputs = output_blocks(views, func)
     inlined = [v for v in views if v.name not in outputs and not v.has_reduction]
-    trial, kept = inline_trial(func, [v.name for v in inlined], SplitError)
+    trial, kept = inline_trial(func, [v.name for v in inlined], SplitError, analyses)
     check_describable(kept, SplitError)
     for view in kept:
         if len(view.writes) != 1:
@@ -125,18 +125,18 @@ def _kept_blocks(func: tirx.PrimFunc) -> tuple:
             recomputed)
 
 
-def _recomputed_outputs(func: tirx.PrimFunc) -> tuple:
+def _recomputed_outputs(func: tirx.PrimFunc, analyses: Analyses | None = None) -> tuple:
     """(func with its element-wise outputs that other blocks read recomputed by those readers,
     their names): a reader then waits for what the output reads, not for the output itself
     (`recompute_in_readers`; a per-row mean read by the variance in the same kernel)."""
-    sch = s_tir.Schedule(func)
-    views = block_views(sch)
+    views = views_of(func, analyses)
     outputs = output_blocks(views, func)
     names = tuple(v.name for v in views if v.name in outputs and not v.has_reduction and len(v.writes) == 1
                   and any(r.buffer.same_as(v.writes[0].buffer) for other in views if other is not v
                           for r in other.reads))
     if not names:
         return func, ()
+    sch = s_tir.Schedule(func)
     try:
         recompute_in_readers(sch, names)
     except s_tir.ScheduleError:
@@ -406,13 +406,15 @@ def _notes(mapping: ThreadMapping, length: int, columns: bool, kernels: _Kernels
     return notes
 
 
-def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str,
-                   few_long_rows_only: bool = False, split: int | None = None) -> StitchPlan:
+def plan_row_split(func: tirx.PrimFunc, spec: TargetSpec, name: str, few_long_rows_only: bool = False,
+                   split: int | None = None, analyses: Analyses | None = None) -> StitchPlan:
     """The row-split plan; with `few_long_rows_only`, only for rows that `wants_split`; `split`
-    sets the chunks per row (default: choose_split's)."""
+    sets the chunks per row (default: choose_split's); `analyses`: the kept blocks found once."""
     if spec.family != "cuda":
         raise SplitError("split-cuda-only")
-    views, outputs, inlined, kept, rank, online, variance, recomputed = _kept_blocks(func)
+    kept_blocks = (_kept_blocks(func) if analyses is None else
+                   analyses.made(func, ("row-split",), lambda: _kept_blocks(func, analyses)))
+    views, outputs, inlined, kept, rank, online, variance, recomputed = kept_blocks
     rows = static_product(kept[0].extents[:rank])
     if rows is None:
         raise SplitError("split-symbolic-rows")

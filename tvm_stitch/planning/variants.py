@@ -35,6 +35,14 @@ class SizeRange:
         return ((self.low is None or value >= self.low) and (self.high is None or value <= self.high)
                 and value % self.multiple == 0)
 
+    def holds_within(self, low: int | None, high: int | None) -> bool:
+        """Whether some size within the bounds `low` <= size <= `high` (None: no bound; sizes are at
+        least 1) holds."""
+        first = max(1, low or 1, self.low or 1)
+        last = min(v for v in (high, self.high) if v is not None) if (high, self.high) != (None, None) else None
+        start = -(-first // self.multiple) * self.multiple
+        return last is None or start <= last
+
     def text(self) -> str:
         parts = ([f"{self.size} >= {self.low}"] if self.low is not None else []) + (
             [f"{self.size} <= {self.high}"] if self.high is not None else []) + (
@@ -125,6 +133,23 @@ def symbolic(plan: StitchPlan, row_shape: tuple) -> StitchPlan:
     """A plan made for a static row count, as the plan of the symbolic count `row_shape`."""
     mapping = dataclasses.replace(plan.mapping, rows=-1, grid=-1)
     return dataclasses.replace(plan, mapping=mapping, row_shape=tuple(row_shape))
+
+
+def merged(variants: tuple) -> tuple:
+    """`variants` (in the dispatch's order) with consecutive ones of the same code joined: a plan
+    chosen for a range the same as the next range's (up to the row count), the sizes of both
+    adjoining, serves both under one condition, compiled once."""
+    out = []
+    for variant in variants:
+        last = out[-1] if out else None
+        if (last is not None and key(last.plan) == key(variant.plan) and last.condition.high is not None
+                and variant.condition.low == last.condition.high + 1
+                and last.condition.multiple == variant.condition.multiple):
+            condition = dataclasses.replace(last.condition, high=variant.condition.high)
+            out[-1] = dataclasses.replace(variant, condition=condition)
+        else:
+            out.append(variant)
+    return tuple(out)
 
 
 def selected(variants: tuple, value: int) -> Variant | None:

@@ -39,10 +39,11 @@ from __future__ import annotations
 
 from tvm import tirx
 
-from tvm_stitch.analysis.tir_view import function_views, static_int, static_product
+from tvm_stitch.analysis.tir_view import static_int, static_product
 from tvm_stitch.planning.cuda.fill import fill_threads
-from tvm_stitch.planning.common import (PlanError, check_describable, inline_trial, output_blocks,
+from tvm_stitch.planning.common import (Analyses, PlanError, check_describable, inline_trial, output_blocks,
                                         wanted_blocks)
+from tvm_stitch.planning.common import views as views_of
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
 from tvm_stitch.planning.resources import cuda_shared_bytes
 from tvm_stitch.planning.spec import TargetSpec
@@ -86,14 +87,14 @@ def _check_contiguous(view) -> None:
             raise ColumnError("column-read-across", block=view.name, buffer=read.buffer.name)
 
 
-def _kept(func: tirx.PrimFunc) -> tuple:
+def _kept(func: tirx.PrimFunc, analyses: Analyses | None = None) -> tuple:
     """(views, reductions, epilogues, inlined names): the blocks once the element-wise blocks that
     are not outputs are inlined; ColumnError unless they are column reductions of one shape and
     element-wise outputs reading one reduction each."""
-    views = function_views(func)
+    views = views_of(func, analyses)
     outputs = output_blocks(views, func)
     inlined = [v.name for v in views if v.name not in outputs and not v.has_reduction]
-    _, kept = inline_trial(func, inlined, ColumnError)
+    _, kept = inline_trial(func, inlined, ColumnError, analyses)
     check_describable(kept, ColumnError)
     reductions = [v for v in kept if v.has_reduction]
     if not reductions:
@@ -166,12 +167,13 @@ def _split(tiles: int, rows: int, block: int, ty: int, spec: TargetSpec) -> int:
                 fitting[-1] if fitting else 1)
 
 
-def plan_column_split(func: tirx.PrimFunc, spec: TargetSpec, name: str, combine_allowed: bool) -> StitchPlan:
+def plan_column_split(func: tirx.PrimFunc, spec: TargetSpec, name: str, combine_allowed: bool,
+                      analyses: Analyses | None = None) -> StitchPlan:
     """The column-split plan; `combine_allowed`: the group may take a second (combine) launch, because
-    the plan it replaces takes one too."""
+    the plan it replaces takes one too; `analyses`: views and trials shared with the other planners."""
     if spec.family != "cuda":
         raise ColumnError("column-cuda-only")
-    views, reductions, epilogues, inlined, outputs = _kept(func)
+    views, reductions, epilogues, inlined, outputs = _kept(func, analyses)
     spatial, rows = _reduction_shape(reductions[0])
     kept = _without_units(spatial)  # unit axes (a keepdims axis moved last) hold no columns
     columns, outer = (kept[-1], static_product(kept[:-1]) or 1) if kept else (1, 1)
