@@ -66,9 +66,7 @@ def score(shape, bufs, dot, b, h, qi, kj):
     value = dot * tirx.const(shape.scale, "float32")
     if shape.mask != "additive":
         return value
-    mb, mh, mq, _ = shape.mask_shape
-    index = (b if mb > 1 else 0, h if mh > 1 else 0, qi if mq > 1 else 0, kj)
-    return value + f32(load(bufs["mask"], *index))
+    return value + f32(load(bufs["mask"], *shape.mask_index(b, h, qi, kj)))
 
 
 def causal_key_tiles(plan, q0):

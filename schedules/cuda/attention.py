@@ -62,7 +62,9 @@ class _Padded:
 def _block_body(plan, bufs, smem, regs, bx, tx):
     s = plan.shape
     q_tiles = plan.q_tiles
-    b, h, q0 = bx // (s.heads * q_tiles), bx // q_tiles % s.heads, bx % q_tiles * plan.q_tile
+    # block indices are non-negative: truncated division (no sign fix-up where q_tiles is symbolic)
+    b, h = tirx.truncdiv(bx, s.heads * q_tiles), tirx.truncmod(tirx.truncdiv(bx, q_tiles), s.heads)
+    q0 = tirx.truncmod(bx, q_tiles) * plan.q_tile
     ids = {"b": b, "h": h, "hk": h // s.group, "q0": q0, "r": tx // plan.lanes, "lane": tx % plan.lanes,
            "tx": tx}
     _stage_rows(plan, smem["q"], bufs, "q", (b, h), q0, s.q_len, plan.q_tile, tx)

@@ -19,7 +19,11 @@ another tensor (split, strided slice, reshape, permute: GPT-2's head split
 of `c_attn`'s output), and through a rotary embedding applied to them
 (LLaMA's `x * cos + rotate_half(x) * sin`, its cos and sin tables read per
 position), recorded as an OperandView each (analysis/attention_operand.py),
-so that these launch nothing. `find_chains` returns what it found as plain
+so that these launch nothing. TVM's attention op (`R.nn.attention`,
+`R.nn.attention_bias`, as torch's scaled_dot_product_attention is imported:
+between permutes to and from (batch, len, heads, dim)) is a chain too.
+Dimensions are ints or, for a symbolic batch or length, expressions
+compared by proof (analysis/shape_dims.py). `find_chains` returns what it found as plain
 data, and for every softmax that looks like the middle of a chain but is
 not one, the reason (a code of planning/reasons.py).
 """
@@ -33,7 +37,8 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from tvm_stitch.analysis.attention_operand import OperandView
+from tvm_stitch.analysis.attention_operand import OperandView, reshape_groups
+from tvm_stitch.analysis.shape_dims import dims, is_static, product, same, static
 
 VIEW_OPS = ("relax.reshape", "relax.broadcast_to")
 MASKED = -1.0e4  # an additive mask value at or below this hides the key (exp underflows in float32)
@@ -66,11 +71,8 @@ class NotAChain:
 
 
 def _shape(expr) -> tuple | None:
-    ty = expr.ty if hasattr(expr, "ty") else None
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = ty.shape.values
-    return tuple(int(d) for d in dims) if all(isinstance(d, tirx.IntImm) for d in dims) else None
+    """Its dimensions: ints, and simplified expressions where symbolic (analysis/shape_dims.py)."""
+    return dims(expr)
 
 
 def _dtype(expr) -> str:
@@ -118,9 +120,9 @@ def _through_views(graph: _Graph, expr):
         inner, outer = _shape(call.args[0]), _shape(expr)
         if inner is None or outer is None or not 2 <= len(inner) <= 4 or len(outer) < 2:
             return expr  # a 5-d input: the repeat of grouped-query attention (see _kv_heads)
-        if call.op.name == "relax.broadcast_to" and inner != outer:
+        if call.op.name == "relax.broadcast_to" and not same(inner, outer):
             return expr
-        if inner[-2:] != outer[-2:] or int(np.prod(inner)) != int(np.prod(outer)):
+        if not same(inner[-2:], outer[-2:]) or not same(product(inner), product(outer)):
             return expr
         expr = call.args[0]
 
@@ -133,7 +135,8 @@ def _kv_heads(graph: _Graph, expr):
     if expand is None or [int(a) for a in expand.attrs.axis] != [2]:
         return expr, 1
     kv, repeated = _shape(expand.args[0]), _shape(bcast)
-    if kv is None or repeated is None or len(kv) != 4 or repeated[:2] + repeated[3:] != kv[:2] + kv[2:]:
+    if (kv is None or repeated is None or len(kv) != 4 or not same(repeated[:2] + repeated[3:], kv)
+            or not is_static(repeated[2])):
         return expr, 1
     return expand.args[0], repeated[2]
 
@@ -238,12 +241,20 @@ def mask_kind(mask, q_len: int, kv_len: int) -> str:
     data = mask.value.numpy().astype(np.float64)
     if not data.any():
         return "none"
-    if data.ndim < 2 or data.shape[-2:] != (q_len, kv_len):
+    if not static((q_len, kv_len)):
         return "additive"
+    return "causal" if is_causal(data, q_len, kv_len) else "additive"
+
+
+def is_causal(data: np.ndarray, q_len: int, kv_len: int) -> bool:
+    """Whether every (batch, head) slice of `data` is 0 on and below the diagonal aligned at the end
+    (key j seen by query i where j <= i + kv_len - q_len) and at most MASKED above it."""
+    if data.ndim < 2 or data.shape[-2:] != (q_len, kv_len):
+        return False
     i, j = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
     seen = j <= i + (kv_len - q_len)
-    rows = data.reshape(-1, q_len, kv_len)  # every (batch, head) slice the same causal mask
-    return "causal" if not rows[:, seen].any() and np.all(rows[:, ~seen] <= MASKED) else "additive"
+    rows = data.reshape(-1, q_len, kv_len)
+    return not rows[:, seen].any() and bool(np.all(rows[:, ~seen] <= MASKED))
 
 
 def _as_4d(shape: tuple | None) -> tuple | None:
@@ -277,6 +288,39 @@ def _chain_at(graph: _Graph, p_var) -> AttentionChain:
     return _checked(graph, AttentionChain(output, q, k, v, mask, "", scale, ()), (k_group, v_group), names)
 
 
+ATTENTION_OPS = ("relax.nn.attention", "relax.nn.attention_bias")
+BSHD = [0, 2, 1, 3]  # (batch, len, heads, dim) <-> (batch, heads, len, dim)
+
+
+def _op_chain_at(graph: _Graph, var) -> AttentionChain:
+    """TVM's attention op (`R.nn.attention`, `R.nn.attention_bias`: torch's scaled_dot_product_attention as
+    imported) over (batch, len, heads, dim) permutes of (batch, heads, len, dim) tensors, its output permuted
+    back: Q, K, V are the permutes' inputs, the chain's output the permute after it."""
+    call = graph.value[var]
+    if call.attrs.window_size is not None:
+        raise _Stop("attention-window", binding=var.name)
+    permutes = [graph.call(arg, "relax.permute_dims") for arg in call.args[:3]]
+    reader = graph.single_reader(var)
+    back = graph.call(reader, "relax.permute_dims") if reader is not None else None
+    if any(p is None or p.attrs.axes is None or [int(a) for a in p.attrs.axes] != BSHD for p in permutes + [back]):
+        raise _Stop("attention-layout", binding=var.name)
+    q, k, v = (p.args[0] for p in permutes)
+    head_dim = (_shape(q) or (0,))[-1]
+    scale = float(call.attrs.scale.value) if call.attrs.scale is not None else (
+        1.0 / float(np.sqrt(head_dim)) if is_static(head_dim) and head_dim > 0 else 0.0)
+    mask = call.args[3] if len(call.args) > 3 else None
+    chain = _checked(graph, AttentionChain(reader, q, k, v, mask, "", scale, ()), (1, 1), [var, reader])
+    causal = call.attrs.causal_mask
+    if causal is None:
+        return chain
+    if mask is not None:
+        raise _Stop("attention-mask-and-causal", binding=var.name)
+    q_len, kv_len = _as_4d(_shape(q))[2], _as_4d(_shape(k))[2]
+    if str(causal) == "TopLeft" and not same(q_len, kv_len):  # the kernel aligns the diagonal at the end
+        raise _Stop("attention-causal-alignment", binding=var.name, alignment=str(causal))
+    return dataclasses.replace(chain, mask_kind="causal")
+
+
 def _checked(graph: _Graph, chain: AttentionChain, groups: tuple, names: list) -> AttentionChain:
     """`chain` with its mask kind and binding names, after checking that the shapes make attention."""
     q, k, v, out = (_as_4d(_shape(e)) for e in (chain.q, chain.k, chain.v, chain.output))
@@ -285,16 +329,18 @@ def _checked(graph: _Graph, chain: AttentionChain, groups: tuple, names: list) -
     dtypes = {_dtype(e) for e in (chain.q, chain.k, chain.v, chain.output)}
     if len(dtypes) != 1:
         raise _Stop("attention-dtypes", dtypes=", ".join(sorted(dtypes)))
-    if (groups[0] != groups[1] or k != v or q[0] != k[0] or q[1] != k[1] * groups[0] or q[3] != k[3]
-            or out != q):
+    if not static((q[1], k[1], q[3], k[3])):
+        raise _Stop("attention-symbolic-dims", shapes=str([q, k, v]))
+    if (groups[0] != groups[1] or not same(k, v) or not same(q[0], k[0]) or q[1] != k[1] * groups[0]
+            or q[3] != k[3] or not same(out, q)):
         raise _Stop("attention-shapes", shapes=str([q, k, v]))
     kind = mask_kind(chain.mask, q[2], k[2])
     if kind == "additive":
         mask = _shape(chain.mask)
-        if mask is None or len(mask) > 4 or any(m not in (1, t) for m, t in
+        if mask is None or len(mask) > 4 or any(not (same(m, 1) or same(m, t)) for m, t in
                                                 zip(((1,) * (4 - len(mask)) + mask), (q[0], q[1], q[2], k[2]))):
             raise _Stop("attention-mask-shape", shape=str(mask))
-        if mask[-1] != k[2]:
+        if not same(mask[-1], k[2]):
             raise _Stop("attention-mask-shape", shape=str(mask))
     read = [operand_view(graph, e) for e in (chain.q, chain.k, chain.v)]
     return AttentionChain(chain.output, chain.q, chain.k, chain.v, chain.mask if kind == "additive" else None,
@@ -307,8 +353,8 @@ def operand_view(graph: _Graph, expr) -> tuple:
     make it, after a rotary embedding where `expr` is one (its cos and sin tables, else ())."""
     shape = _shape(expr)
     four = _as_4d(shape)
-    steps = [] if four == shape else [("reshape", shape, four)]
-    rotary = _rotary(graph, expr) if four == shape else None
+    steps = [] if len(shape) == 4 else [("reshape", shape, four)]
+    rotary = _rotary(graph, expr) if len(shape) == 4 else None
     tables = ()
     if rotary is not None:
         expr, tables = rotary[0], rotary[1:]
@@ -348,14 +394,15 @@ def _rotated_half(graph: _Graph, rot, x) -> bool:
     if concat is None or shape is None or len(shape) != 4 or int(concat.attrs.axis) not in (-1, 3):
         return False
     parts = list(concat.args[0].fields) if isinstance(concat.args[0], relax.Tuple) else []
-    if len(parts) != 2 or shape[3] % 2:
+    if len(parts) != 2 or not is_static(shape[3]) or shape[3] % 2:
         return False
     neg = graph.call(parts[0], "relax.negative")
     high, low = (_view_step(graph, p) for p in (neg.args[0] if neg is not None else None, parts[1]))
     half = shape[3] // 2
     return (high is not None and low is not None and high[0].same_as(x) and low[0].same_as(x)
-            and high[1] == ("slice", shape, (3, half, 1)) and low[1] == ("slice", shape, (3, 0, 1))
-            and _shape(parts[0]) == _shape(parts[1]) == shape[:3] + (half,))
+            and high[1][0] == low[1][0] == "slice" and same(high[1][1], shape) and same(low[1][1], shape)
+            and high[1][2] == (3, half, 1) and low[1][2] == (3, 0, 1)
+            and same(_shape(parts[0]), shape[:3] + (half,)) and same(_shape(parts[1]), shape[:3] + (half,)))
 
 
 def _unpadded(graph: _Graph, expr):
@@ -363,7 +410,7 @@ def _unpadded(graph: _Graph, expr):
     while True:
         call = graph.call(expr, "relax.expand_dims", "relax.reshape")
         inner = _shape(call.args[0]) if call is not None else None
-        if inner is None or not inner or (1,) * (len(_shape(expr)) - len(inner)) + inner != _shape(expr):
+        if inner is None or not inner or not same((1,) * (len(_shape(expr)) - len(inner)) + inner, _shape(expr)):
             return expr
         expr = call.args[0]
 
@@ -372,8 +419,8 @@ def _table(expr, shape: tuple) -> bool:
     """Whether `expr` is a cos or sin table of `shape`'s (positions, dim), broadcast over batch and heads."""
     table = _shape(expr)
     table = (1,) * (4 - len(table)) + table if table is not None and 2 <= len(table) <= 4 else None
-    return (table is not None and table[2:] == shape[2:] and table[1] == 1 and table[0] in (1, shape[0])
-            and _dtype(expr) in ("float32", "float16", "bfloat16"))
+    return (table is not None and same(table[2:], shape[2:]) and same(table[1], 1)
+            and (same(table[0], 1) or same(table[0], shape[0])) and _dtype(expr) in ("float32", "float16", "bfloat16"))
 
 
 def _view_step(graph: _Graph, expr):
@@ -386,6 +433,8 @@ def _view_step(graph: _Graph, expr):
             return None
         axis = int(split.attrs.axis) % len(inner)
         cuts = split.attrs.indices_or_sections
+        if not is_static(inner[axis]):
+            return None
         begin = (value.index * (inner[axis] // int(cuts)) if isinstance(cuts, tirx.IntImm)
                  else ([0] + [int(c) for c in cuts])[value.index])
         return split.args[0], ("slice", inner, (axis, begin, 1))
@@ -398,9 +447,9 @@ def _view_step(graph: _Graph, expr):
         axes = [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else list(range(len(inner)))[::-1]
         return call.args[0], ("permute", inner, tuple(axes))
     if name == "relax.reshape":
-        return call.args[0], ("reshape", inner, _shape(expr))
+        return (call.args[0], ("reshape", inner, _shape(expr))) if reshape_groups(_shape(expr), inner) else None
     if name == "relax.broadcast_to":
-        return (call.args[0], None) if inner == _shape(expr) else None
+        return (call.args[0], None) if same(inner, _shape(expr)) else None
     return _sliced(call, inner)
 
 
@@ -423,10 +472,11 @@ def find_chains(func: relax.Function) -> tuple:
     graph = _Graph(func)
     chains, others = [], []
     for var in graph.order:
-        if graph.call(var, "relax.nn.softmax") is None:
+        found = _op_chain_at if graph.call(var, *ATTENTION_OPS) is not None else _chain_at
+        if found is _chain_at and graph.call(var, "relax.nn.softmax") is None:
             continue
         try:
-            chains.append(_chain_at(graph, var))
+            chains.append(found(graph, var))
         except _Stop as stop:
             others.append(NotAChain(var.name, stop.code, dict(stop.params)))
     return chains, others

@@ -26,8 +26,7 @@ def reference_func(shape) -> tirx.PrimFunc:
     def masked(b, h, i, j):
         value = raw[b, h, i, j] * tirx.const(s.scale, "float32")
         if mask is not None:
-            mb, mh, mq, _ = s.mask_shape
-            value = value + mask[b if mb > 1 else 0, h if mh > 1 else 0, i if mq > 1 else 0, j].astype("float32")
+            value = value + mask[tuple(s.mask_index(b, h, i, j))].astype("float32")
         if s.mask == "causal":
             value = tirx.Select(j <= i + (s.kv_len - s.q_len), value, tirx.const(-3.0e38, "float32"))
         return value

@@ -29,9 +29,13 @@ from tvm import relax
 from schedules.cpu import attention as cpu_attention
 from schedules.cuda import attention as cuda_attention
 from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mask_kind
+from tvm_stitch.analysis.shape_dims import dims, sizes_in, static
+from tvm_stitch.analysis.size_bounds import function_bounds
+from tvm_stitch.fusion.attention_mask import symbolic_mask_kind
+from tvm_stitch.fusion.attention_tables import with_constant_tables
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.fusion.host_constants import evaluate_bindings
-from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
+from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention, priced_sizes
 from tvm_stitch.planning.attention_cost import modeled_us, traffic
 from tvm_stitch.planning.reasons import PlanError, Reason
 from tvm_stitch.planning.spec import TargetSpec
@@ -65,18 +69,21 @@ class AttentionRecord:
         return f"attention fallback {where}: {self.reason.text}"
 
 
-def shape_of(chain: AttentionChain) -> AttentionShape:
+def shape_of(chain: AttentionChain, bounds: dict | None = None) -> AttentionShape:
+    """The chain's AttentionShape; symbolic sizes planned at their upper bounds in `bounds` ({name:
+    (lower, upper or None)}, the Relax function's)."""
     q, k = (_four(e) for e in (chain.q, chain.k))
     mask = _four(chain.mask) if chain.mask is not None else ()
+    shapes = [q, k, mask] + [s for view in chain.views for s in (view.source, view.cos, view.sin)]
     return AttentionShape(batch=q[0], heads=q[1], kv_heads=k[1], q_len=q[2], kv_len=k[2], head_dim=q[3],
                           dtype=str(chain.q.ty.dtype), scale=chain.scale, mask=chain.mask_kind, mask_shape=mask,
                           mask_dtype=str(chain.mask.ty.dtype) if chain.mask is not None else "",
-                          operands=chain.views)
+                          operands=chain.views, priced_at=priced_sizes(sizes_in(shapes), bounds or {}))
 
 
 def _four(expr) -> tuple:
-    dims = tuple(int(d) for d in expr.ty.shape.values)
-    return (1,) * (4 - len(dims)) + dims
+    shape = dims(expr)
+    return (1,) * (4 - len(shape)) + shape
 
 
 def kernel_for(plan: AttentionPlan):
@@ -99,10 +106,11 @@ class FuseAttention:
         replaced, records = {}, []
         for gv, func in mod.functions_items():
             chains, others = find_chains(func)
+            bounds = function_bounds(func) if isinstance(func, relax.Function) else {}
             records += [AttentionRecord(gv.name_hint, (o.binding,), reason=Reason(o.code, o.params)) for o in others]
-            chains = [_with_evaluated_mask(func, c) for c in chains]
+            chains = [with_constant_tables(func, _with_evaluated_mask(func, c)) for c in chains]
             for chain in chains:
-                record, kernel = self._planned(gv.name_hint, chain, spec)
+                record, kernel = self._planned(gv.name_hint, chain, spec, bounds)
                 records.append(record)
                 if kernel is not None:
                     replaced[chain.output] = (chain, builder.add_func(kernel, record.kernel))
@@ -118,9 +126,9 @@ class FuseAttention:
             self.report.attention.extend(records)
         return out
 
-    def _planned(self, function: str, chain: AttentionChain, spec: TargetSpec) -> tuple:
+    def _planned(self, function: str, chain: AttentionChain, spec: TargetSpec, bounds: dict) -> tuple:
         try:
-            plan = plan_attention(shape_of(chain), spec, fast_exp=self.fast_math)
+            plan = plan_attention(shape_of(chain, bounds), spec, fast_exp=self.fast_math)
             kernel = kernel_for(plan).with_attrs({"op_pattern": OPAQUE, "tvm_stitch.attention": plan.describe(),
                                                   "tvm_stitch.traffic": list(traffic(plan))})
             check_builds(kernel, self.target)
@@ -134,28 +142,34 @@ class FuseAttention:
 
 
 def _with_evaluated_mask(func: relax.Function, chain: AttentionChain) -> AttentionChain:
-    """`chain`, its mask kind decided from the mask's value where the mask depends on constants alone."""
+    """`chain`, its mask kind decided from the mask's value where the mask depends on constants alone
+    (and on symbolic sizes: proved from its closed form, fusion/attention_mask.py)."""
     if chain.mask is None or not isinstance(chain.mask, relax.Var):
         return chain
     bindings = constant_slice(func, chain.mask)
     if bindings is None:
         return chain
-    value = evaluate_bindings(bindings, [chain.mask])[0]
     q_len, kv_len = _four(chain.q)[2], _four(chain.k)[2]
-    kind = mask_kind(relax.const(np.asarray(value), str(chain.mask.ty.dtype)), q_len, kv_len)
+    if not static(dims(chain.mask)) or any(relax.analysis.free_symbolic_vars(b.value) for b in bindings):
+        kind = symbolic_mask_kind(func, chain.mask, q_len, kv_len)
+    else:
+        value = evaluate_bindings(bindings, [chain.mask])[0]
+        kind = mask_kind(relax.const(np.asarray(value), str(chain.mask.ty.dtype)), q_len, kv_len)
     if kind == "additive":
         return chain
     return dataclasses.replace(chain, mask=None, mask_kind=kind)
 
 
 def constant_slice(func: relax.Function, var: relax.Var) -> list | None:
-    """The bindings (in order) that compute `var` from constants alone: Relax operators over constants
-    (bound to vars or not), no parameter, no call of a function; None where `var` needs anything else."""
+    """The bindings (in order) that compute `var` from constants (and the function's symbolic sizes)
+    alone: Relax operators over constants (bound to vars or not), no parameter, no call of a function;
+    None where `var` needs anything else."""
     bound = {b.var: b for block in func.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)}
+    sizes = set(relax.analysis.defined_symbolic_vars(func))
     needed, stack = set(), [var]
     while stack:
         v = stack.pop()
-        if v in needed:
+        if v in needed or v in sizes:
             continue
         binding = bound.get(v)
         value = binding.value if binding is not None else None

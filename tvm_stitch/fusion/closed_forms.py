@@ -80,7 +80,7 @@ def _at_bounds(expr, facts: Facts):
     return substitute(expr, {v: tirx.IntImm(str(v.ty), facts.bounds[v][1]) for v in sizes})
 
 
-def _table_shape(form, facts: Facts, max_bytes: int):
+def table_shape(form, facts: Facts, max_bytes: int):
     """The static shape at the sizes' upper bounds of which `form` at any size is the leading slice,
     or None (sizes read by the element, an unbounded size, not monotone, or over `max_bytes`)."""
     if not form.sizes_free():
@@ -109,7 +109,7 @@ def _needed(func: relax.Function, outputs: list, forms: dict) -> list:
     return [b for block in func.body.blocks for b in block.bindings if b.var in wanted]
 
 
-def _tables(func: relax.Function, outputs: list, forms: dict, facts: Facts) -> list:
+def tables_at_bounds(func: relax.Function, outputs: list, forms: dict, facts: Facts) -> list:
     """numpy values of `outputs` at the sizes' upper bounds, computed on the host by their bindings."""
     sizes = sorted(facts.bounds, key=lambda v: v.name)
     values = [facts.bounds[v][1] if facts.bounds[v][1] is not None else facts.bounds[v][0] for v in sizes]
@@ -139,13 +139,13 @@ class ComputeClosedForms:
         kernels, tables = {}, {}
         for var in _replaced(func, forms):
             form = forms[var]
-            shape = None if form.cheap else _table_shape(form, facts, self.max_bytes)
+            shape = None if form.cheap else table_shape(form, facts, self.max_bytes)
             if shape is not None:
                 tables[var] = shape
             elif form.computable:
                 kernels[var] = _kernel_call(bb, form, "closed_form")
         if tables:
-            for var, table in zip(tables, _tables(func, list(tables), forms, facts)):
+            for var, table in zip(tables, tables_at_bounds(func, list(tables), forms, facts)):
                 kernels[var] = _slice_of(bb, table, forms[var])
         if kernels and self.report is not None:
             self.report.notes.append(

@@ -25,13 +25,19 @@ columns) held in vector registers, and exp is a vectorisable polynomial
 A causal mask is computed from the indices (key `j` is seen by query `i`
 where `j <= i + kv_len - q_len`), key tiles past the diagonal are skipped;
 an additive mask is read per key tile, broadcast as its shape says.
+A symbolic batch or sequence length (a TIR expression of the Relax shape)
+stays symbolic in the kernel (the grid, the key-tile loop and the row
+guards are expressions of it); the tiles are chosen, and the traffic and
+time priced, at its upper bound (`priced_at`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
+from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div, is_static, text
 from tvm_stitch.planning.attention_cost import modeled_us
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
@@ -39,6 +45,7 @@ from tvm_stitch.planning.spec import TargetSpec
 MASK_KINDS = ("none", "causal", "additive")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 STATE = "per query row, float32: running max, running sum, rescaled partial output"
+UNBOUNDED_SIZE = 1024  # the value a symbolic size without an upper bound is planned and priced at
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,8 @@ class AttentionShape:
     mask_shape: tuple = ()  # additive: the mask tensor's 4-d shape (1 where broadcast)
     mask_dtype: str = ""
     operands: tuple = ()  # an OperandView each for Q, K, V (analysis/attention_operand.py); () reads 4-d tensors
+    priced_at: tuple = ()  # symbolic sizes (a batch, the lengths: TIR expressions above): ((name, value), ...)
+    #                        the value each is planned and priced at (its upper bound)
 
     def source(self, operand: int) -> tuple:
         """The shape of the tensor the kernel reads Q (0), K (1) or V (2) from."""
@@ -69,6 +78,26 @@ class AttentionShape:
     def group(self) -> int:
         """Query heads per KV head (grouped-query attention; 1 for multi-head attention)."""
         return self.heads // self.kv_heads
+
+    def mask_index(self, b, h, i, j) -> list:
+        """The index of the additive mask's element for (batch, head, query, key): 0 on its axes of extent 1."""
+        return [index if not (is_static(extent) and extent == 1) else 0
+                for index, extent in zip((b, h, i, j), self.mask_shape)]
+
+    def priced(self) -> AttentionShape:
+        """This shape with its symbolic sizes at the values it is planned and priced at (all ints)."""
+        if not self.priced_at:
+            return self
+        values = dict(self.priced_at)
+
+        def fixed(shape):
+            return tuple(at_values(d, values) for d in shape)
+
+        operands = tuple(dataclasses.replace(view, source=fixed(view.source), cos=fixed(view.cos), sin=fixed(view.sin),
+                                             steps=()) for view in self.operands)
+        return dataclasses.replace(self, batch=at_values(self.batch, values), q_len=at_values(self.q_len, values),
+                                   kv_len=at_values(self.kv_len, values), mask_shape=fixed(self.mask_shape),
+                                   operands=operands, priced_at=())
 
 
 @dataclass(frozen=True)
@@ -88,12 +117,12 @@ class AttentionPlan:
     fast_exp: bool = False  # CPU: exp as topi.fast_exp's polynomial (vectorised), else libm's (scalar)
 
     @property
-    def q_tiles(self) -> int:
-        return -(-self.shape.q_len // self.q_tile)
+    def q_tiles(self):
+        return ceil_div(self.shape.q_len, self.q_tile)
 
     @property
-    def k_tiles(self) -> int:
-        return -(-self.shape.kv_len // self.k_tile)
+    def k_tiles(self):
+        return ceil_div(self.shape.kv_len, self.k_tile)
 
     @property
     def tasks(self) -> int:
@@ -105,6 +134,10 @@ class AttentionPlan:
         """Query rows of one task (CPU: `shared_heads` heads of `q_tile` rows each)."""
         return self.shared_heads * self.q_tile
 
+    def priced(self) -> AttentionPlan:
+        """The plan at its shape's priced sizes (AttentionShape.priced): what the cost model reads."""
+        return dataclasses.replace(self, shape=self.shape.priced()) if self.shape.priced_at else self
+
     @property
     def threads(self) -> int:
         return self.q_tile * self.lanes if self.spec.family == "cuda" else 1
@@ -115,17 +148,30 @@ class AttentionPlan:
 
     def describe(self) -> str:
         s = self.shape
-        where = (f"{self.tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
+        tasks = text(self.tasks)
+        where = (f"{tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
                  f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else
-                 f"{self.tasks} tasks of {self.shared_heads} head(s) x {self.q_tile} rows, register blocks "
+                 f"{tasks} tasks of {self.shared_heads} head(s) x {self.q_tile} rows, register blocks "
                  f"{self.block_rows}x{self.score_cols} (Q K^T), {self.block_rows}x{self.out_cols} (P V), "
                  f"exp {'fast' if self.fast_exp else 'libm'}")
         heads = f"{s.heads} heads" + (f" over {s.kv_heads} KV heads" if s.group > 1 else "")
         read = "".join(f"; {name} read from {view.describe()}" for name, view in zip("QKV", s.operands)
                        if view.absorbed)
-        return (f"attention {s.batch}x{heads}, q {s.q_len} x kv {s.kv_len}, head dim {s.head_dim}, {s.dtype}, "
+        sizes = (" (symbolic, planned at " + ", ".join(f"{n}={v}" for n, v in s.priced_at) + ")"
+                 if s.priced_at else "")
+        return (f"attention {text(s.batch)}x{heads}, q {text(s.q_len)} x kv {text(s.kv_len)}{sizes}, head dim {s.head_dim}, {s.dtype}, "
                 f"mask {s.mask}: query tile {self.q_tile}, key tile {self.k_tile}, {where}; online softmax "
                 f"({self.state}){read}")
+
+
+def priced_sizes(names, bounds: dict) -> tuple:
+    """((name, value), ...): each symbolic size at its upper bound in `bounds` ({name: (lower, upper or
+    None)}, a Relax function's), UNBOUNDED_SIZE (at least its lower bound) where it has none."""
+    out = []
+    for name in names:
+        low, high = bounds.get(name, (0, None))
+        out.append((name, high if high is not None else max(UNBOUNDED_SIZE, low or 0)))
+    return tuple(out)
 
 
 def cuda_shared_bytes(q_tile: int, k_tile: int, head_dim: int) -> int:
@@ -140,7 +186,7 @@ def check_shape(shape: AttentionShape) -> None:
         raise PlanError("attention-mask", mask=shape.mask)
     if shape.kv_heads <= 0 or shape.heads % shape.kv_heads:
         raise PlanError("attention-heads", heads=shape.heads, kv_heads=shape.kv_heads)
-    if shape.mask == "causal" and shape.kv_len < shape.q_len:
+    if shape.mask == "causal" and not at_least(shape.kv_len, shape.q_len):
         raise PlanError("attention-causal-short", q_len=shape.q_len, kv_len=shape.kv_len)
 
 
@@ -148,11 +194,11 @@ def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
     """Of the tiles that fit the spec's shared memory and threads per block, those the time model
     (planning/attention_cost.py) prices fastest; the largest among equals."""
     check_shape(shape)
-    d = shape.head_dim
+    d, priced = shape.head_dim, shape.priced()
     lanes = next((n for n in (4, 2, 1) if d % n == 0 and d // n <= 32), None)
     if lanes is None:
         raise PlanError("attention-head-dim", head_dim=d)
-    fitting = [AttentionPlan(shape, spec, q_tile=min(q_tile, _pow2_at_least(shape.q_len, 16)), k_tile=k_tile,
+    fitting = [AttentionPlan(shape, spec, q_tile=min(q_tile, _pow2_at_least(priced.q_len, 16)), k_tile=k_tile,
                              lanes=lanes)
                for q_tile in (64, 32, 16) for k_tile in (64, 32, 16)
                if k_tile % lanes == 0 and q_tile * lanes <= spec.max_threads_per_block
@@ -169,11 +215,12 @@ def plan_cpu(shape: AttentionShape, spec: TargetSpec, fast_exp: bool = True) -> 
     the scores, K, K^T and V: 144 KB at head dim 64, within a core's level-2 cache), halved while there
     are fewer than 4 tasks per core (causal tasks differ in work)."""
     check_shape(shape)
+    priced = shape.priced()
     lanes = max(spec.vector_bytes // 4, 4)
     block_rows = max(1, spec.vector_registers // 8)
-    k_tile = min(4 * lanes, _pow2_at_least(shape.kv_len, lanes))
-    q_tile = min(_pow2_at_most(max(128 // shape.group, block_rows)), _pow2_at_least(shape.q_len, block_rows))
-    while q_tile > block_rows and shape.batch * shape.kv_heads * -(-shape.q_len // q_tile) < 4 * spec.cores:
+    k_tile = min(4 * lanes, _pow2_at_least(priced.kv_len, lanes))
+    q_tile = min(_pow2_at_most(max(128 // shape.group, block_rows)), _pow2_at_least(priced.q_len, block_rows))
+    while q_tile > block_rows and priced.batch * shape.kv_heads * -(-priced.q_len // q_tile) < 4 * spec.cores:
         q_tile //= 2
     return AttentionPlan(shape, spec, q_tile=q_tile, k_tile=k_tile, shared_heads=shape.group,
                          block_rows=block_rows, score_cols=math.gcd(k_tile, 4 * lanes),

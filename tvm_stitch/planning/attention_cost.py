@@ -9,6 +9,7 @@ up to the diagonal); an additive mask likewise, once or per (batch, head) it
 is broadcast over; rotary embeddings' cos and sin tables once. Ideal: Q, K,
 V, O, the mask and the tables once (Q, K, V read from the tensor they are
 views of move the same bytes: a split projection is read once in all).
+Symbolic sizes are counted at their priced values (their upper bounds).
 The geometry for the time model (planning/time_model.py) counts a thread's
 global accesses, barriers, serial iterations (the score dot products, the
 max, the rescale and the P V update are serial FMA loops here) and exps.
@@ -28,6 +29,7 @@ def _bytes(dtype: str) -> int:
 
 def visited_fraction(plan) -> float:
     """The share of (query tile, key tile) pairs the kernel visits (causal: up to the diagonal)."""
+    plan = plan.priced()
     s = plan.shape
     if s.mask != "causal":
         return 1.0
@@ -37,7 +39,8 @@ def visited_fraction(plan) -> float:
 
 
 def traffic(plan) -> tuple:
-    """(loaded, stored, ideal) bytes of device (CPU: main) memory."""
+    """(loaded, stored, ideal) bytes of device (CPU: main) memory (symbolic sizes at their priced values)."""
+    plan = plan.priced()
     s = plan.shape
     e = _bytes(s.dtype)
     resident = plan.spec.cache_bytes * (CUDA_RESIDENT_PER_MILLE if plan.spec.family == "cuda"
@@ -65,7 +68,8 @@ def _elements(shape: tuple) -> int:
 
 
 def geometry(plan, name: str = "fused_attention") -> KernelGeometry:
-    """The CUDA launch of `plan` as the time model reads it."""
+    """The CUDA launch of `plan` as the time model reads it (symbolic sizes at their priced values)."""
+    plan = plan.priced()
     s = plan.shape
     e = _bytes(s.dtype)
     lanes, threads = plan.lanes, plan.threads

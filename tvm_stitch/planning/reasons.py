@@ -73,6 +73,14 @@ MESSAGES = MappingProxyType({
     "attention-no-scores": lambda p: f"{p['binding']} is not a scaled (and masked) matmul",
     "attention-no-transpose": lambda p: f"softmax {p['binding']}: the scores' right operand is not a transposed K",
     "attention-shapes": lambda p: f"Q, K, V shapes {p['shapes']} do not make attention",
+    "attention-window": lambda p: f"attention {p['binding']} over a sliding window",
+    "attention-layout": lambda p: (f"attention {p['binding']}: Q, K, V and the output are not (batch, heads, len, "
+                                   "dim) tensors permuted to and from (batch, len, heads, dim)"),
+    "attention-mask-and-causal": lambda p: f"attention {p['binding']}: a causal flag and a mask",
+    "attention-causal-alignment": lambda p: (f"attention {p['binding']}: a {p['alignment']} causal mask over "
+                                             "different query and key lengths (the kernel aligns it at the end)"),
+    "attention-symbolic-dims": lambda p: (f"Q, K, V shapes {p['shapes']}: symbolic heads or head dimension (the "
+                                          "kernel takes a symbolic batch and sequence lengths)"),
     "attention-dtypes": lambda p: f"Q, K, V and the output differ in dtype ({p['dtypes']})",
     "attention-mask-shape": lambda p: f"mask of shape {p['shape']} does not broadcast to the scores",
     "attention-dtype": lambda p: f"attention in {p['dtype']}: the kernel computes float32, float16 and bfloat16",
