@@ -25,7 +25,7 @@ from tvm_stitch.analysis.classify import OpKind
 from tvm_stitch.analysis.graph import Graph
 from tvm_stitch.fusion.candidate_groups import SearchLimits, Structure, enumerate_candidates, reads
 from tvm_stitch.fusion.fusion_program import Candidate, Problem, solve
-from tvm_stitch.fusion.group_pricing import Pricer, proxy_us, tensor_bytes
+from tvm_stitch.fusion.group_pricing import Pricer, fallback_us, plan_cost, proxy_us, tensor_bytes
 from tvm_stitch.fusion.partition import recomputed_in, recomputed_producers
 
 SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
@@ -35,6 +35,9 @@ SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
 PRICED_PER_GROUPS, PRICED_EXTRA = 4, 6
 GAIN = 1e-3  # the search's plan must be cheaper than greedy's by more than this share
 AS_CHEAP = "greedy's plan is as cheap"
+UNPRICED = "a kernel has no modeled cost (symbolic sizes without bounds)"
+AT_BOUND = "greedy's plan is at the block's bound: one launch, compulsory bytes"
+ONE_LAUNCH = "greedy's plan is one launch costing less than any two"
 SLACK = 0.02  # greedy's plan within this share of the block's bound (bound_us) is not searched
 
 
@@ -117,13 +120,43 @@ def _tensor_bytes(ty) -> int:
     return tensor_bytes(ty)
 
 
-def bound_us(graph: Graph, structure: Structure, must: frozenset, spec) -> float:
-    """What no plan of the block goes below: one launch, the values it reads from outside read once and
-    the results later code reads written once, at the sustainable bandwidth."""
+def bound_us(graph: Graph, structure: Structure, must: frozenset, spec, launches: int = 1) -> float:
+    """What no plan of the block with `launches` launches goes below: the values it reads from outside
+    read once and the results later code reads written once, at the sustainable bandwidth."""
     inputs = {ref for u in structure.free for k in graph.nodes[u].ops for ref in graph.ops[k].inputs if ref.op < 0}
     moved = sum(_tensor_bytes(getattr(graph.externals[ref.output], "ty", None)) for ref in inputs)
     moved += sum(_tensor_bytes(graph.nodes[u].var.ty) for u in must)
-    return proxy_us(spec, moved, 1)
+    return proxy_us(spec, moved, launches)
+
+
+def greedy_price(graph: Graph, spec, plans: list, left: list) -> tuple:
+    """(modeled us, -1 where a kernel has none; whether it is one launch computing every free node) of
+    greedy's build of a block: `plans`, its stitched kernels' plans; `left`, the free nodes it leaves to
+    TVM's default path (priced as group_pricing.fallback_us)."""
+    costs = [plan_cost(plan, spec) for plan in plans]
+    if any(c is None for c in costs):
+        return -1.0, False
+    whole = len(plans) == 1 and plans[0].kernels == 1 and not left
+    return sum(costs) + sum(fallback_us(graph, n, spec) for n in left), whole
+
+
+def settled(where: tuple, graph: Graph, spec, reshape_only, price: tuple) -> SearchRecord | None:
+    """The record of a block whose greedy plan the search cannot beat, without opening or searching it;
+    None where it may. `graph`: the block's (FuseOps' groups); `price`: greedy_price of its greedy build.
+    Greedy's plan stands where a kernel has no modeled cost, where it is within SLACK of the block's
+    bound, and (proven) where it is one launch computing every free node and costs no more than the
+    bound of two launches: every other plan launches at least two kernels."""
+    start = time.perf_counter()
+    us, whole = price
+    if us < 0:
+        return SearchRecord(*where, "greedy", -1.0, -1.0, False, 0.0, 0, UNPRICED)
+    structure, must = block_structure(graph, reshape_only)
+    why, proven = "", False
+    if us <= (1 + SLACK) * bound_us(graph, structure, must, spec):
+        why = AT_BOUND
+    elif whole and us <= bound_us(graph, structure, must, spec, launches=2):
+        why, proven = ONE_LAUNCH, True
+    return SearchRecord(*where, "greedy", us, us, proven, time.perf_counter() - start, 0, why) if why else None
 
 
 def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedPlan:
@@ -171,11 +204,11 @@ def search_block(where: tuple, graph: Graph, greedy: list, spec, pricing: tuple,
                             why), None
 
     if pricer.unpriced:
-        return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
+        return kept(UNPRICED)
     if len(cands) < len(greedy):
         return kept("a group of greedy's falls back: its plan is not priced")
     if greedy_us <= (1 + SLACK) * bound_us(graph, structure, must, spec):
-        return kept("greedy's plan is at the block's bound: one launch, compulsory bytes")
+        return kept(AT_BOUND)
     taken = set(greedy)
     others = [p for p in enumerate_candidates(structure, limits=search_limits) if p not in taken]
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
@@ -183,7 +216,7 @@ def search_block(where: tuple, graph: Graph, greedy: list, spec, pricing: tuple,
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
                            (greedy_us * (1 - GAIN), time_limit, len(greedy) // PRICED_PER_GROUPS + PRICED_EXTRA))
     if pricer.unpriced:
-        return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
+        return kept(UNPRICED)
     if isinstance(found, str):
         return kept(found, found == AS_CHEAP)
     solution, cands, stitched = found
