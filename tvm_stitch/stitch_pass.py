@@ -33,7 +33,7 @@ from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.modeled_time import plan_times, plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion.group_pricing import estimated_plan
+from tvm_stitch.fusion.group_pricing import estimated_plan, plan_cost
 from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, greedy_groups, greedy_price, search_block, settled
 from tvm_stitch.fusion.outline import Outlined, outline_group
 from tvm_stitch.fusion.unfuse import opened_block
@@ -446,7 +446,7 @@ class _Stitcher:
                     and (n.index not in scope.recomputed or n.index in still_read)
                     and not any(n.index in a.group.members for a in stitched)]
             price = greedy_price(graph, self.spec, [a.kernel.plan for a in stitched], left)
-            searched = self._searched(scope, block_index, (block, used_after, mark), (greedy, price))
+            searched = self._searched(scope, block_index, (block, used_after, mark), (greedy, price, stitched))
             if searched is not None:
                 stitched, scope = searched
         if not stitched:
@@ -458,9 +458,10 @@ class _Stitcher:
         stitchable nodes opened (unfuse.py); None where greedy's plan, already built, stands (it cannot
         be beaten: fusion_search.settled; the search found nothing cheaper; or a group of its plan did
         not stitch). `where`: (the block, the variables later code reads, the outcome's mark before
-        greedy's build); `greedy`: (greedy's groups of the block, greedy_price of its build)."""
+        greedy's build); `greedy`: (greedy's groups of the block, greedy_price of its build, its stitched
+        attempts: the kernels of those groups are priced already)."""
         block, used_after, mark = where
-        partitioned, price = greedy
+        partitioned, price, built = greedy
         record = settled((fused.function, block_index), fused.graph, self.spec,
                          lambda node: _only_reshapes(fused.graph, [node]), price)
         if record is not None:
@@ -471,6 +472,12 @@ class _Stitcher:
         scope = dataclasses.replace(fused, graph=graph, recomputed=frozenset(),
                                     where={b.var: (block_index, k) for k, b in enumerate(opened.bindings)})
         greedy = greedy_groups(fused.graph, self.limits, partitioned, (graph, origin))
+        by_members = {a.group.members: a for a in built}
+        known = []
+        for members in partitioned:
+            a = by_members.get(tuple(members))
+            same = a is not None and a.group.recomputed == tuple(recomputed_in(fused.graph, members, fused.recomputed))
+            known.append(plan_cost(a.kernel.plan, self.spec) if same else None)
 
         def attempt(owned: list, recomputed: list) -> Attempt:
             try:
@@ -481,7 +488,7 @@ class _Stitcher:
         def estimate(owned: list, recomputed: list):
             return estimated_plan(self.mod, graph, owned, recomputed, scope.bounds, self.spec, self.target)
 
-        record, plan = search_block((scope.function, block_index), graph, greedy, self.spec,
+        record, plan = search_block((scope.function, block_index), graph, (greedy, tuple(known)), self.spec,
                                     (attempt, estimate),
                                     lambda node: _only_reshapes(graph, [node]), self.search_seconds)
         self.outcome.searches.append(record)

@@ -16,6 +16,7 @@ bounds), greedy's plan stands.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 
@@ -100,12 +101,16 @@ def greedy_groups(graph: Graph, limits, partitioned: list, opened: tuple) -> lis
             for members in partitioned]
 
 
-def _priced(pairs: list, structure: Structure, pricer: Pricer, reshape_only, exact: bool = False) -> tuple:
-    """(candidates, stitched flags): the pairs that price; reshapes alone are views (free, left to TVM)."""
+def _priced(pairs: list, structure: Structure, pricer: Pricer, reshape_only, exact: bool = False,
+            known: tuple = ()) -> tuple:
+    """(candidates, stitched flags): the pairs that price; reshapes alone are views (free, left to TVM).
+    `known`: per pair, the price of its kernel already built, or None (priced here)."""
     cands, stitched = [], []
-    for owned, rec in pairs:
+    for k, (owned, rec) in enumerate(pairs):
         if not rec and all(reshape_only(u) for u in owned):
             cost, stitches = 0.0, False
+        elif k < len(known) and known[k] is not None:
+            cost, stitches = known[k], True
         else:
             cost, stitches = pricer.cost(owned, rec, exact)
         if cost is not None:
@@ -185,17 +190,19 @@ def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedP
     return SearchedPlan(groups, frozenset(copied) - owned, tuple(notes))
 
 
-def search_block(where: tuple, graph: Graph, greedy: list, spec, pricing: tuple, reshape_only,
+def search_block(where: tuple, graph: Graph, greedy: tuple, spec, pricing: tuple, reshape_only,
                  time_limit: float, search_limits: SearchLimits = SearchLimits()) -> tuple:
     """(SearchRecord, SearchedPlan or None): the searched plan where it is cheaper than greedy's.
-    `where`: (function, dataflow block index); `greedy`: greedy's groups as (owned, recomputed) sets of
-    `graph`'s nodes; `pricing`: (attempt, estimate) as group_pricing.Pricer takes them;
+    `where`: (function, dataflow block index); `greedy`: (greedy's groups as (owned, recomputed) sets of
+    `graph`'s nodes, per group the price of the kernel greedy's build made of it or None);
+    `pricing`: (attempt, estimate) as group_pricing.Pricer takes them;
     `reshape_only(node)`: whether a node only reshapes (a view: nothing launched)."""
     start = time.perf_counter()
     function, block = where
+    greedy, known = greedy
     structure, must = block_structure(graph, reshape_only, spec.family == "cuda")
     pricer = Pricer(graph, spec, *pricing, must)
-    cands, stitched = _priced(greedy, structure, pricer, reshape_only, exact=True)
+    cands, stitched = _priced(greedy, structure, pricer, reshape_only, exact=True, known=known)
     greedy_us = sum(c.cost for c in cands)
 
     def kept(why: str, proven: bool = False) -> tuple:
@@ -212,7 +219,7 @@ def search_block(where: tuple, graph: Graph, greedy: list, spec, pricing: tuple,
     taken = set(greedy)
     others = [p for p in enumerate_candidates(structure, limits=search_limits) if p not in taken]
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
-                           lambda o, r: lower_us(graph, structure, must, (o, r), spec),
+                           functools.partial(lower_us, graph, must, spec, _sizes(graph)),
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
                            (greedy_us * (1 - GAIN), time_limit, len(greedy) // PRICED_PER_GROUPS + PRICED_EXTRA))
     if pricer.unpriced:
@@ -261,18 +268,32 @@ def _priced_lazily(problem: Problem, stitched: list, others: list, lower, price,
                 del cands[c], stitched[c], known[c]
 
 
-def lower_us(graph: Graph, structure: Structure, must: frozenset, pair: tuple, spec) -> float:
+def _sizes(graph: Graph) -> tuple:
+    """(bytes of a value an op reads, bytes of a node's result, each computed once for the block; the
+    nodes' consumers)."""
+    refs, nodes = {}, {}
+
+    def of_ref(r) -> int:
+        if r not in refs:
+            refs[r] = (_tensor_bytes(getattr(graph.externals[r.output], "ty", None)) if r.op < 0
+                       else tensor_bytes(graph.ops[r.op].out_types[r.output]))
+        return refs[r]
+
+    def of_node(n: int) -> int:
+        if n not in nodes:
+            nodes[n] = _tensor_bytes(graph.nodes[n].var.ty)
+        return nodes[n]
+    return of_ref, of_node, graph.consumers
+
+
+def lower_us(graph: Graph, must: frozenset, spec, sizes: tuple, owned: frozenset, recomputed: frozenset) -> float:
     """A bound below a group's modeled time: one launch, writing the results read outside it and reading
     once what its element-wise, broadcast and reduction ops read from outside (an injective op may read
-    a part of its input)."""
-    owned, recomputed = pair
-    inside = owned | recomputed
-    ops = {k for n in inside for k in graph.nodes[n].ops}
+    a part of its input). `sizes`: _sizes(graph)."""
+    of_ref, of_node, consumers = sizes
+    ops = {k for n in owned | recomputed for k in graph.nodes[n].ops}
     inputs = {ref for k in ops if graph.ops[k].cls.kind != OpKind.INJECTIVE
               for ref in graph.ops[k].inputs if ref.op not in ops}
-    consumers = graph.consumers
-    moved = sum(_tensor_bytes(getattr(graph.externals[r.output], "ty", None)) if r.op < 0
-                else tensor_bytes(graph.ops[r.op].out_types[r.output]) for r in inputs)
-    moved += sum(_tensor_bytes(graph.nodes[n].var.ty) for n in owned
-                 if n in must or any(c not in owned for c in consumers[n]))
+    moved = sum(of_ref(r) for r in inputs)
+    moved += sum(of_node(n) for n in owned if n in must or any(c not in owned for c in consumers[n]))
     return proxy_us(spec, moved, 1)
