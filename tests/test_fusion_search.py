@@ -7,6 +7,7 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
+from tvm_stitch.fusion.fusion_search import AT_BOUND, ONE_LAUNCH, UNPRICED
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 
 from conftest import make_module, tensor
@@ -37,8 +38,9 @@ def _search_line(report):
 
 def test_producer_read_by_row_and_column_sums_is_computed_again_in_both():
     mod = _producer_read_by_row_and_column_sums()
-    greedy = tvm_stitch.explain(mod, CUDA)
-    search = tvm_stitch.explain(mod, CUDA, fusion="search")
+    greedy = tvm_stitch.explain(mod, CUDA, fusion="greedy")
+    search = tvm_stitch.explain(mod, CUDA)  # the search is the default
+    assert not greedy.searches
     record = _search_line(search)
     greedy_us = sum(p.modeled_us for p in greedy.plans)
     assert record.method == "search" and record.proven
@@ -55,8 +57,8 @@ def test_producer_read_by_row_and_column_sums_is_computed_again_in_both():
 def test_centred_square_column_sum_launches_two_kernels_not_three():
     # greedy: the mean with the square in a row-split plan (2 launches), then the column sum
     mod = _centred_square_column_sum()
-    greedy = tvm_stitch.explain(mod, CUDA)
-    search = tvm_stitch.explain(mod, CUDA, fusion="search")
+    greedy = tvm_stitch.explain(mod, CUDA, fusion="greedy")
+    search = tvm_stitch.explain(mod, CUDA)
     assert sum(p.kernels for p in greedy.plans) == 3
     assert sum(p.kernels for p in search.plans) == 2
     record = _search_line(search)
@@ -89,17 +91,48 @@ def test_searched_kernels_match_numpy(rng, emulate):
     np.testing.assert_allclose(out, (d * d).sum(0), rtol=2e-4)
 
 
-def test_a_layernorm_keeps_greedys_one_kernel():
+def test_a_layernorm_keeps_greedys_one_kernel_without_a_search():
     def body(bb, x, g, b):
         mean = bb.emit(op.mean(x, axis=[-1], keepdims=True))
         xc = bb.emit(op.subtract(x, mean))
         var = bb.emit(op.mean(op.multiply(xc, xc), axis=[-1], keepdims=True))
         return bb.emit(op.add(op.multiply(op.multiply(xc, op.rsqrt(op.add(var, relax.const(1e-5)))), g), b))
-    mod = make_module([tensor("x", (4096, 768)), tensor("g", (768,)), tensor("b", (768,))], body)
-    report = tvm_stitch.explain(mod, CUDA, fusion="search")
-    record = _search_line(report)
-    assert record.method == "greedy" and record.chosen_us == record.greedy_us
-    assert len(report.plans) == 1
+    for rows, why in ((4096, AT_BOUND), (8, ONE_LAUNCH)):
+        mod = make_module([tensor("x", (rows, 768)), tensor("g", (768,)), tensor("b", (768,))], body)
+        report = tvm_stitch.explain(mod, CUDA)
+        record = _search_line(report)
+        # settled before the block is opened: no candidate is enumerated or priced
+        assert (record.method, record.why, record.candidates) == ("greedy", why, 0)
+        assert record.chosen_us == record.greedy_us == pytest.approx(report.plans[0].modeled_us)
+        assert record.proven == (why == ONE_LAUNCH)
+        assert len(report.plans) == 1
+
+
+def test_a_kernel_without_modeled_time_keeps_greedys_plan_unsearched():
+    n = tvm.tirx.Var("n", "int64")
+
+    def body(bb, x):
+        return bb.emit(op.sum(op.multiply(op.exp(x), x), axis=[1]))
+    record = _search_line(tvm_stitch.explain(make_module([tensor("x", (n, 1024))], body), CUDA))
+    assert (record.method, record.why, record.candidates, record.greedy_us) == ("greedy", UNPRICED, 0, -1.0)
+
+
+@pytest.mark.parametrize("seeds", [range(3), pytest.param(range(3, 40), marks=pytest.mark.slow)])
+def test_fuzzers_graphs_searched_plan_is_never_above_greedys_modeled_time(seeds):
+    from tvm_stitch.planning.spec import TargetSpec
+    from tvm_stitch.target import as_target
+    from tvm_stitch.tools.fuzz import build_module, random_spec
+    from tvm_stitch.tools.module_time import stitched_module_time
+
+    spec = TargetSpec.from_target(as_target(CUDA))
+    priced = 0
+    for seed in seeds:
+        mod = build_module(random_spec(seed))
+        times = {f: stitched_module_time(mod, CUDA, spec, f) for f in ("greedy", "search")}
+        if times["greedy"].us > 0:
+            assert times["search"].us <= times["greedy"].us * (1 + 1e-9), seed
+            priced += 1
+    assert priced
 
 
 def test_an_unknown_fusion_method_is_refused():

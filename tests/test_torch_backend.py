@@ -276,7 +276,8 @@ def test_bad_options_are_refused_when_the_backend_is_made():
         ts.backend(fusoin=False)
     with pytest.raises(TypeError, match="fusion must be one of 'greedy', 'search' or False"):
         ts.backend(fusion=True)
-    assert ts.backend(fusion="search").options.fusion == "search"
+    assert ts.backend().options.fusion == "search"  # the default: the fusion search
+    assert ts.backend(fusion="greedy").options.fusion == "greedy"
 
 
 def test_the_entry_point_registers_the_backend_for_a_plain_name():

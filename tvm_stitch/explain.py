@@ -6,13 +6,13 @@ import tvm
 
 from tvm_stitch.pipeline import grouping_passes, guarded
 from tvm_stitch.report import StitchReport
-from tvm_stitch.stitch_pass import StitchFusion
+from tvm_stitch.stitch_pass import DEFAULT_FUSION, StitchFusion
 from tvm_stitch.stitch_target import StitchTarget
 from tvm_stitch.target import warn_if_generic_cpu
 
 
 def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
-                       fast_math: bool | None = None, cost_model=True, fusion: str = "greedy") -> tuple:
+                       fast_math: bool | None = None, cost_model=True, fusion: str = DEFAULT_FUSION) -> tuple:
     """(report, grouped module): `explain`'s report and the graph StitchFusion grouped (FuseOps' output)."""
     if not isinstance(mod, tvm.IRModule):
         raise TypeError(f"explain expects a Relax IRModule, got {type(mod).__name__}")
@@ -29,7 +29,7 @@ def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
 
 
 def explain(mod: tvm.IRModule, target, *, strict: bool = False, fast_math: bool | None = None,
-            cost_model=True, fusion: str = "greedy") -> StitchReport:
+            cost_model=True, fusion: str = DEFAULT_FUSION) -> StitchReport:
     """Run the grouping and planning steps of the pipeline on a copy of `mod`.
 
     Returns a StitchReport: per group its ops, the kernel's plan (dominant
@@ -37,7 +37,7 @@ def explain(mod: tvm.IRModule, target, *, strict: bool = False, fast_math: bool 
     traffic, modeled time) or the reason it fell back. `print()` shows it as
     a table; `.details()` in full. `cost_model` as StitchFusion's (False:
     the rule plans, without choices among their variants). `fusion` as
-    `pipeline`'s ("search": the report says per block the plan used, its
+    `pipeline`'s ("search", the default: the report says per block the plan used, its
     modeled time and greedy's, whether the optimum was proven, the solve time).
     """
     return explain_with_graph(mod, target, strict=strict, fast_math=fast_math, cost_model=cost_model,

@@ -65,7 +65,7 @@ from tvm_stitch.fusion.patchify import PatchifyAsMatmul
 from tvm_stitch.fusion.precision import AccumulateInFloat32
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
-from tvm_stitch.stitch_pass import StitchFusion
+from tvm_stitch.stitch_pass import DEFAULT_FUSION, StitchFusion
 from tvm_stitch.stitch_target import StitchTarget
 from tvm_stitch.target import backend_passes, warn_if_generic_cpu
 
@@ -218,7 +218,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
 
 def stitch_passes(target, *, strict: bool = False, report: StitchReport | None = None,
                   emulate: str | None = None, fast_math: bool | None = None, cost_model: bool = True,
-                  spec=None, fusion: str = "greedy") -> list:
+                  spec=None, fusion: str = DEFAULT_FUSION) -> list:
     """The passes up to and including StitchFusion (shared by `pipeline` and `explain`); `target`: a
     StitchTarget, or a target it is made from with `emulate` and `spec`."""
     if not isinstance(target, StitchTarget):
@@ -231,7 +231,7 @@ def stitch_passes(target, *, strict: bool = False, report: StitchReport | None =
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
              emulate: str | None = None, fast_math: bool | None = None,
-             cost_model: bool = True, spec=None, fusion: str = "greedy") -> tvm.transform.Pass:
+             cost_model: bool = True, spec=None, fusion: str = DEFAULT_FUSION) -> tvm.transform.Pass:
     """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
 
     `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
@@ -247,7 +247,8 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     (planning/cost_models/, CPU only) pick each kernel's configuration among
     the rule plan's variants; `False` keeps the rules alone. Plans are made
     for the target's `TargetSpec`, or for `spec` where given (see `StitchFusion`).
-    `fusion="search"` groups by the fusion search, "greedy" by the greedy partition (see `StitchFusion`).
+    `fusion="search"` (the default) groups by the fusion search, "greedy" by the greedy partition (see
+    `StitchFusion`).
     An llvm target without `mcpu` warns (GenericCpuWarning): see `target.host_target()`.
     """
     made = StitchTarget.make(target, emulate, spec)

@@ -42,7 +42,7 @@ from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning import cost_model
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.report import StitchReport
-from tvm_stitch.stitch_pass import stitch_module
+from tvm_stitch.stitch_pass import DEFAULT_FUSION, stitch_module
 from tvm_stitch.target import as_target
 
 DEFAULT_TARGET = MappingProxyType({"kind": "cuda", "arch": "sm_90"})
@@ -76,7 +76,7 @@ class SimtReport:
         return "\n".join(self.lines())
 
 
-def stitched_kernels(mod: tvm.IRModule, target, fusion: str = "greedy") -> tuple:
+def stitched_kernels(mod: tvm.IRModule, target, fusion: str = DEFAULT_FUSION) -> tuple:
     """(stitched module, StitchReport, {kernel name: fused PrimFunc}) for `target`, as the pipeline makes them
     (grouped by `fusion`, as `pipeline`'s)."""
     fused = {}
@@ -112,7 +112,7 @@ def _references(func: tirx.PrimFunc, name: str, fused: dict, packs: dict) -> lis
 
 
 def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int = 0,
-          sizes: dict | None = None, fusion: str = "greedy") -> SimtReport:
+          sizes: dict | None = None, fusion: str = DEFAULT_FUSION) -> SimtReport:
     """Run every stitched CUDA kernel of `mod` with SIMT semantics; see the module docstring.
 
     `target`: the CUDA target the kernels are planned for (default sm_90).

@@ -33,8 +33,8 @@ from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.modeled_time import modeled_times, plan_times, plan_us, scheduled_us
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion.group_pricing import estimated_plan
-from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, greedy_groups, search_block
+from tvm_stitch.fusion.group_pricing import estimated_plan, plan_cost
+from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, greedy_groups, greedy_price, search_block, settled
 from tvm_stitch.fusion.outline import Outlined, outline_group
 from tvm_stitch.fusion.unfuse import opened_block
 from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
@@ -193,6 +193,7 @@ class Kernel:
 
 OUTLINED, PLANNED, SCHEDULED = "outlined", "planned", "scheduled"
 FUSION_METHODS = ("greedy", "search")
+DEFAULT_FUSION = "search"  # the grouping a pipeline uses unless told otherwise (docs/fusion-search.md)
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,14 @@ class _Outcome:
     notes: list = field(default_factory=list)
     searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block
 
+    def mark(self) -> tuple:
+        """Where the attempts and notes end now (see rollback)."""
+        return len(self.attempts), len(self.notes)
+
+    def rollback(self, mark: tuple) -> None:
+        """Forget the attempts and notes recorded since `mark` (a block's greedy build the search replaces)."""
+        del self.attempts[mark[0]:], self.notes[mark[1]:]
+
     def into(self, report: StitchReport, kernels: dict) -> None:
         """Fill `report`; `kernels` (name -> Kernel) are the kernels as finally built."""
         report.groups.extend(a.record(kernels) for a in self.attempts)
@@ -277,7 +286,7 @@ class _Stitcher:
     """The stages of the pass for one module: outline, plan, schedule per group; groups per block."""
 
     def __init__(self, mod: tvm.IRModule, target: Target, strict: bool, spec: TargetSpec, choose=None,
-                 fusion: str = "greedy"):
+                 fusion: str = DEFAULT_FUSION):
         self.mod = mod
         self.fusion = fusion  # "greedy": partition.py's groups; "search": fusion_search.py's plan
         self.search_seconds = SEARCH_SECONDS  # the solver's time limit per dataflow block
@@ -460,32 +469,50 @@ class _Stitcher:
         self.outcome.opaque.extend((node.var.name, node.reason) for node in graph.nodes if not node.stitchable)
         scope = _Block(function, graph, {b.var: (block_index, k) for k, b in enumerate(block.bindings)}, bounds,
                        recomputed_producers(graph, self.limits))
-        search = self.fusion == "search" and any(node.stitchable for node in graph.nodes)
         greedy = partition(graph, self.limits)
-        searched = self._searched(scope, block_index, (block, used_after), greedy) if search else None
-        if searched is not None:
-            stitched, scope = searched
-        else:
-            stitched = self._stitched_groups(scope, greedy)
-            still_read = _still_read(graph, scope.recomputed, stitched)
-            for members in partition(graph, self.limits, among=still_read):
-                if not _only_reshapes(graph, members):
-                    stitched += self._kept([self.attempt(scope, members)])
+        mark = self.outcome.mark()
+        stitched = self._stitched_groups(scope, greedy)
+        still_read = _still_read(graph, scope.recomputed, stitched)
+        for members in partition(graph, self.limits, among=still_read):
+            if not _only_reshapes(graph, members):
+                stitched += self._kept([self.attempt(scope, members)])
+        if self.fusion == "search" and any(node.stitchable for node in graph.nodes):
+            left = [n.index for n in graph.nodes if n.stitchable and n.ops and not _only_reshapes(graph, [n.index])
+                    and (n.index not in scope.recomputed or n.index in still_read)
+                    and not any(n.index in a.group.members for a in stitched)]
+            price = greedy_price(graph, self.spec, [a.kernel.plan for a in stitched], left)
+            searched = self._searched(scope, block_index, (block, used_after, mark), (greedy, price, stitched))
+            if searched is not None:
+                stitched, scope = searched
         if not stitched:
             return block
         return relax.DataflowBlock(self._bindings(scope, stitched, used_after, calls))
 
-    def _searched(self, fused: _Block, block_index: int, where: tuple, partitioned: list) -> tuple | None:
+    def _searched(self, fused: _Block, block_index: int, where: tuple, greedy: tuple) -> tuple | None:
         """(stitched attempts, scope) of the fusion search's plan, over the block with FuseOps' groups of
-        stitchable nodes opened (unfuse.py); None where greedy's plan stands (the search found nothing
-        cheaper, or a group of its plan did not stitch). `where`: (the block, the variables later code
-        reads); `partitioned`: greedy's groups of the block."""
-        block, used_after = where
+        stitchable nodes opened (unfuse.py); None where greedy's plan, already built, stands (it cannot
+        be beaten: fusion_search.settled; the search found nothing cheaper; or a group of its plan did
+        not stitch). `where`: (the block, the variables later code reads, the outcome's mark before
+        greedy's build); `greedy`: (greedy's groups of the block, greedy_price of its build, its stitched
+        attempts: the kernels of those groups are priced already)."""
+        block, used_after, mark = where
+        partitioned, price, built = greedy
+        record = settled((fused.function, block_index), fused.graph, self.spec,
+                         lambda node: _only_reshapes(fused.graph, [node]), price)
+        if record is not None:
+            self.outcome.searches.append(record)
+            return None
         opened, origin = opened_block(self.mod, block, {n.var for n in fused.graph.nodes if n.stitchable})
         graph = build_graph(self.mod, opened, used_after, self.analyses)
         scope = dataclasses.replace(fused, graph=graph, recomputed=frozenset(),
                                     where={b.var: (block_index, k) for k, b in enumerate(opened.bindings)})
         greedy = greedy_groups(fused.graph, self.limits, partitioned, (graph, origin))
+        by_members = {a.group.members: a for a in built}
+        known = []
+        for members in partitioned:
+            a = by_members.get(tuple(members))
+            same = a is not None and a.group.recomputed == tuple(recomputed_in(fused.graph, members, fused.recomputed))
+            known.append(plan_cost(a.kernel.plan, self.spec) if same else None)
 
         def attempt(owned: list, recomputed: list) -> Attempt:
             try:
@@ -496,7 +523,7 @@ class _Stitcher:
         def estimate(owned: list, recomputed: list):
             return estimated_plan(self.mod, graph, owned, recomputed, scope.bounds, self.spec, self.target)
 
-        record, plan = search_block((scope.function, block_index), graph, greedy, self.spec,
+        record, plan = search_block((scope.function, block_index), graph, (greedy, tuple(known)), self.spec,
                                     (attempt, estimate),
                                     lambda node: _only_reshapes(graph, [node]), self.search_seconds)
         self.outcome.searches.append(record)
@@ -507,6 +534,8 @@ class _Stitcher:
             self.outcome.searches[-1] = dataclasses.replace(record, method="greedy", chosen_us=record.greedy_us,
                                                             why="a group of the searched plan did not stitch")
             return None
+        self.outcome.rollback(mark)
+        self.outcome.notes.extend(note for a in attempts for note in a.kernel.notes)
         self.outcome.notes.extend(plan.notes)
         return self._kept(attempts), dataclasses.replace(scope, recomputed=plan.copies_only)
 
@@ -629,7 +658,7 @@ def _rewrite_function(stitcher: _Stitcher, name: str, func: relax.Function, call
 
 def stitch_module(mod: tvm.IRModule, target: Target, strict: bool = False,
                   report: StitchReport | None = None, spec: TargetSpec | None = None,
-                  choose=None, fusion: str = "greedy") -> tvm.IRModule:
+                  choose=None, fusion: str = DEFAULT_FUSION) -> tvm.IRModule:
     """Stitch `mod` for `target`; plans are made for `spec` (default: `target`'s).
 
     `choose(fused, rule_plan, spec)` returns the plan to build (e.g. the cost
@@ -676,7 +705,7 @@ class _LazyGlobals(dict):
 
 def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, strict: bool = False,
                  report: StitchReport | None = None, emulate=None,
-                 cost_model=True, spec: TargetSpec | None = None, fusion: str = "greedy") -> tvm.transform.Pass:
+                 cost_model=True, spec: TargetSpec | None = None, fusion: str = DEFAULT_FUSION) -> tvm.transform.Pass:
     """The stitch pass, for pipelines of your own: run it after FuseOps and before FuseTIR.
 
     `target` defaults to the current target scope; plans are made for its
@@ -697,10 +726,10 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
     first) is used as given; `False` uses the rules only. `spec` plans for
     that `TargetSpec` instead of the target's own (another core count, an
     SM count no target attribute sets); its family must be the one planned
-    for. `fusion="search"` chooses the groups by the fusion search (an
-    integer program over the groups' modeled times, fusion/fusion_search.py;
-    greedy's plan where the search finds nothing cheaper); "greedy" (the
-    default) by the greedy partition (fusion/partition.py).
+    for. `fusion="search"` (the default) chooses the groups by the fusion
+    search (an integer program over the groups' modeled times,
+    fusion/fusion_search.py; greedy's plan where the search finds nothing
+    cheaper); "greedy" by the greedy partition (fusion/partition.py).
     """
     if fusion not in FUSION_METHODS:
         raise ValueError(f"fusion must be one of {', '.join(FUSION_METHODS)}, not {fusion!r}")

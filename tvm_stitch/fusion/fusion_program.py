@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from tvm_stitch.fusion.acyclic import quotient_cycle
@@ -69,18 +70,22 @@ def _rows(problem: Problem) -> tuple:
     width = len(cands) + len(nodes)
     rows, lower, upper = [], [], []
     for u in nodes:
-        row = np.zeros(width)
+        row = {c: 1.0 for c, cand in enumerate(cands) if u in cand.owned}
         row[m_index[u]] = -1.0
-        for c, cand in enumerate(cands):
-            if u in cand.owned:
-                row[c] = 1.0
         rows.append(row), lower.append(0.0), upper.append(0.0)
     for c, cand in enumerate(cands):
         for p in cand.reads:
-            row = np.zeros(width)
-            row[c], row[m_index[p]] = 1.0, -1.0
-            rows.append(row), lower.append(-np.inf), upper.append(0.0)
+            rows.append({c: 1.0, m_index[p]: -1.0}), lower.append(-np.inf), upper.append(0.0)
     return rows, lower, upper, m_index
+
+
+def _matrix(rows: list, width: int):
+    """The sparse constraint matrix of `rows` (column -> coefficient per row)."""
+    count = sum(len(row) for row in rows)
+    r = np.fromiter((i for i, row in enumerate(rows) for _ in row), dtype=np.int64, count=count)
+    c = np.fromiter((k for row in rows for k in row), dtype=np.int64, count=count)
+    v = np.fromiter((x for row in rows for x in row.values()), dtype=np.float64, count=count)
+    return sparse.csr_array((v, (r, c)), shape=(len(rows), width))
 
 
 def solve(problem: Problem, time_limit: float = 10.0, max_cuts: int = 200) -> Solution | None:
@@ -98,7 +103,7 @@ def solve(problem: Problem, time_limit: float = 10.0, max_cuts: int = 200) -> So
         left = time_limit - (time.perf_counter() - start)
         if left <= 0 or cuts > max_cuts:
             return None
-        constraints = [LinearConstraint(np.array(rows), lower, upper)] if rows else []
+        constraints = [LinearConstraint(_matrix(rows, width), lower, upper)] if rows else []
         result = milp(cost, integrality=np.ones(width), bounds=Bounds(lo, hi), constraints=constraints,
                       options={"time_limit": left})
         if result.x is None:
@@ -108,8 +113,5 @@ def solve(problem: Problem, time_limit: float = 10.0, max_cuts: int = 200) -> So
         if cycle is None:
             total = float(sum(cands[c].cost for c in chosen))
             return Solution(chosen, total, result.status == 0, time.perf_counter() - start, cuts)
-        row = np.zeros(width)
-        for k in cycle:
-            row[chosen[k]] = 1.0
-        rows.append(row), lower.append(-np.inf), upper.append(len(cycle) - 1.0)
+        rows.append({chosen[k]: 1.0 for k in cycle}), lower.append(-np.inf), upper.append(len(cycle) - 1.0)
         cuts += 1

@@ -16,6 +16,7 @@ bounds), greedy's plan stands.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from tvm_stitch.analysis.classify import OpKind
 from tvm_stitch.analysis.graph import Graph
 from tvm_stitch.fusion.candidate_groups import SearchLimits, Structure, enumerate_candidates, reads
 from tvm_stitch.fusion.fusion_program import Candidate, Problem, solve
-from tvm_stitch.fusion.group_pricing import Pricer, proxy_us, tensor_bytes
+from tvm_stitch.fusion.group_pricing import Pricer, fallback_us, plan_cost, proxy_us, tensor_bytes
 from tvm_stitch.fusion.partition import recomputed_in, recomputed_producers
 
 SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
@@ -35,6 +36,9 @@ SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
 PRICED_PER_GROUPS, PRICED_EXTRA = 4, 6
 GAIN = 1e-3  # the search's plan must be cheaper than greedy's by more than this share
 AS_CHEAP = "greedy's plan is as cheap"
+UNPRICED = "a kernel has no modeled cost (symbolic sizes without bounds)"
+AT_BOUND = "greedy's plan is at the block's bound: one launch, compulsory bytes"
+ONE_LAUNCH = "greedy's plan is one launch costing less than any two"
 SLACK = 0.02  # greedy's plan within this share of the block's bound (bound_us) is not searched
 
 
@@ -97,12 +101,16 @@ def greedy_groups(graph: Graph, limits, partitioned: list, opened: tuple) -> lis
             for members in partitioned]
 
 
-def _priced(pairs: list, structure: Structure, pricer: Pricer, reshape_only, exact: bool = False) -> tuple:
-    """(candidates, stitched flags): the pairs that price; reshapes alone are views (free, left to TVM)."""
+def _priced(pairs: list, structure: Structure, pricer: Pricer, reshape_only, exact: bool = False,
+            known: tuple = ()) -> tuple:
+    """(candidates, stitched flags): the pairs that price; reshapes alone are views (free, left to TVM).
+    `known`: per pair, the price of its kernel already built, or None (priced here)."""
     cands, stitched = [], []
-    for owned, rec in pairs:
+    for k, (owned, rec) in enumerate(pairs):
         if not rec and all(reshape_only(u) for u in owned):
             cost, stitches = 0.0, False
+        elif k < len(known) and known[k] is not None:
+            cost, stitches = known[k], True
         else:
             cost, stitches = pricer.cost(owned, rec, exact)
         if cost is not None:
@@ -117,13 +125,43 @@ def _tensor_bytes(ty) -> int:
     return tensor_bytes(ty)
 
 
-def bound_us(graph: Graph, structure: Structure, must: frozenset, spec) -> float:
-    """What no plan of the block goes below: one launch, the values it reads from outside read once and
-    the results later code reads written once, at the sustainable bandwidth."""
+def bound_us(graph: Graph, structure: Structure, must: frozenset, spec, launches: int = 1) -> float:
+    """What no plan of the block with `launches` launches goes below: the values it reads from outside
+    read once and the results later code reads written once, at the sustainable bandwidth."""
     inputs = {ref for u in structure.free for k in graph.nodes[u].ops for ref in graph.ops[k].inputs if ref.op < 0}
     moved = sum(_tensor_bytes(getattr(graph.externals[ref.output], "ty", None)) for ref in inputs)
     moved += sum(_tensor_bytes(graph.nodes[u].var.ty) for u in must)
-    return proxy_us(spec, moved, 1)
+    return proxy_us(spec, moved, launches)
+
+
+def greedy_price(graph: Graph, spec, plans: list, left: list) -> tuple:
+    """(modeled us, -1 where a kernel has none; whether it is one launch computing every free node) of
+    greedy's build of a block: `plans`, its stitched kernels' plans; `left`, the free nodes it leaves to
+    TVM's default path (priced as group_pricing.fallback_us)."""
+    costs = [plan_cost(plan, spec) for plan in plans]
+    if any(c is None for c in costs):
+        return -1.0, False
+    whole = len(plans) == 1 and plans[0].kernels == 1 and not left
+    return sum(costs) + sum(fallback_us(graph, n, spec) for n in left), whole
+
+
+def settled(where: tuple, graph: Graph, spec, reshape_only, price: tuple) -> SearchRecord | None:
+    """The record of a block whose greedy plan the search cannot beat, without opening or searching it;
+    None where it may. `graph`: the block's (FuseOps' groups); `price`: greedy_price of its greedy build.
+    Greedy's plan stands where a kernel has no modeled cost, where it is within SLACK of the block's
+    bound, and (proven) where it is one launch computing every free node and costs no more than the
+    bound of two launches: every other plan launches at least two kernels."""
+    start = time.perf_counter()
+    us, whole = price
+    if us < 0:
+        return SearchRecord(*where, "greedy", -1.0, -1.0, False, 0.0, 0, UNPRICED)
+    structure, must = block_structure(graph, reshape_only)
+    why, proven = "", False
+    if us <= (1 + SLACK) * bound_us(graph, structure, must, spec):
+        why = AT_BOUND
+    elif whole and us <= bound_us(graph, structure, must, spec, launches=2):
+        why, proven = ONE_LAUNCH, True
+    return SearchRecord(*where, "greedy", us, us, proven, time.perf_counter() - start, 0, why) if why else None
 
 
 def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedPlan:
@@ -152,17 +190,19 @@ def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedP
     return SearchedPlan(groups, frozenset(copied) - owned, tuple(notes))
 
 
-def search_block(where: tuple, graph: Graph, greedy: list, spec, pricing: tuple, reshape_only,
+def search_block(where: tuple, graph: Graph, greedy: tuple, spec, pricing: tuple, reshape_only,
                  time_limit: float, search_limits: SearchLimits = SearchLimits()) -> tuple:
     """(SearchRecord, SearchedPlan or None): the searched plan where it is cheaper than greedy's.
-    `where`: (function, dataflow block index); `greedy`: greedy's groups as (owned, recomputed) sets of
-    `graph`'s nodes; `pricing`: (attempt, estimate) as group_pricing.Pricer takes them;
+    `where`: (function, dataflow block index); `greedy`: (greedy's groups as (owned, recomputed) sets of
+    `graph`'s nodes, per group the price of the kernel greedy's build made of it or None);
+    `pricing`: (attempt, estimate) as group_pricing.Pricer takes them;
     `reshape_only(node)`: whether a node only reshapes (a view: nothing launched)."""
     start = time.perf_counter()
     function, block = where
+    greedy, known = greedy
     structure, must = block_structure(graph, reshape_only, spec.family == "cuda")
     pricer = Pricer(graph, spec, *pricing, must)
-    cands, stitched = _priced(greedy, structure, pricer, reshape_only, exact=True)
+    cands, stitched = _priced(greedy, structure, pricer, reshape_only, exact=True, known=known)
     greedy_us = sum(c.cost for c in cands)
 
     def kept(why: str, proven: bool = False) -> tuple:
@@ -171,19 +211,19 @@ def search_block(where: tuple, graph: Graph, greedy: list, spec, pricing: tuple,
                             why), None
 
     if pricer.unpriced:
-        return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
+        return kept(UNPRICED)
     if len(cands) < len(greedy):
         return kept("a group of greedy's falls back: its plan is not priced")
     if greedy_us <= (1 + SLACK) * bound_us(graph, structure, must, spec):
-        return kept("greedy's plan is at the block's bound: one launch, compulsory bytes")
+        return kept(AT_BOUND)
     taken = set(greedy)
     others = [p for p in enumerate_candidates(structure, limits=search_limits) if p not in taken]
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
-                           lambda o, r: lower_us(graph, structure, must, (o, r), spec),
+                           functools.partial(lower_us, graph, must, spec, _sizes(graph)),
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
                            (greedy_us * (1 - GAIN), time_limit, len(greedy) // PRICED_PER_GROUPS + PRICED_EXTRA))
     if pricer.unpriced:
-        return kept("a kernel has no modeled cost (symbolic sizes without bounds)")
+        return kept(UNPRICED)
     if isinstance(found, str):
         return kept(found, found == AS_CHEAP)
     solution, cands, stitched = found
@@ -228,18 +268,32 @@ def _priced_lazily(problem: Problem, stitched: list, others: list, lower, price,
                 del cands[c], stitched[c], known[c]
 
 
-def lower_us(graph: Graph, structure: Structure, must: frozenset, pair: tuple, spec) -> float:
+def _sizes(graph: Graph) -> tuple:
+    """(bytes of a value an op reads, bytes of a node's result, each computed once for the block; the
+    nodes' consumers)."""
+    refs, nodes = {}, {}
+
+    def of_ref(r) -> int:
+        if r not in refs:
+            refs[r] = (_tensor_bytes(getattr(graph.externals[r.output], "ty", None)) if r.op < 0
+                       else tensor_bytes(graph.ops[r.op].out_types[r.output]))
+        return refs[r]
+
+    def of_node(n: int) -> int:
+        if n not in nodes:
+            nodes[n] = _tensor_bytes(graph.nodes[n].var.ty)
+        return nodes[n]
+    return of_ref, of_node, graph.consumers
+
+
+def lower_us(graph: Graph, must: frozenset, spec, sizes: tuple, owned: frozenset, recomputed: frozenset) -> float:
     """A bound below a group's modeled time: one launch, writing the results read outside it and reading
     once what its element-wise, broadcast and reduction ops read from outside (an injective op may read
-    a part of its input)."""
-    owned, recomputed = pair
-    inside = owned | recomputed
-    ops = {k for n in inside for k in graph.nodes[n].ops}
+    a part of its input). `sizes`: _sizes(graph)."""
+    of_ref, of_node, consumers = sizes
+    ops = {k for n in owned | recomputed for k in graph.nodes[n].ops}
     inputs = {ref for k in ops if graph.ops[k].cls.kind != OpKind.INJECTIVE
               for ref in graph.ops[k].inputs if ref.op not in ops}
-    consumers = graph.consumers
-    moved = sum(_tensor_bytes(getattr(graph.externals[r.output], "ty", None)) if r.op < 0
-                else tensor_bytes(graph.ops[r.op].out_types[r.output]) for r in inputs)
-    moved += sum(_tensor_bytes(graph.nodes[n].var.ty) for n in owned
-                 if n in must or any(c not in owned for c in consumers[n]))
+    moved = sum(of_ref(r) for r in inputs)
+    moved += sum(of_node(n) for n in owned if n in must or any(c not in owned for c in consumers[n]))
     return proxy_us(spec, moved, 1)

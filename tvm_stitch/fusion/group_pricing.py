@@ -34,7 +34,7 @@ from tvm_stitch.check.modeled_time import plan_us
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.outline import outline_group
 from tvm_stitch.planning.planner import plan_kernel
-from tvm_stitch.planning.spec import CUDA_ACHIEVABLE_BANDWIDTH, TargetSpec
+from tvm_stitch.planning.spec import TargetSpec
 
 # The CPU proxy's weights (not hardware facts: a model of the cost, fitted to nothing): bytes a core
 # streams per microsecond, and the overhead of one parallel launch.
@@ -44,8 +44,8 @@ CPU_PROXY_LAUNCH_US = 5.0
 
 def proxy_us(spec: TargetSpec, moved_bytes: float, launches: int) -> float:
     """Launch overhead plus bytes at the sustainable bandwidth (CUDA: the spec's; CPU: the proxy's)."""
-    if spec.family == "cuda":
-        return launches * spec.launch_us + moved_bytes / (spec.hbm_bytes_per_us * CUDA_ACHIEVABLE_BANDWIDTH)
+    if spec.family == "cuda":  # the spec's bandwidth is the sustainable one already (spec.time_constants)
+        return launches * spec.launch_us + moved_bytes / spec.hbm_bytes_per_us
     return launches * CPU_PROXY_LAUNCH_US + moved_bytes / (max(1, spec.cores) * CPU_PROXY_BYTES_PER_US_PER_CORE)
 
 
@@ -126,12 +126,17 @@ class Pricer:
             if len(owned) == 1 and not recomputed:
                 return fallback_us(self.graph, next(iter(owned)), self.spec), False
             return None, False
-        if self.spec.family == "cuda" and plan.modeled_us >= 0:
-            return plan.modeled_us, True
-        if self.spec.family != "cuda" and plan.modeled_bytes >= 0:
-            return proxy_us(self.spec, plan.modeled_bytes, plan.kernels), True
-        self.unpriced = True
-        return None, True
+        us = plan_cost(plan, self.spec)
+        self.unpriced |= us is None
+        return us, True
+
+
+def plan_cost(plan, spec: TargetSpec) -> float | None:
+    """A kernel's price: its modeled time (CUDA) or the proxy of its modeled bytes and launches (CPU);
+    None where it has neither (symbolic sizes without bounds)."""
+    if spec.family == "cuda":
+        return plan.modeled_us if plan.modeled_us >= 0 else None
+    return proxy_us(spec, plan.modeled_bytes, plan.kernels) if plan.modeled_bytes >= 0 else None
 
 
 def estimated_plan(mod, graph, owned: list, recomputed: list, bounds: dict, spec: TargetSpec, target):

@@ -12,6 +12,7 @@ from tvm import relax
 from tvm_stitch.tools.launches import count_launches
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.report import StitchReport
+from tvm_stitch.stitch_pass import DEFAULT_FUSION
 from tvm_stitch.target import as_target, default_pipeline
 
 
@@ -24,7 +25,7 @@ class Built:
 
 
 def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False,
-          emulate=None, cost_model=True, spec=None, fast_math=None, fusion: str = "greedy") -> Built:
+          emulate=None, cost_model=True, spec=None, fast_math=None, fusion: str = DEFAULT_FUSION) -> Built:
     """Compile `mod` with the stitch pipeline (stitched=True) or TVM's default one.
 
     `emulate="cuda"` (llvm only): the CUDA schedules, without thread bindings.
@@ -45,7 +46,7 @@ def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False,
     return Built(executable, lowered, report, time.perf_counter() - start)
 
 
-def cuda_launches(mod: tvm.IRModule, stitched: bool, arch: str = "sm_90", fusion: str = "greedy") -> int:
+def cuda_launches(mod: tvm.IRModule, stitched: bool, arch: str = "sm_90", fusion: str = DEFAULT_FUSION) -> int:
     """CUDA kernel launches per call of `main` (no GPU needed: counts the built module)."""
     built = build(mod, {"kind": "cuda", "arch": arch}, stitched, fusion=fusion)
     return count_launches(built.lowered, built.executable)

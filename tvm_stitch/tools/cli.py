@@ -96,13 +96,13 @@ def _explain(args) -> int:
     from tvm_stitch.target import host_target
 
     target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else host_target()
-    report, grouped = explain_with_graph(mod, target)
+    report, grouped = explain_with_graph(mod, target, fusion=args.fusion)
     print(f"{description}, target {args.target}")
     print(report.table())
     if args.target == "cuda":
         from tvm_stitch.tools.module_time import comparison
 
-        print(comparison(mod, target, report.spec))
+        print(comparison(mod, target, report.spec, args.fusion))
     print()
     print(report.details())
     if args.dot:
@@ -331,6 +331,8 @@ def _add_explain(sub) -> None:
     exp.add_argument("--arch", default="sm_90")
     exp.add_argument("--dtype", default="float32")
     exp.add_argument("--size", choices=["bench", "test"], default="bench")
+    exp.add_argument("--fusion", choices=["search", "greedy"], default="search",
+                     help="the grouping: search (default: the fusion search, docs/fusion-search.md) or greedy")
     exp.set_defaults(func=_explain)
 
 

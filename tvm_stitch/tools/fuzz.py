@@ -40,6 +40,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from tvm_stitch.stitch_pass import DEFAULT_FUSION
 from tvm_stitch.tools import op_sweep
 from tvm_stitch.tools.tolerance import close, tolerance
 
@@ -419,7 +420,7 @@ def _elements(spec: Spec) -> int:
     return sum(int(np.prod(shape)) for shape, _ in spec.inputs)
 
 
-def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0, fusion: str = "greedy") -> tuple:
+def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0, fusion: str = DEFAULT_FUSION) -> tuple:
     """(Outcome, platform): the stitched CUDA kernels run with SIMT semantics (tvm_stitch.simt).
 
     Symbolic graphs are built symbolic and their kernels run at each of the
@@ -440,7 +441,7 @@ def simt_check(spec: Spec, oclgrind: bool = False, seed: int = 0, fusion: str = 
 
 
 def check_spec(spec: Spec, cuda: bool = False, nvcc: bool = False, seed: int = 0, simt: bool = False,
-               oclgrind: bool = False, fusion: str = "greedy") -> Outcome:
+               oclgrind: bool = False, fusion: str = DEFAULT_FUSION) -> Outcome:
     """Stitched llvm builds (native CPU schedules, and the CUDA schedules without thread
     bindings) vs TVM's default llvm build; optionally the CUDA build compiles, and (`simt`)
     the stitched CUDA kernels run with SIMT semantics on pocl (or Oclgrind). `fusion`: the

@@ -17,6 +17,7 @@ from tvm_stitch.analysis.classify import is_compute_kernel
 from tvm_stitch.check.modeled_time import modeled_times
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.stitch_pass import DEFAULT_FUSION
 from tvm_stitch.target import as_target, default_pipeline
 from tvm_stitch.tools.launches import primfunc_calls
 
@@ -79,7 +80,7 @@ def default_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTi
     return module_time(lowered, spec)
 
 
-def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = "greedy") -> ModuleTime:
+def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = DEFAULT_FUSION) -> ModuleTime:
     """`mod` built by the stitch pipeline for the CUDA `target` (grouped by `fusion`), priced."""
     from tvm_stitch.pipeline import pipeline
 
@@ -89,9 +90,10 @@ def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec, fusion: st
     return module_time(lowered, spec)
 
 
-def comparison(mod: tvm.IRModule, target, spec: TargetSpec) -> str:
-    """One line: the module's modeled time stitched beside TVM's default build, both priced by the model."""
-    stitched, default = stitched_module_time(mod, target, spec), default_module_time(mod, target, spec)
+def comparison(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = DEFAULT_FUSION) -> str:
+    """One line: the module's modeled time stitched (grouped by `fusion`) beside TVM's default build, both
+    priced by the model."""
+    stitched, default = stitched_module_time(mod, target, spec, fusion), default_module_time(mod, target, spec)
 
     def part(what: str, priced: ModuleTime) -> str:
         if priced.us < 0:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import tvm
 
-from tvm_stitch.stitch_pass import FUSION_METHODS
+from tvm_stitch.stitch_pass import DEFAULT_FUSION, FUSION_METHODS
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
@@ -37,14 +37,14 @@ CACHE_DIR_VARIABLE = "TVM_STITCH_CACHE_DIR"
 class Options:
     """target: None (from the inputs' device) or a Target / dict / string; strict: raise instead of
     running on eager (and StitchFusion's strict mode); fast_math: as `tvm_stitch.pipeline`'s (None: on
-    for llvm); fusion: "greedy" or "search", the grouping of `tvm_stitch.pipeline` (docs/fusion-search.md),
+    for llvm); fusion: "search" (default) or "greedy", the grouping of `tvm_stitch.pipeline` (docs/fusion-search.md),
     or False: TVM's default pipeline (no stitching); cache: True (memory,
     and disk where TVM_STITCH_CACHE_DIR is set), False (none) or a directory for the disk cache."""
 
     target: object = None
     strict: bool = False
     fast_math: bool | None = None
-    fusion: str | bool = "greedy"
+    fusion: str | bool = DEFAULT_FUSION
     cache: bool | str = True
 
     def __post_init__(self):
