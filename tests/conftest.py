@@ -9,7 +9,12 @@ import subprocess
 import numpy as np
 import pytest
 
-from tvm_stitch.tools.workloads import relax_blocks
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "TVM_NUM_THREADS" not in os.environ:
+    # parallel test workers share the cores: TVM's spinning thread pools would oversubscribe them
+    os.environ["TVM_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) //
+                                            int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+from tvm_stitch.tools.workloads import relax_blocks  # noqa: E402 - after the threads are set
 import tvm
 from tvm import relax
 
