@@ -1,5 +1,5 @@
-"""Small GEMMs (a batched matmul with one operand of at most SMALL_GEMM_SIDE rows or columns per
-batch) are reductions that stitch with their element-wise and reduction neighbours: DIEN-style
+"""Small GEMMs (a batched matmul with one operand of fewer than MMA_NARROW_SIDE rows or columns
+per batch) are reductions that stitch with their element-wise and reduction neighbours: DIEN-style
 attention pooling is one kernel. Larger, unbatched or symbolic ones stay compute-intensive."""
 
 import re
@@ -9,7 +9,7 @@ import pytest
 from tvm import relax, tirx
 
 from tvm_stitch.explain import explain
-from tvm_stitch.analysis.classify import SMALL_GEMM_SIDE, OpKind, classify_primfunc
+from tvm_stitch.analysis.classify import MMA_NARROW_SIDE, OpKind, classify_primfunc
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 from tvm_stitch.tools.launches import cuda_source
 
@@ -27,9 +27,9 @@ def _matmul_kind(a_shape, b_shape) -> OpKind:
 
 @pytest.mark.parametrize("a_shape,b_shape,kind", [
     ((64, 1, 200), (64, 200, 64), OpKind.REDUCTION),  # attention pooling, M = 1
-    ((64, SMALL_GEMM_SIDE, 200), (64, 200, 64), OpKind.REDUCTION),
+    ((64, MMA_NARROW_SIDE - 1, 200), (64, 200, 64), OpKind.REDUCTION),
     ((64, 64, 200), (64, 200, 1), OpKind.REDUCTION),  # a per-row weighted sum, N = 1
-    ((64, SMALL_GEMM_SIDE + 1, 200), (64, 200, 64), OpKind.COMPUTE),
+    ((64, MMA_NARROW_SIDE, 200), (64, 200, 64), OpKind.COMPUTE),
     ((8, 12, 128, 64), (8, 12, 64, 128), OpKind.COMPUTE),  # attention scores
     ((1, 768), (768, 3072), OpKind.COMPUTE),  # a linear layer: no batch in common, dlight's GEMV
     ((4, 2, 768), (768, 3072), OpKind.COMPUTE),

@@ -8,7 +8,7 @@ Kinds, from cheapest to excluded:
   say whether it is a row (innermost), column (outermost), middle or full one;
 - compute-intensive: a reduction that reads two tensors through the reduce
   axes with reuse between them (matmul, conv, attention scores), unless one
-  of them has at most SMALL_GEMM_SIDE rows (or columns) per batch: such a
+  of them has fewer than MMA_NARROW_SIDE rows (or columns) per batch: a
   small GEMM (attention pooling, a per-row weighted sum) is a reduction over
   k of an element-wise product and stitches with its neighbours;
 - unsupported: anything the views cannot describe (regions accessed other
@@ -29,11 +29,11 @@ from tvm import tirx
 from tvm_stitch.analysis.tir_view import REGION, BlockView, function_views, vars_in
 
 
-# A contraction whose one operand has at most this many rows (or columns) per batch reuses each
-# element of the other operand at most this many times: below the 16-wide side of a tensor-core
-# tile (half of it, so that most of an MMA would be padding), a tiled GEMM has no reuse to win and
-# the op streams its large operand once like a reduction does.
-SMALL_GEMM_SIDE = 8
+# A contraction whose one operand has fewer rows (or columns) per batch than the narrow side of the
+# smallest tensor-core tile (m16n8k8) pads every MMA it would issue and reuses each element of the
+# other operand fewer times than that: a tiled GEMM has nothing to win, and the op streams its large
+# operand once like a reduction over k of an element-wise product.
+MMA_NARROW_SIDE = 8
 
 
 class OpKind(str, Enum):
@@ -90,8 +90,8 @@ def _static_product(extents) -> int | None:
 
 
 def _is_small_gemm(view: BlockView) -> bool:
-    """A batched matmul one of whose operands has a statically small side (SMALL_GEMM_SIDE): the
-    output iterators that only that operand's reads use span at most that many elements. Batched:
+    """A batched matmul one of whose operands has a statically small side: the output iterators
+    that only that operand's reads use span fewer than MMA_NARROW_SIDE elements. Batched:
     both operands share an output iterator, so the other one is streamed once per batch (a linear
     layer's unbatched weight stays a GEMM for dlight). Every index a plain iterator or constant
     (a convolution's windows are not)."""
@@ -109,7 +109,7 @@ def _is_small_gemm(view: BlockView) -> bool:
         return False
     for mine, other in ((first, second), (second, first)):
         side = _static_product(e for v, e in spatial if v in mine and v not in other)
-        if side is not None and side <= SMALL_GEMM_SIDE:
+        if side is not None and side < MMA_NARROW_SIDE:
             return True
     return False
 
