@@ -7,7 +7,10 @@ Kinds, from cheapest to excluded:
 - reduction: a block with reduce iterators; the axes reduced on its input
   say whether it is a row (innermost), column (outermost), middle or full one;
 - compute-intensive: a reduction that reads two tensors through the reduce
-  axes with reuse between them (matmul, conv, attention scores);
+  axes with reuse between them (matmul, conv, attention scores), unless one
+  of them has fewer than MMA_NARROW_SIDE rows (or columns) per batch: a
+  small GEMM (attention pooling, a per-row weighted sum) is a reduction over
+  k of an element-wise product and stitches with its neighbours;
 - unsupported: anything the views cannot describe (regions accessed other
   than element by element, non-trivial loop nests, no blocks).
 
@@ -24,6 +27,13 @@ import tvm_ffi
 from tvm import tirx
 
 from tvm_stitch.analysis.tir_view import REGION, BlockView, function_views, vars_in
+
+
+# A contraction whose one operand has fewer rows (or columns) per batch than the narrow side of the
+# smallest tensor-core tile (m16n8k8) pads every MMA it would issue and reuses each element of the
+# other operand fewer times than that: a tiled GEMM has nothing to win, and the op streams its large
+# operand once like a reduction over k of an element-wise product.
+MMA_NARROW_SIDE = 8
 
 
 class OpKind(str, Enum):
@@ -68,6 +78,44 @@ def _is_matmul_like(view: BlockView) -> bool:
     spatial = [v for v, r in zip(view.iter_vars, view.is_reduce) if not r]
     used = [set().union(*(vars_in(i) for i in a.indices)) for a in reads]
     return any(any(s not in u for s in spatial) for u in used)
+
+
+def _static_product(extents) -> int | None:
+    product = 1
+    for extent in extents:
+        if not isinstance(extent, tirx.IntImm):
+            return None
+        product *= int(extent.value)
+    return product
+
+
+def _is_small_gemm(view: BlockView) -> bool:
+    """A batched matmul one of whose operands has a statically small side: the output iterators
+    that only that operand's reads use span fewer than MMA_NARROW_SIDE elements. Batched:
+    both operands share an output iterator, so the other one is streamed once per batch (a linear
+    layer's unbatched weight stays a GEMM for dlight). Every index a plain iterator or constant
+    (a convolution's windows are not)."""
+    reads, _ = _reduce_reads(view)
+    buffers = {id(a.buffer): a.buffer for a in reads}
+    plain = all(isinstance(i, (tirx.Var, tirx.IntImm)) for a in reads for i in a.indices)
+    if len(buffers) != 2 or not plain:
+        return False
+    used = {key: set() for key in buffers}
+    for a in reads:
+        used[id(a.buffer)] |= set().union(*(vars_in(i) for i in a.indices))
+    first, second = used.values()
+    spatial = [(v, e) for v, e, r in zip(view.iter_vars, view.extents, view.is_reduce) if not r]
+    if not any(v in first and v in second for v, _ in spatial):
+        return False
+    for mine, other in ((first, second), (second, first)):
+        side = _static_product(e for v, e in spatial if v in mine and v not in other)
+        if side is not None and side < MMA_NARROW_SIDE:
+            return True
+    return False
+
+
+def _is_large_contraction(view: BlockView) -> bool:
+    return view.has_reduction and _is_matmul_like(view) and not _is_small_gemm(view)
 
 
 def _reduction_axes(view: BlockView) -> tuple:
@@ -124,7 +172,7 @@ def classify_views(views: list) -> OpClass:
             return OpClass(OpKind.UNSUPPORTED, reason=f"block {view.name} has a non-trivial loop nest")
         if not view.writes or any(a.kind == REGION for a in view.reads + view.writes):
             return OpClass(OpKind.UNSUPPORTED, reason=f"block {view.name} accesses a region, not elements")
-        if view.has_reduction and _is_matmul_like(view):
+        if _is_large_contraction(view):
             return OpClass(OpKind.COMPUTE, reason=f"block {view.name} contracts two tensors")
     reductions = [v for v in views if v.has_reduction]
     if reductions:
@@ -146,7 +194,7 @@ def is_compute_kernel(func: tirx.PrimFunc) -> bool:
 
     if func.attrs is not None and "tvm_stitch.attention" in func.attrs:
         return True
-    return any(view.has_reduction and _is_matmul_like(view) for view in all_block_views(func))
+    return any(_is_large_contraction(view) for view in all_block_views(func))
 
 
 def classify_primfunc(func: tirx.PrimFunc) -> OpClass:
