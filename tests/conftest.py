@@ -18,6 +18,14 @@ from tvm_stitch.tools.workloads import relax_blocks  # noqa: E402 - after the th
 import tvm
 from tvm import relax
 
+from tvm_stitch.check import opencl_run
+from tvm_stitch.check.attention_reference import reference_func
+from tvm_stitch.check.oclgrind_fit import fitting_specs
+from tvm_stitch.check.simt_kernel import Reference, check_kernel
+from tvm_stitch.fusion.attention import kernel_for
+from tvm_stitch.planning.attention import plan_attention
+from tvm_stitch.planning.spec import TargetSpec
+
 
 MAX_WORKERS = 4  # each worker holds torch, transformers and TVM builds of whole models in memory
 
@@ -47,6 +55,22 @@ def nvcc(source: str, tmp_path, *, arch: str = "sm_90", ptx: bool = False, name:
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout + result.stderr
+
+
+def attention_simt(shape, oclgrind: bool, points: list | None = None):
+    """The fused attention kernel of `shape` (planning/attention.AttentionShape), planned for sm_90
+    (within the OpenCL device's limits under Oclgrind), run under the SIMT checker against its
+    reference at `points` (symbolic sizes; None: their defaults); skips without the device."""
+    try:
+        device = opencl_run.device_for(oclgrind)
+    except opencl_run.NoOpenclDevice as err:
+        pytest.skip(str(err))
+    spec = TargetSpec.from_target(CUDA)
+    if oclgrind:
+        spec = fitting_specs(spec, device)[0]
+    ref = reference_func(shape)
+    return check_kernel("fused_attention", kernel_for(plan_attention(shape, spec)),
+                        [Reference(ref, tuple(range(len(ref.params))))], device, oclgrind, 0, points=points)
 
 
 def make_module(params: list, body) -> tvm.IRModule:

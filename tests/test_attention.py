@@ -10,12 +10,8 @@ import tvm
 from tvm import relax
 from tvm.relax import op
 
-from conftest import needs_nvcc, nvcc
+from conftest import attention_simt, needs_nvcc, nvcc
 from tvm_stitch.analysis.attention_chain import find_chains, mask_kind
-from tvm_stitch.check import opencl_run
-from tvm_stitch.check.attention_reference import reference_func
-from tvm_stitch.check.oclgrind_fit import fitting_specs
-from tvm_stitch.check.simt_kernel import Reference, check_kernel
 from tvm_stitch.fusion.attention import kernel_for, shape_of
 from tvm_stitch.planning.attention import AttentionShape, plan_attention
 from tvm_stitch.analysis.attention_operand import OperandView, source_index
@@ -115,21 +111,8 @@ def test_cuda_plans_fit_the_spec():
         assert plan.threads <= spec.max_threads_per_block and plan.shape.head_dim // plan.lanes <= 32
 
 
-def _simt(shape: AttentionShape, oclgrind: bool):
-    try:
-        device = opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
-    spec = TargetSpec.from_target(tvm.target.Target(CUDA))
-    if oclgrind:
-        spec = fitting_specs(spec, device)[0]
-    ref = reference_func(shape)
-    return check_kernel("fused_attention", kernel_for(plan_attention(shape, spec)),
-                        [Reference(ref, tuple(range(len(ref.params))))], device, oclgrind, 0)
-
-
 def test_cuda_kernel_matches_under_simt_on_pocl():
-    result = _simt(AttentionShape(1, 2, 1, 20, 40, 32, "float32", 0.125, "causal"), oclgrind=False)
+    result = attention_simt(AttentionShape(1, 2, 1, 20, 40, 32, "float32", 0.125, "causal"), oclgrind=False)
     assert result.ok, result.detail
 
 
@@ -140,7 +123,7 @@ def test_cuda_kernel_matches_under_simt_on_pocl():
     AttentionShape(1, 1, 1, 20, 33, 128, "bfloat16", 0.1, "none"),
 ], ids=str)
 def test_cuda_kernel_is_clean_under_oclgrind(shape):
-    result = _simt(shape, oclgrind=True)
+    result = attention_simt(shape, oclgrind=True)
     assert result.ok, result.detail
 
 
@@ -172,7 +155,7 @@ def test_issue_shapes_compile_with_nvcc_without_spills(chain, tmp_path):
     AttentionShape(1, 12, 12, 32, 2048, 64, "float32", 0.125, "none"),
 ], ids=str)
 def test_issue_like_shapes_match_under_simt_on_pocl(shape):
-    result = _simt(shape, oclgrind=False)
+    result = attention_simt(shape, oclgrind=False)
     assert result.ok, result.detail
 
 
@@ -269,7 +252,7 @@ def test_cuda_kernel_with_a_head_split_matches_under_simt_on_pocl():
     view = OperandView((1, 20, 192), (("slice", (1, 20, 192), (2, 64, 1)), ("reshape", (1, 20, 64), (1, 20, 2, 32)),
                                       ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
     shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(view,) * 3)
-    result = _simt(shape, oclgrind=False)
+    result = attention_simt(shape, oclgrind=False)
     assert result.ok, result.detail
 
 
@@ -341,7 +324,7 @@ def test_cuda_kernel_with_a_rotary_embedding_matches_under_simt_on_pocl():
                                      ("permute", (1, 20, 2, 32), (0, 2, 1, 3))))
     rotary = dataclasses.replace(view, cos=(1, 20, 32), sin=(1, 20, 32), table_dtype="float32")
     shape = AttentionShape(1, 2, 2, 20, 20, 32, "float32", 0.125, "causal", operands=(rotary, rotary, view))
-    result = _simt(shape, oclgrind=False)
+    result = attention_simt(shape, oclgrind=False)
     assert result.ok, result.detail
 
 

@@ -10,16 +10,10 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax import op
 
-from conftest import needs_nvcc, nvcc
+from conftest import attention_simt, needs_nvcc, nvcc
 from tvm_stitch.analysis.attention_chain import find_chains
 from tvm_stitch.analysis.attention_operand import OperandView, reshape_groups, source_index
-from tvm_stitch.check import opencl_run
-from tvm_stitch.check.attention_reference import reference_func
-from tvm_stitch.check.oclgrind_fit import fitting_specs
-from tvm_stitch.check.simt_kernel import Reference, check_kernel
-from tvm_stitch.fusion.attention import kernel_for
-from tvm_stitch.planning.attention import AttentionShape, plan_attention
-from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.attention import AttentionShape
 from tvm_stitch.target import host_target
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import count_launches, cuda_source, program_traffic
@@ -124,19 +118,6 @@ def test_symbolic_reshape_views_map_to_numpy_views():
         assert x[tuple(int(analyzer.simplify(e)) for e in exprs)] == want[point]
 
 
-def _symbolic_simt(shape: AttentionShape, points: list, oclgrind: bool):
-    try:
-        device = opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
-    spec = TargetSpec.from_target(tvm.target.Target(CUDA))
-    if oclgrind:
-        spec = fitting_specs(spec, device)[0]
-    ref = reference_func(shape)
-    return check_kernel("fused_attention", kernel_for(plan_attention(shape, spec)),
-                        [Reference(ref, tuple(range(len(ref.params))))], device, oclgrind, 0, points=points)
-
-
 SIMT_CASES = [
     # causal GQA self-attention at a length of 20 (query tile 32 ragged) and 45 (two query tiles, ragged)
     (AttentionShape(1, 2, 1, N, N, 32, "float32", 0.125, "causal", priced_at=(("n", 32),)), [{"n": 20}, {"n": 45}]),
@@ -147,14 +128,15 @@ SIMT_CASES = [
 
 
 def test_symbolic_cuda_kernel_matches_under_simt_on_pocl_at_two_lengths():
-    result = _symbolic_simt(*SIMT_CASES[0], oclgrind=False)
+    shape, points = SIMT_CASES[0]
+    result = attention_simt(shape, oclgrind=False, points=points)
     assert result.ok and result.sizes == ("n=20", "n=45"), result.detail
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape, points", SIMT_CASES, ids=["causal-gqa", "cross-padding"])
 def test_symbolic_cuda_kernel_is_clean_under_oclgrind_at_two_lengths(shape, points):
-    result = _symbolic_simt(shape, points, oclgrind=True)
+    result = attention_simt(shape, oclgrind=True, points=points)
     assert result.ok, result.detail
 
 
