@@ -130,22 +130,29 @@ def _stage_row(s, bufs, name, at, inside, dst, dst_row):
 
 
 def _scores(plan, tile):
-    """s = Q K^T of the tile, a register block at a time."""
-    rb, cols = plan.block_rows, plan.score_cols
-    acc = T.alloc_buffer((rb, cols), "float32", scope="local")
+    """s = Q K^T of the tile."""
+    _register_blocked(plan, plan.score_cols, plan.k_tile, plan.shape.head_dim, tile["s"],
+                      lambda row, col: tirx.const(0.0, "float32"),
+                      lambda row, k: load(tile["q"], row, k), lambda k, col: load(tile["kt"], k, col))
+
+
+def _register_blocked(plan, cols, width, depth, out, start, left, right):
+    """out[row, col] = start(row, col) + the sum over k < `depth` of left(row, k) * right(k, col),
+    for the tile's rows and `width` columns, a block_rows x `cols` register block at a time."""
+    rb = plan.block_rows
+    reg = T.alloc_buffer((rb, cols), "float32", scope="local")
     with T.serial(0, plan.rows // rb) as i:
-        with T.serial(0, plan.k_tile // cols) as c:
+        with T.serial(0, width // cols) as c:
             with T.unroll(0, rb) as r:
                 with T.vectorized(0, cols) as j:
-                    T.buffer_store(acc, tirx.const(0.0, "float32"), [r, j])
-            with T.serial(0, plan.shape.head_dim) as d:
+                    T.buffer_store(reg, start(i * rb + r, c * cols + j), [r, j])
+            with T.serial(0, depth) as k:
                 with T.unroll(0, rb) as r:
                     with T.vectorized(0, cols) as j:
-                        T.buffer_store(acc, load(acc, r, j) + load(tile["q"], i * rb + r, d)
-                                       * load(tile["kt"], d, c * cols + j), [r, j])
+                        T.buffer_store(reg, load(reg, r, j) + left(i * rb + r, k) * right(k, c * cols + j), [r, j])
             with T.unroll(0, rb) as r:
                 with T.vectorized(0, cols) as j:
-                    T.buffer_store(tile["s"], load(acc, r, j), [i * rb + r, c * cols + j])
+                    T.buffer_store(out, load(reg, r, j), [i * rb + r, c * cols + j])
 
 
 def _softmax_row(plan, bufs, tile, ids, k0, r):
@@ -197,20 +204,7 @@ def _fold(lanes, extent, t, combine, start):
 
 
 def _update(plan, tile):
-    """acc = acc * alpha + P V of the tile, a register block at a time."""
-    rb, cols = plan.block_rows, plan.out_cols
-    reg = T.alloc_buffer((rb, cols), "float32", scope="local")
-    with T.serial(0, plan.rows // rb) as i:
-        with T.serial(0, plan.shape.head_dim // cols) as c:
-            with T.unroll(0, rb) as r:
-                with T.vectorized(0, cols) as d:
-                    T.buffer_store(reg, load(tile["acc"], i * rb + r, c * cols + d) * load(tile["alpha"], i * rb + r),
-                                   [r, d])
-            with T.serial(0, plan.k_tile) as j:
-                with T.unroll(0, rb) as r:
-                    with T.vectorized(0, cols) as d:
-                        T.buffer_store(reg, load(reg, r, d) + load(tile["s"], i * rb + r, j)
-                                       * load(tile["v"], j, c * cols + d), [r, d])
-            with T.unroll(0, rb) as r:
-                with T.vectorized(0, cols) as d:
-                    T.buffer_store(tile["acc"], load(reg, r, d), [i * rb + r, c * cols + d])
+    """acc = acc * alpha + P V of the tile."""
+    _register_blocked(plan, plan.out_cols, plan.shape.head_dim, plan.k_tile, tile["acc"],
+                      lambda row, col: load(tile["acc"], row, col) * load(tile["alpha"], row),
+                      lambda row, k: load(tile["s"], row, k), lambda k, col: load(tile["v"], k, col))
