@@ -44,7 +44,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, sym, tirx
 
-from tvm_stitch.analysis.tir_view import static_int, static_product, substitute
+from tvm_stitch.analysis.tir_view import node_count, static_int, static_product, substitute
 
 MAX_NODES = 200  # the largest element expression kept as a closed form
 MAX_INSPECTED = 1 << 16  # constants of more elements are not read for a uniform or affine value
@@ -159,19 +159,13 @@ def _called(expr) -> list:
     return names
 
 
-def _size(expr) -> int:
-    count = [0]
-    tvm_ffi.structural_walk(expr, lambda _node: count.__setitem__(0, count[0] + 1), order="pre")
-    return count[0]
-
-
 def make(shape, dtype: str, facts: Facts, element_at) -> ClosedForm | None:
     """The closed form whose element at indices `i` is `element_at(i)`, simplified; None if too large."""
     axes = tuple(tirx.Var(f"i{k}", "int64") for k in range(len(shape)))
     zero = tirx.IntImm("int64", 0)
     with facts.over(axes, shape):
         element = facts.simplify(element_at(tuple(zero if static_int(d) == 1 else a for a, d in zip(axes, shape))))
-    if _size(element) > MAX_NODES:
+    if node_count(element) > MAX_NODES:
         return None
     return ClosedForm(tuple(shape), str(dtype), axes, element)
 

@@ -70,6 +70,13 @@ class BlockView:
 _LEAVES = (tirx.Var, tirx.IntImm)
 
 
+def node_count(node) -> int:
+    """Nodes of an expression or statement, each occurrence counted (as a tree)."""
+    count = [0]
+    tvm_ffi.structural_walk(node, lambda _node: count.__setitem__(0, count[0] + 1), order="pre")
+    return count[0]
+
+
 def _accesses(region, body, analyzer) -> list:
     """The accesses of one read or write region of a block whose body is `body`."""
     buffer = region.source

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from tvm_stitch.analysis.tir_view import REGION, block_views, buffer_params, function_views
+from tvm_stitch.analysis.tir_view import REGION, block_views, buffer_params, function_views, node_count
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 
@@ -117,17 +118,13 @@ def inlined_sizes(func: tirx.PrimFunc, names: tuple) -> dict:
     writer = {w.source: b.name_hint for b in blocks for w in b.writes}  # by buffer: names repeat
     sizes = {}
     for block in blocks:
-        count = {"nodes": 0, "nested": False}
-
-        def visit(node, count=count):
-            count["nodes"] += 1
-            count["nested"] |= isinstance(node, s_tir.SBlockRealize)
-            if type(node).__name__ == "TensorLoad" and writer.get(node.source) in names:
-                count["nodes"] += sizes.get(writer[node.source], 1) - 1
-
-        tvm_ffi.structural_walk(block.body, (object, visit), order="pre")
-        if not count["nested"]:  # the root block holds the others: each counts on its own
-            sizes[block.name_hint] = count["nodes"]
+        nested, grown = [], []
+        tvm_ffi.structural_walk(block.body, (s_tir.SBlockRealize, nested.append), order="pre")
+        if nested:  # the root block holds the others: each counts on its own
+            continue
+        tvm_ffi.structural_walk(block.body, (tvm.ir.TensorLoad, lambda load: grown.append(
+            sizes.get(writer[load.source], 1) - 1 if writer.get(load.source) in names else 0)), order="pre")
+        sizes[block.name_hint] = node_count(block.body) + sum(grown)
     return sizes
 
 
