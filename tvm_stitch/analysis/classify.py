@@ -26,7 +26,7 @@ from enum import Enum
 import tvm_ffi
 from tvm import tirx
 
-from tvm_stitch.analysis.tir_view import REGION, BlockView, function_views, vars_in
+from tvm_stitch.analysis.tir_view import REGION, BlockView, function_views, static_product, vars_in
 
 
 # A contraction whose one operand has fewer rows (or columns) per batch than the narrow side of the
@@ -80,15 +80,6 @@ def _is_matmul_like(view: BlockView) -> bool:
     return any(any(s not in u for s in spatial) for u in used)
 
 
-def _static_product(extents) -> int | None:
-    product = 1
-    for extent in extents:
-        if not isinstance(extent, tirx.IntImm):
-            return None
-        product *= int(extent.value)
-    return product
-
-
 def _is_small_gemm(view: BlockView) -> bool:
     """A batched matmul one of whose operands has a statically small side: the output iterators
     that only that operand's reads use span fewer than MMA_NARROW_SIDE elements. Batched:
@@ -108,7 +99,7 @@ def _is_small_gemm(view: BlockView) -> bool:
     if not any(v in first and v in second for v, _ in spatial):
         return False
     for mine, other in ((first, second), (second, first)):
-        side = _static_product(e for v, e in spatial if v in mine and v not in other)
+        side = static_product(e for v, e in spatial if v in mine and v not in other)
         if side is not None and side < MMA_NARROW_SIDE:
             return True
     return False
