@@ -21,7 +21,7 @@ def dims(expr) -> tuple | None:
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     analyzer = sym.Analyzer()
-    return tuple(int(d) if isinstance(d, tirx.IntImm) else _int_or(analyzer.simplify(d)) for d in ty.shape.values)
+    return tuple(_int_or(analyzer.simplify(d)) for d in ty.shape.values)
 
 
 def _int_or(expr):
