@@ -30,7 +30,8 @@ from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
 from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
 from tvm_stitch.check.builds import check_builds
-from tvm_stitch.check.modeled_time import modeled_times, plan_times, plan_us, scheduled_us
+from tvm_stitch.check.modeled_time import plan_us, scheduled_us
+from tvm_stitch.check.plan_prices import PlanPrices
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.fusion.group_pricing import estimated_plan, plan_cost
@@ -394,10 +395,13 @@ class _Stitcher:
     def _size_variants(self, fused: tvm.tirx.PrimFunc, kernel: Kernel) -> Kernel:
         """`kernel` choosing at run time among the plans its symbolic row count calls for, where one
         plan does not serve every size best (fusion/variants.py)."""
+        prices = PlanPrices(self.spec)  # the kernel's plans priced, each code lowered once
         planner = Planner(rule=lambda static: plan_kernel(static, self.spec, kernel.name, rows_first=False),
-                          choose=lambda static, rule: (self.choose or _priced)(static, rule, self.spec),
-                          price=lambda static, plan: plan_times(static, plan, self.spec),
-                          priced=lambda func, plan: modeled_times(func, self.spec, plan.registers, plan.kernel),
+                          choose=lambda static, rule: (choose_in_time(static, rule, self.spec, prices)
+                                                       if self.choose is choose_in_time else
+                                                       (self.choose or _priced)(static, rule, self.spec)),
+                          price=prices.plan_times,
+                          priced=prices.scheduled_times,
                           schedule=lambda func, plan: schedule_for(func, plan, self.target).mod["main"],
                           device=self.target.kind.name == "cuda")
         try:

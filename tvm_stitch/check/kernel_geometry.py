@@ -263,6 +263,12 @@ def kernel_geometries(func: tirx.PrimFunc, target: Target, registers: int = -1, 
     """The geometry of every kernel of a scheduled PrimFunc; `dram_bytes` (the PrimFunc's modeled
     traffic, -1 for none) is shared among its kernels in proportion to the bytes they access."""
     found = [kernel_geometry(k, kernel, registers) for k, kernel in device_kernels(func, target, name)]
+    return with_dram_bytes(found, dram_bytes)
+
+
+def with_dram_bytes(found: list, dram_bytes: int) -> list:
+    """The geometries of one PrimFunc's kernels with `dram_bytes` (its modeled traffic, -1 for
+    none: left as they are) shared among them in proportion to the bytes they access."""
     accessed = sum(g.accessed_bytes for g in found)
     if dram_bytes < 0 or not accessed:
         return found

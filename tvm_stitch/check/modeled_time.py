@@ -35,12 +35,19 @@ def modeled_times(func: tirx.PrimFunc, spec: TargetSpec, registers: int = -1, na
         traffic = modeled_traffic(func, spec) if func is not None else None
         if traffic is None:
             return None
+    geometries = lowered_geometries(func, spec, registers, traffic.total, name)
+    return [kernel_time(g, spec) for g in geometries] if geometries is not None else None
+
+
+def lowered_geometries(func: tirx.PrimFunc, spec: TargetSpec, registers: int, dram_bytes: int,
+                       name: str = "") -> list | None:
+    """kernel_geometries of a static PrimFunc scheduled for CUDA, lowered for the spec's arch;
+    None where TVM's lowering fails or a kernel's geometry cannot be read."""
     try:
-        geometries = kernel_geometries(func, cuda_target(spec), registers, traffic.total, name)
+        return kernel_geometries(func, cuda_target(spec), registers, dram_bytes, name)
     # TVM's lowering errors: tvm.error.InternalError (a RuntimeError), TypeError, ValueError
     except (UnsupportedGeometry, RuntimeError, TypeError, ValueError):
         return None
-    return [kernel_time(g, spec) for g in geometries]
 
 
 def plan_times(fused: tirx.PrimFunc, plan: StitchPlan, spec: TargetSpec) -> list | None:

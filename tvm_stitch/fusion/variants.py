@@ -48,8 +48,8 @@ class Planner:
     """What building variants needs from the pass: `rule(static fused)` -> the rule plan,
     `choose(static fused, rule plan)` -> the plan to build with its modeled_us, `price(static
     fused, plan)` -> the time model's KernelTime of each of its kernels, scheduled there (None: not
-    priced), `priced(scheduled PrimFunc, plan)` -> the same for a PrimFunc already scheduled for
-    CUDA, `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds
+    priced), `priced(scheduled PrimFunc, plan, rows)` -> the same for a PrimFunc already scheduled
+    for CUDA, static at `rows` rows, `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds
     threads (a dispatch on the host around kernels; its kernels are CUDA's, priced as scheduled);
     `made`: the variants' plans scheduled for every size (`_variant_func`), by `key`, each made
     once for the pricing of an adjoining range and the dispatch."""
@@ -149,7 +149,7 @@ def _above_times(above: Variant, sample: int, rule: StitchPlan, statics, general
     that size; else its plan scheduled at that size."""
     if planner.device and sample % above.condition.multiple == 0:
         func = _for_every_size(statics.fused, above, general_func.params, planner)
-        return planner.priced(at_sizes(func, {statics.size: sample}), above.plan)
+        return planner.priced(at_sizes(func, {statics.size: sample}), above.plan, sample)
     return planner.price(statics.at(sample), _restated(above.plan, rule))
 
 
@@ -185,7 +185,7 @@ def _general_times(statics: _Statics, sample: int, general: StitchPlan, general_
     """The time model's KernelTimes of the plan for every size at `sample` rows: on CUDA its
     compiled kernel at that size (nothing scheduled again); else scheduled at that size."""
     if planner.device:
-        return planner.priced(at_sizes(general_func, {statics.size: sample}), general)
+        return planner.priced(at_sizes(general_func, {statics.size: sample}), general, sample)
     return planner.price(statics.at(sample), _at_count(general, rule))
 
 
