@@ -319,9 +319,10 @@ class _Stitcher:
             fused = with_size_bounds(outlined.func, outlined.args, block.bounds)
             kernel = self._known(fused)
             if kernel is None:
-                name, rule, plan = self._plan(fused, group.ops)
+                prices = PlanPrices(self.spec)  # the kernel's plans priced, each code lowered once
+                name, rule, plan = self._plan(fused, group.ops, prices)
                 reached = PLANNED
-                kernel = self._add(fused, self._built(fused, name, rule, plan))
+                kernel = self._add(fused, self._built(fused, name, rule, plan, prices))
                 self._walk_variant(fused, kernel)
         except Exception as err:  # noqa: BLE001 - any failure of a group means: fall back
             reason = reason_of(err)
@@ -337,11 +338,17 @@ class _Stitcher:
                 return kernel
         return None
 
-    def _plan(self, fused: tvm.tirx.PrimFunc, ops: tuple) -> tuple:
+    def _plan(self, fused: tvm.tirx.PrimFunc, ops: tuple, prices: PlanPrices) -> tuple:
         """(kernel name, rule plan, the plan to build: the rule plan or the cost model's choice)."""
         name = f"stitch_{len(self.kernels)}_{'_'.join(ops[:3])}"[:60]
         rule = plan_kernel(fused, self.spec, name)
-        return name, rule, self.choose(fused, rule, self.spec) if self.choose is not None else rule
+        return name, rule, self._choice(fused, rule, prices) if self.choose is not None else rule
+
+    def _choice(self, fused: tvm.tirx.PrimFunc, rule: StitchPlan, prices: PlanPrices) -> StitchPlan:
+        """The cost model's choice; the time model's with `prices`, the kernel's plans priced so far."""
+        if self.choose is choose_in_time:
+            return choose_in_time(fused, rule, self.spec, prices)
+        return self.choose(fused, rule, self.spec)
 
     def _add(self, fused: tvm.tirx.PrimFunc, kernel: Kernel) -> Kernel:
         self.kernels[kernel.name] = kernel
@@ -349,14 +356,15 @@ class _Stitcher:
         self.outcome.notes.extend(kernel.notes)
         return kernel
 
-    def _built(self, fused: tvm.tirx.PrimFunc, name: str, rule: StitchPlan, plan: StitchPlan) -> Kernel:
+    def _built(self, fused: tvm.tirx.PrimFunc, name: str, rule: StitchPlan, plan: StitchPlan,
+               prices: PlanPrices) -> Kernel:
         """The kernel of `plan` with its size variants where some are built. A kernel that may get
         variants is checked once: the dispatch's build check covers the plan for every size (its
         last branch); without variants it is checked alone, rescheduled as `_scheduled` does
         where it fails."""
         if row_size(fused, plan) is None:
-            return self._size_variants(fused, self._scheduled(fused, name, rule, plan))
-        kernel = self._size_variants(fused, self._scheduled(fused, name, rule, plan, checked=False))
+            return self._size_variants(fused, self._scheduled(fused, name, rule, plan), prices)
+        kernel = self._size_variants(fused, self._scheduled(fused, name, rule, plan, checked=False), prices)
         if kernel.variants:
             return kernel
         try:
@@ -392,14 +400,12 @@ class _Stitcher:
         return dataclasses.replace(plan, modeled_us=scheduled_us(scheduled, plan, self.spec)
                                    if self.target.kind.name == "cuda" else plan_us(fused, plan, self.spec))
 
-    def _size_variants(self, fused: tvm.tirx.PrimFunc, kernel: Kernel) -> Kernel:
+    def _size_variants(self, fused: tvm.tirx.PrimFunc, kernel: Kernel, prices: PlanPrices) -> Kernel:
         """`kernel` choosing at run time among the plans its symbolic row count calls for, where one
-        plan does not serve every size best (fusion/variants.py)."""
-        prices = PlanPrices(self.spec)  # the kernel's plans priced, each code lowered once
+        plan does not serve every size best (fusion/variants.py); `prices`: the kernel's plans priced."""
         planner = Planner(rule=lambda static: plan_kernel(static, self.spec, kernel.name, rows_first=False),
-                          choose=lambda static, rule: (choose_in_time(static, rule, self.spec, prices)
-                                                       if self.choose is choose_in_time else
-                                                       (self.choose or _priced)(static, rule, self.spec)),
+                          choose=lambda static, rule: (self._choice(static, rule, prices) if self.choose is not None
+                                                       else _priced(static, rule, self.spec)),
                           price=prices.plan_times,
                           priced=prices.scheduled_times,
                           schedule=lambda func, plan: schedule_for(func, plan, self.target).mod["main"],

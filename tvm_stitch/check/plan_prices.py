@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from tvm import tirx
 
 from schedules import schedule_for
+from tvm_stitch.analysis.size_bounds import at_upper_bounds
 from tvm_stitch.check.derived_geometry import derivable, derived
-from tvm_stitch.check.modeled_time import cuda_target, lowered_geometries, modeled_times, plan_times
+from tvm_stitch.check.modeled_time import cuda_target, lowered_geometries, modeled_times
 from tvm_stitch.check.traffic import modeled_traffic
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
@@ -46,20 +47,24 @@ class PlanPrices:
         self.lowered: list = []  # _Lowered, in the order lowered
 
     def plan_times(self, fused: tirx.PrimFunc, plan: StitchPlan) -> list | None:
-        """The KernelTimes of `plan`'s kernels for `fused`, static at the plan's row count; None where
-        the plan does not schedule or is not priced. A plan of a symbolic count is priced by
-        modeled_time.plan_times (at the upper bounds), nothing recorded."""
+        """The KernelTimes of `plan`'s kernels for `fused` (modeled_time.plan_times), static at the
+        plan's row count or, for a symbolic count, at the upper bound of its one size (the row
+        count there, where derived_geometry.py checks it: it derives only from a grid that is the
+        plan's at that count); None where the plan does not schedule or is not priced."""
         rows = plan.mapping.rows
-        if rows < 1:
-            return plan_times(fused, plan, self.spec)
-        found = self._derived(plan, rows, None)
+        found = self._derived(plan, rows, None) if rows > 0 else None
         if found is not None:
             return [kernel_time(g, self.spec) for g in found]
         try:
             scheduled = schedule_for(fused, plan, cuda_target(self.spec)).mod["main"]
         except Exception:  # noqa: BLE001 - a plan s_tir refuses has no time
             return None
-        return self.scheduled_times(scheduled, plan, rows)
+        if rows > 0:
+            return self.scheduled_times(scheduled, plan, rows)
+        static, values = at_upper_bounds(scheduled)
+        if static is None or len(values) != 1:
+            return modeled_times(scheduled, self.spec, plan.registers, plan.kernel)
+        return self.scheduled_times(static, plan, next(iter(values.values())))
 
     def scheduled_times(self, func: tirx.PrimFunc, plan: StitchPlan, rows: int) -> list | None:
         """The KernelTimes of the kernels of `func`, scheduled by `plan` and static at `rows` rows."""
