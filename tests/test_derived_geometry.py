@@ -20,6 +20,7 @@ from tvm_stitch.planning.candidates import candidates
 from tvm_stitch.planning.planner import plan_kernel
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.variants import symbolic
+from tvm_stitch.tools.build import build
 
 from conftest import legalized, make_module, tensor
 
@@ -79,7 +80,8 @@ def test_other_rows_per_block_are_derived_as_lowered(op, length, rows):
     static = at_sizes(func, {"n": rows})
     rule = plan_kernel(static, SPEC, "k", rows_first=False)
     reference, traffic = _lowered(_scheduled(func, rule, rows), rule)
-    packed = [p for p in candidates(static, rule, SPEC) if p.mapping.rows_per_task not in (1, rule.mapping.rows_per_task)
+    packed = [p for p in candidates(static, rule, SPEC)
+              if p.mapping.rows_per_task not in (1, rule.mapping.rows_per_task)
               and dataclasses.replace(p.mapping, rows_per_task=1, grid=0)
               == dataclasses.replace(rule.mapping, rows_per_task=1, grid=0) and p.inlined() == rule.inlined()]
     assert len(packed) >= 2
@@ -138,3 +140,17 @@ def test_every_candidate_at_other_row_counts_is_derived_as_lowered(op, length):
                 if other is not plan and derivable(plan, at, other, at):
                     lowered, traffic = _lowered(_scheduled(func, other, at), other)
                     assert derived(list(reference), plan, at, other, at, traffic) == lowered
+
+
+@pytest.mark.parametrize("length, upper", [(32, 1 << 20), (30000, 4096)], ids=["packed", "row-split"])
+def test_size_variants_are_those_chosen_with_every_plan_lowered(monkeypatch, length, upper):
+    def variants():
+        mod = make_module([tensor("x", (N, length))], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
+        mod["main"] = (mod["main"].with_attr("tir_var_lower_bound", {"n": 1})
+                       .with_attr("tir_var_upper_bound", {"n": upper}))
+        (group,) = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True).report.groups
+        return [(condition, plan.to_json()) for condition, plan in group.variants]
+
+    derived_too = variants()
+    monkeypatch.setattr(plan_prices, "derivable", lambda *_: False)
+    assert variants() == derived_too and len(derived_too) == 2
