@@ -9,17 +9,19 @@ from tvm import relax, tirx
 
 from schedules import schedule_for
 from tvm_stitch.analysis.size_bounds import at_sizes
+from tvm_stitch import stitch_pass
 from tvm_stitch.check import derived_geometry, plan_prices
 from tvm_stitch.check.derived_geometry import derivable, derived
 from tvm_stitch.check.modeled_time import cuda_target, lowered_geometries
 from tvm_stitch.check.plan_prices import PlanPrices
 from tvm_stitch.check.timed_choice import choose_in_time
 from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.fusion import variants as variants_module
 from tvm_stitch.fusion.variants import _restated
 from tvm_stitch.planning.candidates import candidates
 from tvm_stitch.planning.planner import plan_kernel
 from tvm_stitch.planning.spec import TargetSpec
-from tvm_stitch.planning.variants import symbolic
+from tvm_stitch.planning.variants import sampled_plans, symbolic
 from tvm_stitch.tools.build import build
 
 from conftest import legalized, make_module, tensor
@@ -142,8 +144,13 @@ def test_every_candidate_at_other_row_counts_is_derived_as_lowered(op, length):
                     assert derived(list(reference), plan, at, other, at, traffic) == lowered
 
 
-@pytest.mark.parametrize("length, upper", [(32, 1 << 20), (30000, 4096)], ids=["packed", "row-split"])
-def test_size_variants_are_those_chosen_with_every_plan_lowered(monkeypatch, length, upper):
+@pytest.mark.parametrize("length, upper, planned", [(32, 1 << 20, 4), (30000, 4096, 5)], ids=["packed", "row-split"])
+def test_size_variants_are_those_chosen_with_every_sample_planned_and_every_plan_lowered(monkeypatch, length, upper,
+                                                                                       planned):
+    rule_plans = []
+    rule = stitch_pass.plan_kernel
+    monkeypatch.setattr(stitch_pass, "plan_kernel", lambda *args, **kw: rule_plans.append(args) or rule(*args, **kw))
+
     def variants():
         mod = make_module([tensor("x", (N, length))], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
         mod["main"] = (mod["main"].with_attr("tir_var_lower_bound", {"n": 1})
@@ -152,5 +159,13 @@ def test_size_variants_are_those_chosen_with_every_plan_lowered(monkeypatch, len
         return [(condition, plan.to_json()) for condition, plan in group.variants]
 
     derived_too = variants()
+    # (n, 32): no sample below 512 is planned (one row per block is modeled there at one launch and
+    # one DRAM round trip, and the rules pack 2 rows per block at 512, 8 above it).
+    assert len(rule_plans) == 1 + planned
     monkeypatch.setattr(plan_prices, "derivable", lambda *_: False)
+
+    def every_sample(samples, statics, general, general_func, planner):
+        return samples, sampled_plans(samples, lambda size: planner.rule(statics.at(size)))
+
+    monkeypatch.setattr(variants_module, "_sampled", every_sample)
     assert variants() == derived_too and len(derived_too) == 2

@@ -90,8 +90,8 @@ def size_variants(fused: tirx.PrimFunc, general: StitchPlan, general_func: tirx.
     if var is None:
         return ()
     low, high = size_bounds(fused).get(var.name, (None, None))
-    samples, statics = sample_sizes(low, high), _Statics(fused, var.name, (low, high))
-    plans = sampled_plans(samples, lambda s: planner.rule(statics.at(s)))
+    statics = _Statics(fused, var.name, (low, high))
+    samples, plans = _sampled(sample_sizes(low, high), statics, general, general_func, planner)
     if all(key(plan) == key(general) for plan in plans):
         return ()
     kept, above = [], None  # from the largest sizes down; `above`: the variant of the range just above
@@ -116,7 +116,7 @@ def _range_variant(condition: SizeRange, sample: int, rule: StitchPlan, above: V
         return None, 0.0  # rows of several axes flattened, then packed (a symbolic extent TVM cannot allocate for), or no size
     times = _general_times(statics, sample, general, general_func, rule, planner)
     everywhere = total_us(times) if times else -1.0
-    if everywhere >= 0 and least_us(times, rule.spec) >= everywhere * (1 - TIE):
+    if _at_least(times, rule.spec):
         return None, 0.0  # `general` is modeled at the least time any plan here can have: no choice beats it
     beats = lambda us: us >= 0 and (everywhere < 0 or us < everywhere * (1 - TIE))  # noqa: E731
     extended = _extended(above, condition, sample, rule, statics, general_func, planner)
@@ -126,6 +126,32 @@ def _range_variant(condition: SizeRange, sample: int, rule: StitchPlan, above: V
     if not beats(plan.modeled_us):
         return None, 0.0
     return Variant(condition, plan, sample), everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
+
+
+def _sampled(samples: list, statics, general: StitchPlan, general_func: tirx.PrimFunc, planner: Planner) -> tuple:
+    """(samples, the rule plan at each: sampled_plans) the ranges are read from. On CUDA, where the
+    plan for every size is modeled at the least time any plan can have at each of the smallest
+    samples, no range whose top is one of them is kept (`_range_variant`): the samples below the
+    largest of them at which a run of plans ends are not planned (their plans would only bound ranges
+    that are not kept); the plans at the others, and the ranges, are those of every sample."""
+    made = {}
+
+    def plan_at(size: int) -> StitchPlan:
+        if size not in made:
+            made[size] = planner.rule(statics.at(size))
+        return made[size]
+
+    least = 0  # the smallest samples at which `general` is modeled at the least time
+    while planner.device and least < len(samples) - 1 and _at_least(
+            _general_times(statics, samples[least], general, general_func, general, planner), general.spec):
+        least += 1
+    start = next((b for b in range(least - 1, 0, -1) if key(plan_at(samples[b])) != key(plan_at(samples[b + 1]))), 0)
+    return samples[start:], sampled_plans(samples[start:], plan_at)
+
+
+def _at_least(times: list | None, spec: TargetSpec) -> bool:
+    """Whether KernelTimes `times` are within TIE of the least time any plan of their kernel can have."""
+    return bool(times) and least_us(times, spec) >= total_us(times) * (1 - TIE)
 
 
 def _extended(above: Variant | None, condition: SizeRange, sample: int, rule: StitchPlan, statics,
