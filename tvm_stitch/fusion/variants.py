@@ -49,8 +49,9 @@ class Planner:
     `choose(static fused, rule plan)` -> the plan to build with its modeled_us, `price(static
     fused, plan)` -> the time model's KernelTime of each of its kernels, scheduled there (None: not
     priced), `priced(scheduled PrimFunc, plan, rows)` -> the same for a PrimFunc already scheduled
-    for CUDA, static at `rows` rows, `schedule(func, plan)` -> the scheduled PrimFunc, `device`: whether the target binds
-    threads (a dispatch on the host around kernels; its kernels are CUDA's, priced as scheduled);
+    for CUDA, static at `rows` rows, `schedule(func, plan)` -> the scheduled PrimFunc, `device`:
+    whether the target binds threads (a dispatch on the host around kernels; its kernels are
+    CUDA's, priced as scheduled);
     `made`: the variants' plans scheduled for every size (`_variant_func`), by `key`, each made
     once for the pricing of an adjoining range and the dispatch."""
 
