@@ -1,10 +1,10 @@
-"""CPU size variants of a lone symbolic (n, 65536) float32 softmax on this machine's CPU (llvm, host target):
+"""CPU size variants of a lone symbolic (n, LENGTH) float32 softmax on this machine's CPU (llvm, host target):
 compile seconds with the size-variant step and without it (the plan for every size only), in alternating rounds
 in one process after one warm-up build of each (medians of wall and CPU seconds, and their ratios); then, at each
 row count asked for, milliseconds per call of both builds in alternating rounds (tools/build.alternating_times)
 and their ratio. The cores planned for are the runtime's threads: run with TVM_NUM_THREADS set to the cores.
 Run from the repository root.
-Usage: TVM_NUM_THREADS=2 python benchmarks/cpu_variant_times.py COMPILE_ROUNDS TIMING_ROUNDS ROWS...
+Usage: TVM_NUM_THREADS=2 python benchmarks/cpu_variant_times.py LENGTH COMPILE_ROUNDS TIMING_ROUNDS ROWS...
 """
 
 import contextlib
@@ -24,11 +24,10 @@ sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 from conftest import make_module, tensor  # noqa: E402
 
 N = tirx.Var("n", "int64")
-LENGTH = 65536
 
 
-def softmax():
-    return make_module([tensor("x", (N, LENGTH))], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
+def softmax(length: int):
+    return make_module([tensor("x", (N, length))], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
 
 
 @contextlib.contextmanager
@@ -50,12 +49,19 @@ def built(mod, variants: bool):
         return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def main(compile_rounds: str, timing_rounds: str, *rows: str) -> None:
-    mod = softmax()
+def main(length: str, compile_rounds: str, timing_rounds: str, *rows: str) -> None:
+    mod = softmax(int(length))
     made = {v: built(mod, v)[0] for v in (True, False)}
     variants = made[True].report.groups[0].variants
-    print(f"threads {os.environ.get('TVM_NUM_THREADS', '?')}; variants: "
+    print(f"(n, {length}), threads {os.environ.get('TVM_NUM_THREADS', '?')}; variants: "
           + ("; ".join(f"{c}: {p.mapping.split} chunks/row" for c, p in variants) or "none"))
+    rng = np.random.default_rng(0)
+    for count in map(int, rows):
+        x = rng.standard_normal((count, int(length))).astype("float32")
+        ms = alternating_times({v: vm_round(made[v].executable, [x]) for v in (True, False)}, int(timing_rounds))
+        print(f"run at n = {count}: variants {ms[True]:.3f} ms, one plan {ms[False]:.3f} ms, "
+              f"ratio {ms[True] / ms[False]:.2f} | load {os.getloadavg()[0]:.1f}", flush=True)
+
     times = {False: [], True: []}
     for k in range(int(compile_rounds)):
         for v in (False, True) if k % 2 == 0 else (True, False):
@@ -63,13 +69,6 @@ def main(compile_rounds: str, timing_rounds: str, *rows: str) -> None:
     one, var = ([statistics.median(t[i] for t in times[v]) for i in (0, 1)] for v in (False, True))
     print(f"compile: wall one {one[0]:.3f} var {var[0]:.3f} ratio {var[0] / one[0]:.2f} | process one "
           f"{one[1]:.3f} var {var[1]:.3f} ratio {var[1] / one[1]:.2f} | load {os.getloadavg()[0]:.1f}", flush=True)
-    rng = np.random.default_rng(0)
-    for count in map(int, rows):
-        x = rng.standard_normal((count, LENGTH)).astype("float32")
-        ms = alternating_times({v: vm_round(made[v].executable, [x]) for v in (True, False)}, int(timing_rounds))
-        print(f"run at n = {count}: variants {ms[True]:.3f} ms, one plan {ms[False]:.3f} ms, "
-              f"ratio {ms[True] / ms[False]:.2f} | load {os.getloadavg()[0]:.1f}", flush=True)
-
 
 if __name__ == "__main__":
     main(*sys.argv[1:])

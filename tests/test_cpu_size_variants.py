@@ -57,6 +57,7 @@ def test_the_counts_whose_rows_the_rules_cut_form_one_range():
     assert chunked_range("n", None, None, LONG, 2) == SizeRange("n", None, 7)
     assert chunked_range("n", 3, 5, LONG, 2) == SizeRange("n", None, 5)
     assert chunked_range("n", 1, None, LONG, 16) == SizeRange("n", None, 63)
+    assert chunked_range("n", None, None, LONG, 2, rows_per_count=3) == SizeRange("n", None, 2)  # (n, 3, 65536)
     assert chunked_range("n", 8, None, LONG, 2) is None  # never fewer rows than the cores take
     assert chunked_range("n", None, None, 16384, 2) is None  # rows too short to cut
     assert chunked_range("n", None, None, LONG, 1) is None  # one core: nothing to spread

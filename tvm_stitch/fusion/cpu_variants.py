@@ -39,9 +39,12 @@ def cpu_row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
 
 
 def _range(fused: tirx.PrimFunc, var: tirx.Var, plan: StitchPlan):
+    """planning/cpu/variants.chunked_range of the kernel's rows (the leading `plan.rank` axes of its
+    parameter holding the size, of which the size is one)."""
     out = next(p for p in fused.params if any(d.same_as(var) for d in p.ty.shape))
     low, high = size_bounds(fused).get(var.name, (None, None))
-    return chunked_range(var.name, low, high, static_product(out.ty.shape[plan.rank:]), plan.spec.cores)
+    others = static_product(d for d in out.ty.shape[:plan.rank] if not d.same_as(var))
+    return chunked_range(var.name, low, high, static_product(out.ty.shape[plan.rank:]), plan.spec.cores, others)
 
 
 def cpu_size_variants(fused: tirx.PrimFunc, general: StitchPlan, planner: Planner) -> tuple:

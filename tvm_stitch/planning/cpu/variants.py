@@ -20,15 +20,16 @@ from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.variants import SizeRange
 
 
-def chunked_range(size: str, low: int | None, high: int | None, row_length: int | None,
-                  cores: int) -> SizeRange | None:
-    """The row counts within the bounds `low` <= count <= `high` (None: no bound) whose rows of
-    `row_length` elements (None: symbolic) the rules cut into chunks over `cores` cores: the smallest
-    count up (no lower bound); None where they cut none."""
+def chunked_range(size: str, low: int | None, high: int | None, row_length: int | None, cores: int,
+                  rows_per_count: int = 1) -> SizeRange | None:
+    """The counts of `size` within the bounds `low` <= count <= `high` (None: no bound) at which the
+    rules cut rows of `row_length` elements (None: symbolic) into chunks over `cores` cores, each count
+    making `rows_per_count` rows (the other row axes): the smallest count up (no lower bound); None
+    where they cut none."""
     first = max(1, low or 1)
-    if cores < 2 or row_length is None or row_chunks(first, row_length, cores) == 1:
+    if cores < 2 or row_length is None or row_chunks(first * rows_per_count, row_length, cores) == 1:
         return None
-    last = cores * CPU_TASKS_PER_CORE - 1  # row_chunks cuts every count below this many tasks
+    last = (cores * CPU_TASKS_PER_CORE - 1) // rows_per_count  # row_chunks cuts below this many tasks
     if high is not None:
         last = min(last, high)
     return SizeRange(size, None, last) if last >= first else None
