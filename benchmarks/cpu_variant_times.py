@@ -1,8 +1,8 @@
 """CPU size variants of a lone symbolic (n, LENGTH) float32 softmax on this machine's CPU (llvm, host target):
 compile seconds with the size-variant step and without it (the plan for every size only), in alternating rounds
 in one process after one warm-up build of each (medians of wall and CPU seconds, and their ratios); then, at each
-row count asked for, milliseconds per call of both builds in alternating rounds (tools/build.alternating_times)
-and their ratio. The cores planned for are the runtime's threads: run with TVM_NUM_THREADS set to the cores.
+row count asked for, milliseconds per call of both builds and of the static build at that count, in alternating
+rounds (tools/build.alternating_times), and their ratios to the one-plan build. The cores planned for are the runtime's threads: run with TVM_NUM_THREADS set to the cores.
 Run from the repository root.
 Usage: TVM_NUM_THREADS=2 python benchmarks/cpu_variant_times.py LENGTH COMPILE_ROUNDS TIMING_ROUNDS ROWS...
 """
@@ -26,8 +26,8 @@ from conftest import make_module, tensor  # noqa: E402
 N = tirx.Var("n", "int64")
 
 
-def softmax(length: int):
-    return make_module([tensor("x", (N, length))], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
+def softmax(length: int, rows=N):
+    return make_module([tensor("x", (rows, length))], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
 
 
 @contextlib.contextmanager
@@ -58,9 +58,14 @@ def main(length: str, compile_rounds: str, timing_rounds: str, *rows: str) -> No
     rng = np.random.default_rng(0)
     for count in map(int, rows):
         x = rng.standard_normal((count, int(length))).astype("float32")
-        ms = alternating_times({v: vm_round(made[v].executable, [x]) for v in (True, False)}, int(timing_rounds))
-        print(f"run at n = {count}: variants {ms[True]:.3f} ms, one plan {ms[False]:.3f} ms, "
-              f"ratio {ms[True] / ms[False]:.2f} | load {os.getloadavg()[0]:.1f}", flush=True)
+        static = build(softmax(int(length), count), host_target(), stitched=True)
+        ms = alternating_times({"variants": vm_round(made[True].executable, [x]),
+                                "one": vm_round(made[False].executable, [x]),
+                                "static": vm_round(static.executable, [x])}, int(timing_rounds))
+        print(f"run at n = {count}: variants {ms['variants']:.3f} ms, one plan {ms['one']:.3f} ms, static build "
+              f"{ms['static']:.3f} ms ({static.report.groups[0].plan.mapping.split} chunks/row); ratios to the "
+              f"one plan: variants {ms['variants'] / ms['one']:.2f}, static {ms['static'] / ms['one']:.2f} | "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
 
     times = {False: [], True: []}
     for k in range(int(compile_rounds)):

@@ -158,10 +158,12 @@ def _variant_lines(group: GroupRecord) -> list:
     for condition, plan in group.variants:
         m = plan.mapping
         shape = (f"{m.split} blocks/row x {m.threads} thr, {plan.kernels} kernels" if plan.scheme == "row-split"
-                 else f"{m.split} chunks/row over {m.threads} cores, vector {m.vector}" if plan.target == "cpu"
+                 else f"{f'{m.split} chunks/row' if m.split > 1 else 'rows'} over {m.threads} cores, vector {m.vector}"
+                 if plan.target == "cpu"
                  else f"{m.rows_per_task} row/blk x {m.threads} thr")
-        at = (f", at {plan.row_shape[0]} rows {plan.modeled_bytes / 1e6:.1f} MB, {_modeled_time(plan)}"
-              if m.rows >= 0 and plan.modeled_bytes >= 0 else "")
+        at = (f", at {plan.row_shape[0]} rows {plan.modeled_bytes / 1e6:.1f} MB"
+              + (f", {_modeled_time(plan)}" if plan.modeled_us >= 0 else "") if m.rows >= 0 and plan.modeled_bytes >= 0
+              else "")
         lines.append(f"  {condition}: {plan.scheme}, {shape}{at}")
     return lines
 
