@@ -162,10 +162,9 @@ def _split_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
             loops = sch.get_loops(block)  # the partial's own nest: the old row loops hold the combine
             rows, chunk_lane, step = loops[:rank], loops[-2], loops[-1]
             chunk, lane = sch.split(chunk_lane, [split, width])
-            sch.reorder(chunk, *rows, step, lane)
-        else:
-            sch.reorder(chunk, *rows)
-        parallel = sch.fuse(chunk, *rows) if rows else chunk
+            sch.reorder(*rows, chunk, step, lane)
+        # (row, chunk) tasks, the chunk innermost: a task's row and chunk divide by the chunk count, a constant
+        parallel = sch.fuse(*rows, chunk) if rows else chunk
         if plan.mapping.threads > 1:
             sch.parallel(parallel)
         if width > 1:
