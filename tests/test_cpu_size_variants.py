@@ -93,3 +93,22 @@ def test_no_variant_where_the_rules_cut_no_rows(shape, bounds, rng):
     x = rng.standard_normal((9, shape[1])).astype("float32")
     (out,) = run_cpu(built.executable, [x])
     np.testing.assert_allclose(out, _np_softmax(x), rtol=1e-5, atol=1e-7)
+
+
+def test_a_variant_that_does_not_build_falls_back_to_the_plan_for_every_size(monkeypatch, rng):
+    from tvm_stitch import stitch_pass
+
+    checked = stitch_pass.check_builds
+
+    def refusing_dispatches(func, target):
+        if func.attrs is not None and ATTR in func.attrs:
+            raise RuntimeError("no dispatch")
+        checked(func, target)
+
+    monkeypatch.setattr(stitch_pass, "check_builds", refusing_dispatches)
+    built = build(_softmax((N, LONG)), host_target(), stitched=True, spec=_two_cores())
+    (group,) = built.report.groups
+    assert group.stitched and group.variants == () and group.plan.mapping.split == 1
+    assert any("size variants not built" in note for note in built.report.notes)
+    x = rng.standard_normal((1, LONG)).astype("float32")
+    np.testing.assert_allclose(run_cpu(built.executable, [x])[0], _np_softmax(x), rtol=1e-5, atol=1e-7)
