@@ -6,8 +6,9 @@ cores instead (planning/cpu/tasks.row_chunks). For a kernel whose rows have a
 static length, the counts the rules cut (planning/cpu/variants.chunked_range)
 get one variant: the plan a static build makes at the smallest of them (the
 rule plan, or the CPU cost model's choice among its candidates as
-`Planner.choose` gives it), kept where the rule plan there cuts rows. It is joined with the plan for every size under one dispatch
-on the host (fusion/variants.dispatching), the plan for every size last.
+`Planner.choose` gives it), kept where the rule plan there cuts rows. It is
+joined with the plan for every size under one dispatch on the host
+(fusion/variants.dispatching), the plan for every size last.
 
 The cost model ranks the candidates of one static size: it has no time and no
 feature for the chunks, so it cannot price the chunked plan against the plan
