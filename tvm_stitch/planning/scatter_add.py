@@ -1,0 +1,118 @@
+"""The plan of an accumulating scatter on CUDA (`scatter_nd(data, indices, updates, "add")`), as plain data.
+
+An embedding's gradient is one: `out = data` (zeros), then for every index
+tuple `i` and every element `r` of a row, `out[indices[i], r] += updates[i, r]`.
+TVM's CUDA lowering gives each element of a row a thread that walks every
+index tuple in order (repeated indices then never race): at BERT's bench
+size 768 threads each walk 1024 tuples, a launch bound by the latency of
+1024 dependent read-modify-writes. Here every (tuple, element) pair is a
+thread of its own and adds with an atomic add (`atomicAdd`, whose result is
+unused: a reduction at the L2, no round trip for the thread), so repeated
+indices accumulate in whatever order their atomics arrive: the sums agree
+with an ordered walk within float32 rounding, not bit for bit.
+
+Two kernels: the first writes `out` (the constant `data` is made of, or a
+copy of `data`), `vector` elements per thread; the second scatters, one
+element per thread. An index outside its axis adds nothing (TVM's lowering
+would write outside the output).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import DataType
+
+from tvm_stitch.planning.reasons import PlanError
+from tvm_stitch.planning.spec import TargetSpec
+
+THREADS = 256  # per block, both kernels: 8 warps, any SM holds several such blocks
+ATOMIC_DTYPES = ("float32",)  # atomicAdd on CUDA, a compare-and-swap loop in the SIMT checker's OpenCL
+
+
+@dataclass(frozen=True)
+class ScatterAddPlan:
+    """One accumulating scatter: shapes, how `out` starts, and the launch of each kernel."""
+
+    out_shape: tuple  # data's (and out's) shape
+    index_shape: tuple  # (..., slots): each index tuple names `slots` leading axes of out
+    dtype: str
+    index_dtype: str
+    init: str  # "fill": out starts as the constant `fill`; "copy": out starts as a copy of data
+    fill: float
+    threads: int
+    vector: int  # elements per thread of the first kernel
+    spec: TargetSpec
+
+    @property
+    def tuples(self) -> int:
+        return math.prod(self.index_shape[:-1])
+
+    @property
+    def slots(self) -> int:
+        return self.index_shape[-1]
+
+    @property
+    def row_elements(self) -> int:
+        """Elements each index tuple adds to: the product of out's axes after the indexed ones."""
+        return math.prod(self.out_shape[self.slots:])
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.out_shape)
+
+    @property
+    def init_blocks(self) -> int:
+        return -(-self.elements // (self.threads * self.vector))
+
+    @property
+    def scatter_blocks(self) -> int:
+        return -(-(self.tuples * self.row_elements) // self.threads)
+
+    def describe(self) -> str:
+        start = f"fill {self.fill:g}" if self.init == "fill" else "copy of data"
+        return (f"scatter-add {self.tuples} x {self.row_elements} into {'x'.join(map(str, self.out_shape))} "
+                f"{self.dtype}: {start} ({self.init_blocks} x {self.threads} threads, {self.vector} per thread), "
+                f"atomic adds ({self.scatter_blocks} x {self.threads} threads, one element each)")
+
+    def traffic(self) -> tuple:
+        """(loaded, stored, ideal) bytes: the indices and updates read once, out written once (and
+        data read for a copy); each atomic add reads and writes its element of out at most once
+        from device memory (the L2 merges repeated ones)."""
+        width = _bytes(self.dtype)
+        indices = math.prod(self.index_shape) * _bytes(self.index_dtype)
+        updates = self.tuples * self.row_elements * width
+        out = self.elements * width
+        touched = min(updates, out)
+        data = out if self.init == "copy" else 0
+        return indices + updates + data + touched, out + touched, indices + updates + data + out
+
+
+def _bytes(dtype: str) -> int:
+    return max(1, DataType(dtype).bits // 8)
+
+
+def plan_scatter_add(out_shape: tuple, index_shape: tuple, updates_shape: tuple, dtype: str, index_dtype: str,
+                     fill: float | None, spec: TargetSpec) -> ScatterAddPlan:
+    """The plan of `scatter_nd(data, indices, updates, "add")` for `spec` (CUDA); `fill`: the constant
+    data is made of, None where data is any tensor. PlanError where it cannot be planned."""
+    if spec.family != "cuda":
+        raise PlanError("scatter-target", family=spec.family)
+    if dtype not in ATOMIC_DTYPES:
+        raise PlanError("scatter-dtype", dtype=dtype)
+    shapes = (out_shape, index_shape, updates_shape)
+    if not all(isinstance(d, int) for shape in shapes for d in shape):
+        raise PlanError("scatter-symbolic", shapes=str(shapes))
+    slots = index_shape[-1] if index_shape else 0
+    if not index_shape or not 1 <= slots <= len(out_shape) \
+            or tuple(updates_shape) != tuple(index_shape[:-1]) + tuple(out_shape[slots:]):
+        raise PlanError("scatter-shapes", shapes=str(shapes))
+    if math.prod(updates_shape) == 0 or math.prod(out_shape) == 0:
+        raise PlanError("scatter-shapes", shapes=str(shapes))
+    threads = min(THREADS, spec.max_threads_per_block)
+    lanes = max(1, spec.vector_bytes // _bytes(dtype))
+    vector = lanes if out_shape[-1] % lanes == 0 else 1  # a vector within one row of out
+    return ScatterAddPlan(tuple(out_shape), tuple(index_shape), dtype, index_dtype,
+                          "fill" if fill is not None else "copy", 0.0 if fill is None else float(fill),
+                          threads, vector, spec)
