@@ -23,6 +23,7 @@ from schedules.cuda import scatter_add as cuda_scatter_add
 from tvm_stitch.analysis.shape_dims import dims
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.modeled_time import modeled_times
+from tvm_stitch.fusion.rebind import rebound
 from tvm_stitch.planning.reasons import PlanError, Reason, reason_of
 from tvm_stitch.planning.scatter_add import ScatterAddPlan, plan_scatter_add
 from tvm_stitch.planning.spec import TargetSpec
@@ -98,14 +99,7 @@ class ScatterAddsAtomically:
                     records.append(record)
                     if kernel is not None:
                         replaced[binding.var] = (record.plan, builder.add_func(kernel, "scatter_add"))
-        out = mod
-        if replaced:
-            rewritten = builder.get()
-            rewriter = _Rewriter(rewritten, replaced)
-            for gv, func in list(rewritten.functions_items()):
-                if isinstance(func, relax.Function):
-                    rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(rewriter.visit_expr(func)))
-            out = rewriter.builder_.get()
+        out = rebound(builder, replaced, _kernel_call) if replaced else mod
         if self.report is not None:
             self.report.scatters.extend(records)
         return out
@@ -124,20 +118,9 @@ class ScatterAddsAtomically:
         return ScatterRecord(function, name, plan, total_us(times) if times else -1.0), kernel
 
 
-@relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    """Binds each replaced scatter's var to its kernel's call."""
-
-    def __init__(self, mod: tvm.IRModule, replaced: dict):
-        super().__init__(mod)
-        self.replaced = replaced
-
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        if binding.var not in self.replaced:
-            super().visit_var_binding_(binding)
-            return
-        plan, gv = self.replaced[binding.var]
-        data, indices, updates = (self.visit_expr(a) for a in binding.value.args)
-        args = ([data] if plan.init == "copy" else []) + [indices, updates]
-        out = relax.call_tir(gv, relax.Tuple(args), relax.TensorType(plan.out_shape, plan.dtype))
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(out)))
+def _kernel_call(mutator, binding: relax.VarBinding, entry: tuple) -> relax.Expr:
+    """The call of a scatter's kernel: (data,) indices, updates."""
+    plan, gv = entry
+    data, indices, updates = (mutator.visit_expr(a) for a in binding.value.args)
+    args = ([data] if plan.init == "copy" else []) + [indices, updates]
+    return relax.call_tir(gv, relax.Tuple(args), relax.TensorType(plan.out_shape, plan.dtype))
