@@ -54,14 +54,14 @@ def _reference(out_shape, index_shape, dtype, fill):
     return te.create_prim_func(inputs + [indices, updates, out])
 
 
-def _simt(out_shape, index_shape, fill, oclgrind: bool):
+def _simt(out_shape, index_shape, fill, oclgrind: bool, dtype: str = "float32"):
     try:
         device = opencl_run.device_for(oclgrind)
     except opencl_run.NoOpenclDevice as err:
         pytest.skip(str(err))
     updates_shape = index_shape[:-1] + out_shape[index_shape[-1]:]
-    plan = plan_scatter_add(out_shape, index_shape, updates_shape, "float32", "int64", fill, SPEC)
-    ref = _reference(out_shape, index_shape, "float32", fill)
+    plan = plan_scatter_add(out_shape, index_shape, updates_shape, dtype, "int64", fill, SPEC)
+    ref = _reference(out_shape, index_shape, dtype, fill)
     return check_kernel("scatter_add", build_kernel(plan), [Reference(ref, tuple(range(len(ref.params))))],
                         device, oclgrind, 0)
 
@@ -79,6 +79,14 @@ def test_scatter_matches_the_ordered_lowering_under_simt_on_pocl(out_shape, inde
 
 def test_scatter_is_clean_under_oclgrind():
     result = _simt((6, 40), (3, 50, 1), 0.0, oclgrind=True)
+    assert result.ok, result.detail
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_scatter_matches_under_simt_on_pocl(dtype):
+    """sm_90 adds float16 and bfloat16 atomically (the checker runs them as float32 storage rounded
+    after every operation, the reference adds in the narrow type in order)."""
+    result = _simt((6, 40), (3, 50, 1), 0.0, oclgrind=False, dtype=dtype)
     assert result.ok, result.detail
 
 
@@ -115,14 +123,16 @@ def test_embedding_gradient_is_two_launches_modeled_far_below_tvms():
     assert min(t.launched_threads for _, _, times in stitched.kernels for t in times) >= 64 * 1024
 
 
-def test_float16_scatter_falls_back_to_tvms_lowering_with_reason():
-    mod = _embedding_grad(64, (4, 8), 32, dtype="float16")
+def test_bfloat16_scatter_on_sm75_falls_back_to_tvms_lowering_with_reason():
+    mod = _embedding_grad(64, (4, 8), 32, dtype="bfloat16")
     report = StitchReport()
-    with CUDA:
-        tvm.compile(mod, target=CUDA, relax_pipeline=pipeline(CUDA, report=report))
+    turing = tvm.target.Target({"kind": "cuda", "arch": "sm_75"})
+    with turing:
+        lowered = pipeline(turing, report=report)(mod)
     record, = report.scatters
     assert record.plan is None and record.reason.code == "scatter-dtype"
-    assert "float16" in record.line()
+    assert "bfloat16" in record.line() and "sm_75" in record.line()
+    assert not any("scatter_add" in gv.name_hint for gv in lowered.functions)
 
 
 def test_plans_refuse_what_they_cannot_add():
@@ -146,8 +156,9 @@ def test_scatter_with_a_parameter_copies_it_in_the_kernel():
 
 
 @needs_nvcc
-def test_kernels_compile_with_nvcc_to_atomic_adds_without_spills(tmp_path):
-    mod = _embedding_grad(30522, (8, 128), 768)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kernels_compile_with_nvcc_to_atomic_adds_without_spills(dtype, tmp_path):
+    mod = _embedding_grad(30522, (8, 128), 768, dtype=dtype)
     with CUDA:
         ex = tvm.compile(mod, target=CUDA, relax_pipeline=pipeline(CUDA))
     source = cuda_source(ex)
@@ -157,4 +168,5 @@ def test_kernels_compile_with_nvcc_to_atomic_adds_without_spills(tmp_path):
     ptx = (tmp_path / "kernels.ptx")
     nvcc(source, tmp_path, arch="sm_90", ptx=True)
     # an atomic add whose result no instruction reads: the thread does not wait for it
-    assert re.search(r"(atom|red)\.global\.add\.f32", ptx.read_text()), "no atomic add"
+    kind = {"float32": r"global\.add\.f32", "float16": r"add\.noftz\.f16"}[dtype]
+    assert re.search(rf"(atom|red)\.{kind}", ptx.read_text()), "no atomic add"

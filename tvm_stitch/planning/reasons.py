@@ -92,7 +92,7 @@ MESSAGES = MappingProxyType({
                                           f"{p['limit']} B of shared memory"),
     # accumulating scatters (planning/scatter_add.py)
     "scatter-target": lambda p: f"atomic scatter-adds are CUDA kernels ({p['family']} keeps its ordered walk)",
-    "scatter-dtype": lambda p: f"a scatter-add in {p['dtype']}: atomic adds are planned for float32",
+    "scatter-dtype": lambda p: f"a scatter-add in {p['dtype']}: {p['arch']} has no atomic add of it",
     "scatter-symbolic": lambda p: f"scatter-add shapes {p['shapes']} are symbolic",
     "scatter-shapes": lambda p: f"scatter-add shapes {p['shapes']} (out, indices, updates) do not match",
     "scatter-reduction": lambda p: f"scatter_nd with reduction {p['reduction']}: only add is accumulated atomically",

@@ -28,7 +28,6 @@ from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 
 THREADS = 256  # per block, both kernels: 8 warps, any SM holds several such blocks
-ATOMIC_DTYPES = ("float32",)  # atomicAdd on CUDA, a compare-and-swap loop in the SIMT checker's OpenCL
 
 
 @dataclass(frozen=True)
@@ -99,8 +98,8 @@ def plan_scatter_add(out_shape: tuple, index_shape: tuple, updates_shape: tuple,
     data is made of, None where data is any tensor. PlanError where it cannot be planned."""
     if spec.family != "cuda":
         raise PlanError("scatter-target", family=spec.family)
-    if dtype not in ATOMIC_DTYPES:
-        raise PlanError("scatter-dtype", dtype=dtype)
+    if dtype not in spec.atomic_add_dtypes:
+        raise PlanError("scatter-dtype", dtype=dtype, arch=spec.arch)
     shapes = (out_shape, index_shape, updates_shape)
     if not all(isinstance(d, int) for shape in shapes for d in shape):
         raise PlanError("scatter-symbolic", shapes=str(shapes))
