@@ -82,6 +82,14 @@ def test_scatter_is_clean_under_oclgrind():
     assert result.ok, result.detail
 
 
+def test_symbolic_count_of_tuples_matches_under_simt_on_pocl():
+    """Index tuples of a symbolic count n (a batch): one kernel for every n, run at n = 1, 37 and 128."""
+    n = tvm.tirx.Var("n", "int64")
+    result = _simt((6, 40), (n, 3, 1), 0.0, oclgrind=False)
+    assert result.ok, result.detail
+    assert len(result.sizes) == 3
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_scatter_matches_under_simt_on_pocl(dtype):
     """sm_90 adds float16 and bfloat16 atomically (the checker runs them as float32 storage rounded
@@ -135,6 +143,26 @@ def test_bfloat16_scatter_on_sm75_falls_back_to_tvms_lowering_with_reason():
     assert not any("scatter_add" in gv.name_hint for gv in lowered.functions)
 
 
+def test_symbolic_embedding_gradient_is_planned_and_priced_at_its_bound():
+    batch = tvm.tirx.Var("b", "int64")
+    params = [tensor("ids", (batch, 128), "int64"), tensor("grad", (batch, 128, 768), "float32")]
+
+    def body(bb, ids, grad):
+        zeros = bb.emit(relax.op.full((30522, 768), relax.const(0.0, "float32"), "float32"))
+        return relax.op.scatter_nd(zeros, bb.emit(relax.op.expand_dims(ids, [-1])), grad, "add")
+
+    mod = function(params, body)
+    mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {"b": 8})
+    report = StitchReport()
+    with CUDA:
+        pipeline(CUDA, report=report)(mod)
+    record, = report.scatters
+    assert record.plan.priced_at == (("b", 8),)
+    assert record.plan.traffic() == plan_scatter_add((30522, 768), (8, 128, 1), (8, 128, 768), "float32", "int64",
+                                                     0.0, SPEC).traffic()
+    assert record.modeled_us > 0 and "b * 384 x 256 threads" in record.line()
+
+
 def test_plans_refuse_what_they_cannot_add():
     with pytest.raises(PlanError) as err:
         plan_scatter_add((8, 4), (3, 1), (3, 5), "float32", "int64", 0.0, SPEC)
@@ -143,6 +171,10 @@ def test_plans_refuse_what_they_cannot_add():
     with pytest.raises(PlanError) as err:
         plan_scatter_add((8, 4), (3, 1), (3, 4), "float32", "int64", 0.0, cpu)
     assert err.value.code == "scatter-target"
+    rows = tvm.tirx.Var("v", "int64")
+    with pytest.raises(PlanError) as err:
+        plan_scatter_add((rows, 4), (3, 1), (3, 4), "float32", "int64", 0.0, SPEC)
+    assert err.value.code == "scatter-symbolic"
 
 
 def test_scatter_with_a_parameter_copies_it_in_the_kernel():

@@ -29,14 +29,14 @@ from tvm import relax
 from schedules.cpu import attention as cpu_attention
 from schedules.cuda import attention as cuda_attention
 from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mask_kind
-from tvm_stitch.analysis.shape_dims import dims, sizes_in, static
+from tvm_stitch.analysis.shape_dims import dims, priced_sizes, sizes_in, static
 from tvm_stitch.analysis.size_bounds import function_bounds
 from tvm_stitch.fusion.attention_mask import symbolic_mask_kind
 from tvm_stitch.fusion.attention_tables import with_constant_tables
 from tvm_stitch.fusion.rebind import rebound
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.fusion.host_constants import evaluate_bindings
-from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention, priced_sizes
+from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
 from tvm_stitch.planning.attention_cost import modeled_us, traffic
 from tvm_stitch.planning.reasons import PlanError, Reason
 from tvm_stitch.planning.spec import TargetSpec

@@ -6,8 +6,10 @@ torch importer writes `index_put(..., accumulate=True)`) is replaced by
 `call_tir(scatter_add, [(data,) indices, updates])`. Where data is a
 `full` of a constant (the zeros of a gradient) the kernel writes the
 constant itself and the `full` binding is dropped; otherwise it copies data.
-The kernel is already scheduled and opaque to FuseOps. A scatter that cannot
-be planned (another reduction, dtype or a symbolic shape) or whose kernel
+The kernel is already scheduled and opaque to FuseOps; a symbolic count of
+index tuples stays symbolic in it, priced at its upper bound. A scatter that
+cannot be planned (another reduction, a dtype the arch does not add
+atomically, a symbolic output shape) or whose kernel
 does not build keeps TVM's lowering, with the reason in the report.
 """
 
@@ -21,6 +23,7 @@ from tvm import relax
 
 from schedules.cuda import scatter_add as cuda_scatter_add
 from tvm_stitch.analysis.shape_dims import dims
+from tvm_stitch.analysis.size_bounds import at_sizes, function_bounds
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.modeled_time import modeled_times
 from tvm_stitch.fusion.rebind import rebound
@@ -73,7 +76,7 @@ def _plan(function: relax.Function, call: relax.Call, spec: TargetSpec) -> Scatt
         raise PlanError("scatter-reduction", reduction=reduction)
     data, indices, updates = call.args
     return plan_scatter_add(dims(data), dims(indices), dims(updates), str(data.ty.dtype), str(indices.ty.dtype),
-                            constant_fill(function, data), spec)
+                            constant_fill(function, data), spec, function_bounds(function))
 
 
 @tvm.transform.module_pass(opt_level=0, name="ScatterAddsAtomically")
@@ -114,7 +117,8 @@ class ScatterAddsAtomically:
             check_builds(kernel, self.target)
         except Exception as err:  # noqa: BLE001 - a scatter that is not planned or built keeps TVM's path
             return ScatterRecord(function, name, reason=reason_of(err)), None
-        times = modeled_times(kernel, spec, name="scatter_add")
+        priced = at_sizes(kernel, dict(plan.priced_at)) if plan.priced_at else kernel
+        times = modeled_times(priced, spec, name="scatter_add")
         return ScatterRecord(function, name, plan, total_us(times) if times else -1.0), kernel
 
 

@@ -14,7 +14,10 @@ with an ordered walk within float32 rounding, not bit for bit.
 Two kernels: the first writes `out` (the constant `data` is made of, or a
 copy of `data`), `vector` elements per thread; the second scatters, one
 element per thread. An index outside its axis adds nothing (TVM's lowering
-would write outside the output).
+would write outside the output). The index tuples may be of symbolic count
+(a batch, a sequence: the second kernel's grid is an expression of it); out
+is static. Traffic and time are priced with the count at its upper bound
+(`priced_at`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 
 from tvm import DataType
 
+from tvm_stitch.analysis.shape_dims import (at_values, ceil_div, is_static, priced_sizes, product, same, sizes_in, static,
+                                           text)
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
 
@@ -43,10 +48,12 @@ class ScatterAddPlan:
     threads: int
     vector: int  # elements per thread of the first kernel
     spec: TargetSpec
+    priced_at: tuple = ()  # ((size name, value), ...): the symbolic sizes of the index tuples, priced there
 
     @property
-    def tuples(self) -> int:
-        return math.prod(self.index_shape[:-1])
+    def tuples(self):
+        """Index tuples: an int, or an expression of the symbolic sizes."""
+        return product(self.index_shape[:-1])
 
     @property
     def slots(self) -> int:
@@ -66,22 +73,24 @@ class ScatterAddPlan:
         return -(-self.elements // (self.threads * self.vector))
 
     @property
-    def scatter_blocks(self) -> int:
-        return -(-(self.tuples * self.row_elements) // self.threads)
+    def scatter_blocks(self):
+        return ceil_div(self.tuples * self.row_elements, self.threads)
 
     def describe(self) -> str:
         start = f"fill {self.fill:g}" if self.init == "fill" else "copy of data"
-        return (f"scatter-add {self.tuples} x {self.row_elements} into {'x'.join(map(str, self.out_shape))} "
+        priced = f", priced at {', '.join(f'{n} = {v}' for n, v in self.priced_at)}" if self.priced_at else ""
+        return (f"scatter-add {text(self.tuples)} x {self.row_elements} into {'x'.join(map(str, self.out_shape))} "
                 f"{self.dtype}: {start} ({self.init_blocks} x {self.threads} threads, {self.vector} per thread), "
-                f"atomic adds ({self.scatter_blocks} x {self.threads} threads, one element each)")
+                f"atomic adds ({text(self.scatter_blocks)} x {self.threads} threads, one element each){priced}")
 
     def traffic(self) -> tuple:
         """(loaded, stored, ideal) bytes: the indices and updates read once, out written once (and
         data read for a copy); each atomic add reads and writes its element of out at most once
         from device memory (the L2 merges repeated ones)."""
         width = _bytes(self.dtype)
-        indices = math.prod(self.index_shape) * _bytes(self.index_dtype)
-        updates = self.tuples * self.row_elements * width
+        tuples = at_values(self.tuples, dict(self.priced_at))
+        indices = tuples * self.slots * _bytes(self.index_dtype)
+        updates = tuples * self.row_elements * width
         out = self.elements * width
         touched = min(updates, out)
         data = out if self.init == "copy" else 0
@@ -93,25 +102,25 @@ def _bytes(dtype: str) -> int:
 
 
 def plan_scatter_add(out_shape: tuple, index_shape: tuple, updates_shape: tuple, dtype: str, index_dtype: str,
-                     fill: float | None, spec: TargetSpec) -> ScatterAddPlan:
+                     fill: float | None, spec: TargetSpec, bounds: dict | None = None) -> ScatterAddPlan:
     """The plan of `scatter_nd(data, indices, updates, "add")` for `spec` (CUDA); `fill`: the constant
-    data is made of, None where data is any tensor. PlanError where it cannot be planned."""
+    data is made of, None where data is any tensor; `bounds`: {size name: (lower, upper or None)} of the
+    symbolic sizes (the Relax function's). PlanError where it cannot be planned."""
     if spec.family != "cuda":
         raise PlanError("scatter-target", family=spec.family)
     if dtype not in spec.atomic_add_dtypes:
         raise PlanError("scatter-dtype", dtype=dtype, arch=spec.arch)
     shapes = (out_shape, index_shape, updates_shape)
-    if not all(isinstance(d, int) for shape in shapes for d in shape):
+    if not static(out_shape) or not index_shape or not is_static(index_shape[-1]):
         raise PlanError("scatter-symbolic", shapes=str(shapes))
-    slots = index_shape[-1] if index_shape else 0
-    if not index_shape or not 1 <= slots <= len(out_shape) \
-            or tuple(updates_shape) != tuple(index_shape[:-1]) + tuple(out_shape[slots:]):
+    slots = index_shape[-1]
+    if not 1 <= slots <= len(out_shape) or not same(tuple(updates_shape), tuple(index_shape[:-1]) + out_shape[slots:]):
         raise PlanError("scatter-shapes", shapes=str(shapes))
-    if math.prod(updates_shape) == 0 or math.prod(out_shape) == 0:
+    if math.prod(out_shape) == 0 or (static(index_shape) and math.prod(index_shape) == 0):
         raise PlanError("scatter-shapes", shapes=str(shapes))
     threads = min(THREADS, spec.max_threads_per_block)
     lanes = max(1, spec.vector_bytes // _bytes(dtype))
     vector = lanes if out_shape[-1] % lanes == 0 else 1  # a vector within one row of out
     return ScatterAddPlan(tuple(out_shape), tuple(index_shape), dtype, index_dtype,
                           "fill" if fill is not None else "copy", 0.0 if fill is None else float(fill),
-                          threads, vector, spec)
+                          threads, vector, spec, priced_sizes(sizes_in([index_shape]), bounds or {}))
