@@ -46,6 +46,7 @@ class StitchReport:
     notes: list = field(default_factory=list)
     searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block searched
     attention: list = field(default_factory=list)  # fusion/attention.AttentionRecord per attention chain
+    scatters: list = field(default_factory=list)  # fusion/scatter_add.ScatterRecord per scatter_nd (CUDA)
 
     @property
     def plans(self) -> list:
@@ -106,6 +107,7 @@ class StitchReport:
                 lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (computed again "
                              f"instead of read from memory)")
         lines.extend(record.line() for record in self.attention)
+        lines.extend(record.line() for record in self.scatters)
         lines.extend(self.notes)
         return "\n".join(lines)
 
