@@ -2,8 +2,8 @@
 compile seconds with the size-variant step and without it (the plan for every size only), in alternating rounds
 in one process after one warm-up build of each (medians of wall and CPU seconds, and their ratios); then, at each
 row count asked for, milliseconds per call of both builds and of the static build at that count, in alternating
-rounds (tools/build.alternating_times), and their ratios to the one-plan build. The cores planned for are the runtime's threads: run with TVM_NUM_THREADS set to the cores.
-Run from the repository root.
+rounds (tools/build.alternating_times), and their ratios to the one-plan build. The cores planned for are the
+runtime's threads: run with TVM_NUM_THREADS set to the cores. Run from the repository root.
 Usage: TVM_NUM_THREADS=2 python benchmarks/cpu_variant_times.py LENGTH COMPILE_ROUNDS TIMING_ROUNDS ROWS...
 """
 
