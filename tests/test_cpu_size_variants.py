@@ -53,12 +53,14 @@ def _parallel_extents(func) -> list:
 
 
 def test_the_counts_whose_rows_the_rules_cut_form_one_range():
-    # 2 cores, 4 tasks per core: rows of 2^15 elements or more are cut below 8 rows
-    assert chunked_range("n", None, None, LONG, 2) == SizeRange("n", None, 7)
-    assert chunked_range("n", 3, 5, LONG, 2) == SizeRange("n", None, 5)
-    assert chunked_range("n", 1, None, LONG, 16) == SizeRange("n", None, 63)
-    assert chunked_range("n", None, None, LONG, 2, rows_per_count=3) == SizeRange("n", None, 2)  # (n, 3, 65536)
-    assert chunked_range("n", 8, None, LONG, 2) is None  # never fewer rows than the cores take
+    # rows of 2^15 elements or more, fewer rows than cores: cores the plan for every size leaves idle
+    assert chunked_range("n", None, None, LONG, 2) == SizeRange("n", None, 1)
+    assert chunked_range("n", 3, 5, LONG, 16) == SizeRange("n", None, 5)
+    assert chunked_range("n", 1, None, LONG, 16) == SizeRange("n", None, 15)
+    assert chunked_range("n", None, None, LONG, 16, rows_per_count=3) == SizeRange("n", None, 5)  # (n, 3, 65536)
+    assert chunked_range("n", None, None, LONG, 2, rows_per_count=3) is None  # 3 rows: both cores busy
+    assert chunked_range("n", 2, None, LONG, 2) is None  # never fewer rows than cores
+    assert chunked_range("n", 8, None, LONG, 2) is None
     assert chunked_range("n", None, None, 16384, 2) is None  # rows too short to cut
     assert chunked_range("n", None, None, LONG, 1) is None  # one core: nothing to spread
     assert chunked_range("n", None, None, None, 2) is None  # rows of symbolic length
@@ -68,16 +70,16 @@ def test_few_long_rows_run_the_chunked_plan_and_many_rows_the_plan_for_every_siz
     spec = _two_cores()
     built = build(_softmax((N, LONG)), host_target(), stitched=True, spec=spec)
     (group,) = built.report.groups
-    assert [(c, p.mapping.split) for c, p in group.variants] == [("n <= 7", 8), ("otherwise", 1)]
+    assert [(c, p.mapping.split) for c, p in group.variants] == [("n <= 1", 8), ("otherwise", 1)]
     assert "8 chunks/row over 2 cores" in built.report.table()
     dispatch = _kernel(built, ATTR)
     # at 1 row the variant is the static build's kernel: each row cut into 8 chunks, one parallel loop per block
     static = build(_softmax((1, LONG)), host_target(), stitched=True, spec=spec)
     assert _parallel_extents(branch_at(dispatch, {"n": 1})) == _parallel_extents(_kernel(static, "tvm_stitch.plan"))
     assert _parallel_extents(branch_at(dispatch, {"n": 1})) == [8, 8, 8, 8]
-    assert _parallel_extents(branch_at(dispatch, {"n": 2})) == [16, 16, 16, 16]
+    assert _parallel_extents(branch_at(dispatch, {"n": 2})) == [2]  # as many rows as cores: row tasks
     assert _parallel_extents(branch_at(dispatch, {"n": 64})) == [64]  # row tasks over the cores
-    for rows in (1, 2, 7, 8, 9, 33):  # three sizes per variant
+    for rows in (1, 2, 7, 33):  # the variant's one size, three of the plan for every size
         x = rng.standard_normal((rows, LONG)).astype("float32")
         (out,) = run_cpu(built.executable, [x])
         np.testing.assert_allclose(out, _np_softmax(x), rtol=1e-5, atol=1e-7)
