@@ -5,6 +5,8 @@
         makes a cumsum a scan kernel FoldConstant cannot run)
     FuseAttention (fusion/attention: Q K^T, scale, mask, softmax, P V as one
         planned kernel per chain)
+    CUDA only: ScatterAddsAtomically (fusion/scatter_add: an accumulating
+        scatter_nd, an embedding's gradient, as a kernel of atomic adds)
     ComputeClosedForms (fusion/closed_forms: what depends on symbolic sizes
         alone, e.g. a decoder's causal mask, as kernels with no input that
         the stitched kernels reading them recompute)
@@ -63,6 +65,7 @@ from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
 from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.fusion.patchify import PatchifyAsMatmul
 from tvm_stitch.fusion.precision import AccumulateInFloat32
+from tvm_stitch.fusion.scatter_add import ScatterAddsAtomically
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import DEFAULT_FUSION, StitchFusion
@@ -193,6 +196,7 @@ def grouping_passes(target: Target, *, fast_math: bool | None = None, report: St
         # attention chains as one kernel each, while softmax is still a Relax op (FastMath rewrites it)
         # and a mask of constants is still Relax ops (ComputeClosedForms makes kernels of them)
         + [guarded(FuseAttention(target, report=report, fast_math=fast_math), report)]
+        + ([guarded(ScatterAddsAtomically(target, report=report), report)] if target.kind.name == "cuda" else [])
         + [guarded(ComputeClosedForms(report=report), report)]
         + backend_passes(target).library_dispatch_passes(target)
         + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]

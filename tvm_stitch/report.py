@@ -46,6 +46,7 @@ class StitchReport:
     notes: list = field(default_factory=list)
     searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block searched
     attention: list = field(default_factory=list)  # fusion/attention.AttentionRecord per attention chain
+    scatters: list = field(default_factory=list)  # fusion/scatter_add.ScatterRecord per scatter_nd (CUDA)
 
     @property
     def plans(self) -> list:
@@ -106,6 +107,7 @@ class StitchReport:
                 lines.append(f"recomputed in {group.kernel}: [{','.join(group.recomputed)}] (computed again "
                              f"instead of read from memory)")
         lines.extend(record.line() for record in self.attention)
+        lines.extend(record.line() for record in self.scatters)
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -158,9 +160,12 @@ def _variant_lines(group: GroupRecord) -> list:
     for condition, plan in group.variants:
         m = plan.mapping
         shape = (f"{m.split} blocks/row x {m.threads} thr, {plan.kernels} kernels" if plan.scheme == "row-split"
+                 else f"{f'{m.split} chunks/row' if m.split > 1 else 'rows'} over {m.threads} cores, vector {m.vector}"
+                 if plan.target == "cpu"
                  else f"{m.rows_per_task} row/blk x {m.threads} thr")
-        at = (f", at {plan.row_shape[0]} rows {plan.modeled_bytes / 1e6:.1f} MB, {_modeled_time(plan)}"
-              if m.rows >= 0 and plan.modeled_bytes >= 0 else "")
+        at = (f", at {plan.row_shape[0]} rows {plan.modeled_bytes / 1e6:.1f} MB"
+              + (f", {_modeled_time(plan)}" if plan.modeled_us >= 0 else "") if m.rows >= 0 and plan.modeled_bytes >= 0
+              else "")
         lines.append(f"  {condition}: {plan.scheme}, {shape}{at}")
     return lines
 

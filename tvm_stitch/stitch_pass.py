@@ -41,6 +41,7 @@ from tvm_stitch.fusion.unfuse import opened_block
 from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
 from tvm_stitch.fusion.timed_packing import pack_in_time, walk_in_time
 from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
+from tvm_stitch.fusion.cpu_variants import cpu_row_size, cpu_size_variants
 from tvm_stitch.fusion.variants import Planner, dispatching, row_size, size_variants
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
@@ -362,7 +363,7 @@ class _Stitcher:
         variants is checked once: the dispatch's build check covers the plan for every size (its
         last branch); without variants it is checked alone, rescheduled as `_scheduled` does
         where it fails."""
-        if row_size(fused, plan) is None:
+        if row_size(fused, plan) is None and cpu_row_size(fused, plan) is None:
             return self._size_variants(fused, self._scheduled(fused, name, rule, plan), prices)
         kernel = self._size_variants(fused, self._scheduled(fused, name, rule, plan, checked=False), prices)
         if kernel.variants:
@@ -411,7 +412,8 @@ class _Stitcher:
                           schedule=lambda func, plan: schedule_for(func, plan, self.target).mod["main"],
                           device=self.target.kind.name == "cuda")
         try:
-            variants = size_variants(fused, kernel.plan, kernel.func, planner)
+            variants = (size_variants(fused, kernel.plan, kernel.func, planner) if self.spec.family == "cuda"
+                        else cpu_size_variants(fused, kernel.plan, planner))
             if not variants:
                 return kernel
             func, variants = dispatching(fused, kernel.func, variants, planner)
@@ -769,7 +771,9 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
 
 
 def _priced(fused: tvm.tirx.PrimFunc, plan: StitchPlan, spec: TargetSpec) -> StitchPlan:
-    """`plan` with its modeled time (the rule plan where no model chooses)."""
+    """`plan` with its modeled time (the rule plan where no model chooses; the CPU has no time model)."""
+    if spec.family != "cuda":
+        return plan
     return dataclasses.replace(plan, modeled_us=plan_us(fused, plan, spec))
 
 

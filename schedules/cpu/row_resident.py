@@ -157,14 +157,14 @@ def _split_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
         chunk, step, lane = sch.split(loop, [split, None, width])
         if within[0][1] == tirx.IterVar.CommReduce:
             sch.reorder(chunk, lane, step)
-            block = sch.rfactor(sch.fuse(chunk, lane), 0)
+            # the partials of a row adjacent (after the row axes): a vector per chunk, whatever the row count
+            block = sch.rfactor(sch.fuse(chunk, lane), min(rank, len(sch.get(block).writes[0].source.shape)))
             loops = sch.get_loops(block)  # the partial's own nest: the old row loops hold the combine
             rows, chunk_lane, step = loops[:rank], loops[-2], loops[-1]
             chunk, lane = sch.split(chunk_lane, [split, width])
-            sch.reorder(chunk, *rows, step, lane)
-        else:
-            sch.reorder(chunk, *rows)
-        parallel = sch.fuse(chunk, *rows) if rows else chunk
+            sch.reorder(*rows, chunk, step, lane)
+        # (row, chunk) tasks, the chunk innermost: a task's row and chunk divide by the chunk count, a constant
+        parallel = sch.fuse(*rows, chunk) if rows else chunk
         if plan.mapping.threads > 1:
             sch.parallel(parallel)
         if width > 1:

@@ -15,6 +15,9 @@ import re
 from tvm import relax, sym, tirx
 
 
+UNBOUNDED_SIZE = 1024  # the value a symbolic size without an upper bound is planned and priced at
+
+
 def dims(expr) -> tuple | None:
     """The dimensions of a Relax expression's tensor type (ints, PrimExprs), None without a shape."""
     ty = getattr(expr, "ty", None)
@@ -101,3 +104,14 @@ def sizes_in(shapes) -> list:
             if not is_static(dim):
                 names.update((var.name, None) for var in tirx.analysis.undefined_vars(dim, []))
     return list(names)
+
+
+def priced_sizes(names, bounds: dict) -> tuple:
+    """((name, value), ...): each symbolic size at its upper bound in `bounds` ({name: (lower, upper or
+    None)}, a Relax function's), UNBOUNDED_SIZE (at least its lower bound) where it has none: the sizes
+    a kernel of symbolic sizes is planned and priced at."""
+    out = []
+    for name in names:
+        low, high = bounds.get(name, (0, None))
+        out.append((name, high if high is not None else max(UNBOUNDED_SIZE, low or 0)))
+    return tuple(out)

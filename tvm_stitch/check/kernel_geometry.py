@@ -35,6 +35,7 @@ from tvm.tirx.build import split_host_device_mods
 from tvm_stitch.planning.time_model import DEFAULT_REGISTERS, SERIAL_UNROLL, SFU_COST, KernelGeometry
 
 _ON_CHIP = ("shared", "shared.dyn", "local", "warp")
+ATOMICS = ("tirx.cuda.atomic_add",)  # atomic adds to an address (`address_of(buffer[...])`), value
 
 
 class UnsupportedGeometry(ValueError):
@@ -122,6 +123,13 @@ def _expressions(walk: _Walk, expr, times: int, sites: float) -> None:
             walk.loading = True
         elif kind == "Call":
             op = getattr(node.op, "name", "")
+            if op in ATOMICS:  # a reduction at the L2 whose result the thread does not wait for: a store
+                width = _width(node.ty)
+                walk.stores[width] = walk.stores.get(width, 0) + times
+                for index in node.args[0].args[0].indices:  # the address: its indices' loads, not the element
+                    _expressions(walk, index, times, sites)
+                _expressions(walk, node.args[1], times, sites)
+                return tvm_ffi.WalkResult.SKIP
             if op == "tirx.tvm_storage_sync":
                 walk.barriers += times
                 walk.phases += times if walk.loading else 0

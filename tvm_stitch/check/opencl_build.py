@@ -17,7 +17,9 @@ from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
 
 from tvm_stitch.check.launch_geometry import LaunchPlan, launch_plan
-from tvm_stitch.check.opencl_semantics import bool_casts_as_selects, libm_names_as_builtins, tan_as_sin_over_cos
+from tvm_stitch.check.opencl_semantics import (bool_casts_as_selects, cuda_atomics_as_opencl,
+                                               emulated_atomics_read_atomically, libm_names_as_builtins,
+                                               tan_as_sin_over_cos)
 
 OPENCL = Target({"kind": "opencl"}, host="llvm")
 
@@ -31,7 +33,7 @@ class OpenclProgram:
 
 def build_opencl(func: tirx.PrimFunc, name: str = "simt") -> OpenclProgram:
     """Lower `func` for OpenCL (raises what TVM raises when it cannot)."""
-    func = tan_as_sin_over_cos(bool_casts_as_selects(func)).with_attr("global_symbol", name)
+    func = cuda_atomics_as_opencl(tan_as_sin_over_cos(bool_casts_as_selects(func))).with_attr("global_symbol", name)
     params = list(func.params)
     mod = tvm.tirx.transform.BindTarget(OPENCL)(tvm.IRModule({name: func}))
     pipeline, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(OPENCL)
@@ -46,7 +48,7 @@ def build_opencl(func: tirx.PrimFunc, name: str = "simt") -> OpenclProgram:
         gv.name_hint: tuple(str(p.ty.dtype) if hasattr(p.ty, "dtype") else "handle" for p in f.params)
         for gv, f in device_mod.functions_items()
     }
-    source = libm_names_as_builtins(
-        tvm.get_global_func("target.build.opencl")(device_mod, device_target).inspect_source(""))
+    source = emulated_atomics_read_atomically(libm_names_as_builtins(
+        tvm.get_global_func("target.build.opencl")(device_mod, device_target).inspect_source("")))
     plan = launch_plan(hosts[0], params, {k: len(v) for k, v in kernel_params.items()})
     return OpenclProgram(source, plan, kernel_params)

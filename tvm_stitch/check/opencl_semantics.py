@@ -14,6 +14,14 @@ declare; its overloaded built-ins of the same names compute them. The
 source gets those names (`libm_names_as_builtins`). A vectorised `tan` has
 no OpenCL lowering at all (`Unresolved call`): it is written as
 `sin / cos` before lowering (`tan_as_sin_over_cos`), a few ulps apart.
+
+CUDA's atomic add (`tirx.cuda.atomic_add`, a scatter-add's accumulation)
+has no OpenCL lowering either; TVM's OpenCL code generator writes an
+external call `atomic_add` on a float32 address as a compare-and-swap loop
+(`atomic_add_float_emu`), which adds as atomically (`cuda_atomics_as_opencl`)
+once its first read of the old value is an atomic one as well (a plain read
+beside other work-items' compare-and-swaps is a data race in OpenCL's memory
+model, which Oclgrind reports: `emulated_atomics_read_atomically`).
 """
 
 from __future__ import annotations
@@ -56,3 +64,21 @@ def tan_as_sin_over_cos(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return e
 
     return tvm_ffi.structural_map(func, [(tvm.ir.Expr, tan)], order="post")
+
+
+def cuda_atomics_as_opencl(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    def atomic(e):
+        if isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "tirx.cuda.atomic_add":
+            return tirx.call_extern(e.ty, "atomic_add", *e.args)
+        return e
+
+    return tvm_ffi.structural_map(func, [(tvm.ir.Expr, atomic)], order="post")
+
+
+_EMULATED_READ = "prev_value =*(sum);"
+
+
+def emulated_atomics_read_atomically(source: str) -> str:
+    """`source` with the old value of TVM's emulated float atomic add read by an atomic (`atomic_or` with 0
+    returns the value and leaves it)."""
+    return source.replace(_EMULATED_READ, "prev_value = as_float(atomic_or((volatile __global int *)(sum), 0));")

@@ -29,13 +29,14 @@ from tvm import relax
 from schedules.cpu import attention as cpu_attention
 from schedules.cuda import attention as cuda_attention
 from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mask_kind
-from tvm_stitch.analysis.shape_dims import dims, sizes_in, static
+from tvm_stitch.analysis.shape_dims import dims, priced_sizes, sizes_in, static
 from tvm_stitch.analysis.size_bounds import function_bounds
 from tvm_stitch.fusion.attention_mask import symbolic_mask_kind
 from tvm_stitch.fusion.attention_tables import with_constant_tables
+from tvm_stitch.fusion.rebind import rebound
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.fusion.host_constants import evaluate_bindings
-from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention, priced_sizes
+from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
 from tvm_stitch.planning.attention_cost import modeled_us, traffic
 from tvm_stitch.planning.reasons import PlanError, Reason
 from tvm_stitch.planning.spec import TargetSpec
@@ -114,14 +115,7 @@ class FuseAttention:
                 records.append(record)
                 if kernel is not None:
                     replaced[chain.output] = (chain, builder.add_func(kernel, record.kernel))
-        out = mod
-        if replaced:
-            rewritten = builder.get()
-            rewriter = _Rewriter(rewritten, replaced)
-            for gv, func in list(rewritten.functions_items()):
-                if isinstance(func, relax.Function):
-                    rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(rewriter.visit_expr(func)))
-            out = rewriter.builder_.get()
+        out = rebound(builder, replaced, _kernel_call) if replaced else mod
         if self.report is not None:
             self.report.attention.extend(records)
         return out
@@ -186,33 +180,21 @@ def _evaluable(op) -> bool:
             and not op.name.startswith(("relax.call", "relax.print", "relax.assert", "relax.random")))
 
 
-@relax.expr_functor.mutator
-class _Rewriter(relax.PyExprMutator):
-    """Binds each chain's output var to its kernel's call (reshaped to the var's rank), which reads Q, K
-    and V from the tensors they are views of."""
+def _kernel_call(mutator, binding: relax.VarBinding, entry: tuple) -> relax.Expr:
+    """The call of a chain's kernel (reshaped to the output var's rank), which reads Q, K and V from the
+    tensors they are views of."""
+    chain, gv = entry
+    args = [mutator.visit_expr(e) for e in chain.sources]
+    if chain.mask is not None:
+        args.append(_as_four(mutator, mutator.visit_expr(chain.mask)))
+    args += [mutator.visit_expr(t) for t in chain.tables]
+    out = relax.call_tir(gv, relax.Tuple(args), relax.TensorType(_four(chain.q), chain.q.ty.dtype))
+    shape = binding.var.ty.shape
+    return out if len(shape.values) == 4 else relax.op.reshape(mutator.builder_.emit(out), shape)
 
-    def __init__(self, mod: tvm.IRModule, replaced: dict):
-        super().__init__(mod)
-        self.replaced = replaced
 
-    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        if binding.var not in self.replaced:
-            super().visit_var_binding_(binding)
-            return
-        chain, gv = self.replaced[binding.var]
-        args = [self.visit_expr(e) for e in chain.sources]
-        if chain.mask is not None:
-            args.append(self._four(self.visit_expr(chain.mask)))
-        args += [self.visit_expr(t) for t in chain.tables]
-        q_ty = chain.q.ty
-        out = relax.call_tir(gv, relax.Tuple(args), relax.TensorType(_four(chain.q), q_ty.dtype))
-        shape = binding.var.ty.shape
-        if len(shape.values) != 4:
-            out = relax.op.reshape(self.builder_.emit(out), shape)
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(out)))
-
-    def _four(self, expr):
-        dims = list(expr.ty.shape.values)
-        if len(dims) == 4:
-            return expr
-        return self.builder_.emit(relax.op.reshape(expr, [1] * (4 - len(dims)) + dims))
+def _as_four(mutator, expr):
+    dims = list(expr.ty.shape.values)
+    if len(dims) == 4:
+        return expr
+    return mutator.builder_.emit(relax.op.reshape(expr, [1] * (4 - len(dims)) + dims))

@@ -70,6 +70,12 @@ def row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
     if (plan.spec is None or plan.spec.family != "cuda" or plan.scheme != "row-resident" or plan.mapping.rows >= 0
             or plan.mapping.threads == 1 or plan.bounds or plan.row_axes):
         return None
+    return whole_row_size(fused, plan.rank)
+
+
+def whole_row_size(fused: tirx.PrimFunc, rank: int) -> tirx.Var | None:
+    """The kernel's only symbolic size where every parameter holds it as a whole extent of one of its
+    first `rank` (row) axes; else None."""
     found = list(sizes(fused).values())
     if len(found) != 1 or any(not isinstance(p.ty, tirx.BufferType) for p in fused.params):
         return None
@@ -77,7 +83,7 @@ def row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
     for param in fused.params:
         for index, dim in enumerate(param.ty.shape):
             held = any(v.same_as(var) for v in tirx.analysis.undefined_vars(dim))
-            if held and (index >= plan.rank or not dim.same_as(var)):
+            if held and (index >= rank or not dim.same_as(var)):
                 return None
     return var
 
@@ -233,7 +239,7 @@ def _at_count(plan: StitchPlan, static: StitchPlan) -> StitchPlan:
 def dispatching(fused: tirx.PrimFunc, general: tirx.PrimFunc, variants: tuple, planner: Planner) -> tuple:
     """(one PrimFunc running, per call, the first variant whose condition holds, else `general`;
     the variants with the modeled traffic of their kernels at the size each was planned for)."""
-    var = row_size(fused, StitchPlan.from_json(str(general.attrs["tvm_stitch.plan"])))
+    var = whole_row_size(fused, StitchPlan.from_json(str(general.attrs["tvm_stitch.plan"])).rank)
     g_root = general.body.block
     body, allocs, priced = g_root.body, list(g_root.alloc_buffers), []
     for variant in reversed(variants):

@@ -45,7 +45,6 @@ from tvm_stitch.planning.spec import TargetSpec
 MASK_KINDS = ("none", "causal", "additive")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 STATE = "per query row, float32: running max, running sum, rescaled partial output"
-UNBOUNDED_SIZE = 1024  # the value a symbolic size without an upper bound is planned and priced at
 
 
 @dataclass(frozen=True)
@@ -162,16 +161,6 @@ class AttentionPlan:
         return (f"attention {text(s.batch)}x{heads}, q {text(s.q_len)} x kv {text(s.kv_len)}{sizes}, head dim {s.head_dim}, {s.dtype}, "
                 f"mask {s.mask}: query tile {self.q_tile}, key tile {self.k_tile}, {where}; online softmax "
                 f"({self.state}){read}")
-
-
-def priced_sizes(names, bounds: dict) -> tuple:
-    """((name, value), ...): each symbolic size at its upper bound in `bounds` ({name: (lower, upper or
-    None)}, a Relax function's), UNBOUNDED_SIZE (at least its lower bound) where it has none."""
-    out = []
-    for name in names:
-        low, high = bounds.get(name, (0, None))
-        out.append((name, high if high is not None else max(UNBOUNDED_SIZE, low or 0)))
-    return tuple(out)
 
 
 def cuda_shared_bytes(q_tile: int, k_tile: int, head_dim: int) -> int:

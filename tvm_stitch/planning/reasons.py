@@ -90,6 +90,12 @@ MESSAGES = MappingProxyType({
     "attention-head-dim": lambda p: f"head dimension {p['head_dim']}: no split into lanes of at most 32 elements",
     "attention-shared-memory": lambda p: (f"head dimension {p['head_dim']}: the smallest tiles exceed "
                                           f"{p['limit']} B of shared memory"),
+    # accumulating scatters (planning/scatter_add.py)
+    "scatter-target": lambda p: f"atomic scatter-adds are CUDA kernels ({p['family']} keeps its ordered walk)",
+    "scatter-dtype": lambda p: f"a scatter-add in {p['dtype']}: {p['arch']} has no atomic add of it",
+    "scatter-symbolic": lambda p: f"scatter-add shapes {p['shapes']} are symbolic",
+    "scatter-shapes": lambda p: f"scatter-add shapes {p['shapes']} (out, indices, updates) do not match",
+    "scatter-reduction": lambda p: f"scatter_nd with reduction {p['reduction']}: only add is accumulated atomically",
     # anything else that stopped a group
     "error": lambda p: f"{p['type']}: {p['message']}",
 })

@@ -64,6 +64,8 @@ _ARCHS = MappingProxyType({
     100: _Arch(sms=148, l2_bytes=126 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10,
                hbm_gbps=8000.0, clock_ghz=1.96, dram_latency_us=0.75),
 })
+# The first arch whose atomicAdd takes each dtype (CUDA C++ Programming Guide, "atomicAdd()").
+ATOMIC_ADD_SINCE = MappingProxyType({"float32": 20, "float16": 70, "bfloat16": 80})
 # The share of the peak bandwidth the best memory-bound kernels reach (copies, norms and softmax over
 # rows of 4K elements and more, as published and as `tvm-stitch bench --target cuda` measures).
 CUDA_ACHIEVABLE_BANDWIDTH = 0.9
@@ -109,6 +111,7 @@ class TargetSpec:
     vector_registers: int = 0  # CPU: architectural vector registers (a matmul tile's accumulators live there)
     l1_bytes: int = 0  # CPU: a core's level-1 data cache (a chunk of a matmul's weight panel stays in it)
     l2_bytes: int = 0  # CPU: a core's level-2 cache (a matmul's whole weight, when it fits, is reused from it)
+    atomic_add_dtypes: tuple = ()  # CUDA: dtypes `atomicAdd` adds to global memory in hardware
     # CUDA, for the time model (planning/time_model.py): achievable device-memory bandwidth (bytes/us),
     # loaded DRAM latency, launch overhead, special-function results per SM per us, the SM clock;
     # published figures, or the fitted table shipped for the arch (time_fit.py).
@@ -141,7 +144,7 @@ class TargetSpec:
 
     @staticmethod
     def from_dict(data: dict) -> "TargetSpec":
-        return TargetSpec(**data)
+        return TargetSpec(**dict(data, atomic_add_dtypes=tuple(data.get("atomic_add_dtypes", ()))))
 
 
 def _arch_number(arch: str) -> int:
@@ -178,6 +181,7 @@ def _cuda_spec(target: Target) -> TargetSpec:
         sm_blocks=facts.sm_blocks,
         sm_shared_bytes=facts.sm_shared_bytes,
         register_granule=CUDA_REGISTER_GRANULE,
+        atomic_add_dtypes=tuple(d for d, first in ATOMIC_ADD_SINCE.items() if _arch_number(arch) >= first),
         **time_constants(arch, facts),
     )
 
