@@ -135,7 +135,8 @@ def _range_variant(condition: SizeRange, sample: int, rule: StitchPlan, above: V
     return Variant(condition, plan, sample), everywhere - plan.modeled_us if everywhere >= 0 else float("inf")
 
 
-def _sampled(samples: list, statics, general: StitchPlan, general_func: tirx.PrimFunc, planner: Planner) -> tuple:
+def _sampled(samples: list, statics, general: StitchPlan, general_func: tirx.PrimFunc,
+             planner: Planner) -> tuple:
     """(samples, the rule plan at each: sampled_plans) the ranges are read from. On CUDA, where the
     plan for every size is modeled at the least time any plan can have at each of the smallest
     samples, no range whose top is one of them is kept (`_range_variant`): the samples below the
@@ -152,7 +153,8 @@ def _sampled(samples: list, statics, general: StitchPlan, general_func: tirx.Pri
     while planner.device and least < len(samples) - 1 and _at_least(
             _general_times(statics, samples[least], general, general_func, general, planner), general.spec):
         least += 1
-    start = next((b for b in range(least - 1, 0, -1) if key(plan_at(samples[b])) != key(plan_at(samples[b + 1]))), 0)
+    ends = (b for b in range(least - 1, 0, -1) if key(plan_at(samples[b])) != key(plan_at(samples[b + 1])))
+    start = next(ends, 0)  # the largest of them at which a run of plans ends; 0: every sample
     return samples[start:], sampled_plans(samples[start:], plan_at)
 
 
