@@ -107,7 +107,8 @@ def test_short_rows_run_packed_at_many_rows_and_one_per_block_at_few(monkeypatch
     chosen_at = []
     timed = stitch_pass.choose_in_time
     monkeypatch.setattr("tvm_stitch.stitch_pass.choose_in_time",
-                        lambda func, rule, spec, *prices: chosen_at.append(rule.mapping.rows) or timed(func, rule, spec, *prices))
+                        lambda func, rule, spec, *prices: chosen_at.append(rule.mapping.rows)
+                        or timed(func, rule, spec, *prices))
     symbolic = build(_softmax([N, 32], upper=1 << 20), CUDA, stitched=True)
     # The kernel's own plan, then the packed range's at 2^20; the 2-rows-per-block range planned at
     # n = 512 is not searched: one row per block is modeled there at one launch and one DRAM round trip.
