@@ -16,7 +16,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "TVM_NUM_THREADS" not in os.e
 
 from tvm_stitch.tools.workloads import relax_blocks  # noqa: E402 - after the threads are set
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 
 from tvm_stitch.check import opencl_run
 from tvm_stitch.check.attention_reference import reference_func
@@ -76,6 +76,26 @@ def attention_simt(shape, oclgrind: bool, points: list | None = None):
 def make_module(params: list, body) -> tvm.IRModule:
     """A Relax module whose main takes `params` and returns body(bb, *params)."""
     return relax_blocks.function(params, body)
+
+
+def symbolic_softmax(shape, bounds: tuple | None = None) -> tvm.IRModule:
+    """softmax over the last axis of x of `shape` (its size `n` between `bounds`, (lower, upper), if given)."""
+    mod = make_module([tensor("x", shape)], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
+    if bounds is not None:
+        mod["main"] = (mod["main"].with_attr("tir_var_lower_bound", {"n": bounds[0]})
+                       .with_attr("tir_var_upper_bound", {"n": bounds[1]}))
+    return mod
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def kernel_with(built, attr: str) -> tirx.PrimFunc:
+    """The PrimFunc of a build's lowered module that has the attribute `attr`."""
+    return next(f for _, f in built.lowered.functions_items()
+                if isinstance(f, tirx.PrimFunc) and f.attrs is not None and attr in f.attrs)
 
 
 def tensor(name: str, shape, dtype: str = "float32") -> relax.Var:

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import tirx
 
 from tvm_stitch.fusion.variants import ATTR, branch_at
 from tvm_stitch.planning.cpu.variants import chunked_range
@@ -15,7 +15,7 @@ from tvm_stitch.planning.variants import SizeRange
 from tvm_stitch.target import host_target
 from tvm_stitch.tools.build import build, run_cpu
 
-from conftest import make_module, tensor
+from conftest import kernel_with, np_softmax, symbolic_softmax
 
 N = tirx.Var("n", "int64")
 LONG = 65536
@@ -24,24 +24,6 @@ LONG = 65536
 def _two_cores():
     """The host's spec with 2 cores, whatever the runtime's thread count (the plans the tests read)."""
     return dataclasses.replace(TargetSpec.from_target(host_target()), cores=2)
-
-
-def _softmax(shape, bounds=None):
-    mod = make_module([tensor("x", shape)], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
-    if bounds is not None:
-        mod["main"] = (mod["main"].with_attr("tir_var_lower_bound", {"n": bounds[0]})
-                       .with_attr("tir_var_upper_bound", {"n": bounds[1]}))
-    return mod
-
-
-def _np_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def _kernel(built, attr):
-    return next(f for _, f in built.lowered.functions_items()
-                if isinstance(f, tirx.PrimFunc) and f.attrs is not None and attr in f.attrs)
 
 
 def _parallel_extents(func) -> list:
@@ -68,33 +50,33 @@ def test_the_counts_whose_rows_the_rules_cut_form_one_range():
 
 def test_few_long_rows_run_the_chunked_plan_and_many_rows_the_plan_for_every_size(rng):
     spec = _two_cores()
-    built = build(_softmax((N, LONG)), host_target(), stitched=True, spec=spec)
+    built = build(symbolic_softmax((N, LONG)), host_target(), stitched=True, spec=spec)
     (group,) = built.report.groups
     assert [(c, p.mapping.split) for c, p in group.variants] == [("n <= 1", 8), ("otherwise", 1)]
     assert "8 chunks/row over 2 cores" in built.report.table()
-    dispatch = _kernel(built, ATTR)
+    dispatch = kernel_with(built, ATTR)
     # at 1 row the variant is the static build's kernel: each row cut into 8 chunks, one parallel loop per block
-    static = build(_softmax((1, LONG)), host_target(), stitched=True, spec=spec)
-    assert _parallel_extents(branch_at(dispatch, {"n": 1})) == _parallel_extents(_kernel(static, "tvm_stitch.plan"))
+    static = build(symbolic_softmax((1, LONG)), host_target(), stitched=True, spec=spec)
+    assert _parallel_extents(branch_at(dispatch, {"n": 1})) == _parallel_extents(kernel_with(static, "tvm_stitch.plan"))
     assert _parallel_extents(branch_at(dispatch, {"n": 1})) == [8, 8, 8, 8]
     assert _parallel_extents(branch_at(dispatch, {"n": 2})) == [2]  # as many rows as cores: row tasks
     assert _parallel_extents(branch_at(dispatch, {"n": 64})) == [64]  # row tasks over the cores
     for rows in (1, 2, 7, 33):  # the variant's one size, three of the plan for every size
         x = rng.standard_normal((rows, LONG)).astype("float32")
         (out,) = run_cpu(built.executable, [x])
-        np.testing.assert_allclose(out, _np_softmax(x), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out, np_softmax(x), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("shape, bounds", [((N, 1024), None), ((N, LONG), (8, 4096))],
                          ids=["short-rows", "never-few-rows"])
 def test_no_variant_where_the_rules_cut_no_rows(shape, bounds, rng):
-    built = build(_softmax(shape, bounds), host_target(), stitched=True, spec=_two_cores())
+    built = build(symbolic_softmax(shape, bounds), host_target(), stitched=True, spec=_two_cores())
     (group,) = built.report.groups
     assert group.stitched and group.variants == () and group.plan.mapping.split == 1
-    assert ATTR not in _kernel(built, "tvm_stitch.plan").attrs
+    assert ATTR not in kernel_with(built, "tvm_stitch.plan").attrs
     x = rng.standard_normal((9, shape[1])).astype("float32")
     (out,) = run_cpu(built.executable, [x])
-    np.testing.assert_allclose(out, _np_softmax(x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out, np_softmax(x), rtol=1e-5, atol=1e-7)
 
 
 def test_a_variant_that_does_not_build_falls_back_to_the_plan_for_every_size(monkeypatch, rng):
@@ -108,9 +90,9 @@ def test_a_variant_that_does_not_build_falls_back_to_the_plan_for_every_size(mon
         checked(func, target)
 
     monkeypatch.setattr(stitch_pass, "check_builds", refusing_dispatches)
-    built = build(_softmax((N, LONG)), host_target(), stitched=True, spec=_two_cores())
+    built = build(symbolic_softmax((N, LONG)), host_target(), stitched=True, spec=_two_cores())
     (group,) = built.report.groups
     assert group.stitched and group.variants == () and group.plan.mapping.split == 1
     assert any("size variants not built" in note for note in built.report.notes)
     x = rng.standard_normal((1, LONG)).astype("float32")
-    np.testing.assert_allclose(run_cpu(built.executable, [x])[0], _np_softmax(x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(run_cpu(built.executable, [x])[0], np_softmax(x), rtol=1e-5, atol=1e-7)

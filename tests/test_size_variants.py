@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+from tvm import tirx
 
 from tvm_stitch import stitch_pass
 from tvm_stitch.check.kernel_geometry import kernel_geometries
@@ -19,28 +19,14 @@ from tvm_stitch.planning.variants import SizeRange, Variant, merged, ranges, sam
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
 
-from conftest import make_module, needs_nvcc, nvcc, tensor
+from conftest import kernel_with, needs_nvcc, np_softmax, nvcc, symbolic_softmax
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 N = tirx.Var("n", "int64")
 
 
 def _softmax(shape, upper=None):
-    mod = make_module([tensor("x", shape)], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
-    if upper is not None:
-        mod["main"] = (mod["main"].with_attr("tir_var_lower_bound", {"n": 1})
-                       .with_attr("tir_var_upper_bound", {"n": upper}))
-    return mod
-
-
-def _np_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def _kernel(built, attr):
-    return next(f for _, f in built.lowered.functions_items()
-                if isinstance(f, tirx.PrimFunc) and f.attrs is not None and attr in f.attrs)
+    return symbolic_softmax(shape, None if upper is None else (1, upper))
 
 
 def _launches_and_bytes(func, spec):
@@ -52,9 +38,9 @@ def _as_static_build(symbolic, rows: int, length: int) -> None:
     """The variant the symbolic build runs at `rows` launches and moves what the static build's kernel does."""
     static = build(_softmax((rows, length)), CUDA, stitched=True)
     spec = symbolic.report.spec
-    chosen = branch_at(_kernel(symbolic, ATTR), {"n": rows})
-    assert _launches_and_bytes(chosen, spec) == _launches_and_bytes(_kernel(static, "tvm_stitch.plan"), spec)
-    assert launches_at(_kernel(symbolic, ATTR), rows) == count_launches(static.lowered, static.executable)
+    chosen = branch_at(kernel_with(symbolic, ATTR), {"n": rows})
+    assert _launches_and_bytes(chosen, spec) == _launches_and_bytes(kernel_with(static, "tvm_stitch.plan"), spec)
+    assert launches_at(kernel_with(symbolic, ATTR), rows) == count_launches(static.lowered, static.executable)
 
 
 def _plan(rows_per_task=1, threads=32, split=1, scheme="row-resident"):
@@ -131,7 +117,7 @@ def test_few_long_rows_run_row_split():
     assert [(c, p.scheme) for c, p in group.variants] == [("n <= 64", "row-split"), ("otherwise", "row-resident")]
     assert group.variants[0][1].mapping.split == 10
     _as_static_build(symbolic, 64, 30000)
-    chosen = branch_at(_kernel(symbolic, ATTR), {"n": 64})
+    chosen = branch_at(kernel_with(symbolic, ATTR), {"n": 64})
     assert len(_launches_and_bytes(chosen, symbolic.report.spec)[0]) == 2  # partials, then the combine
 
 
@@ -146,7 +132,7 @@ def test_every_variant_matches_numpy_on_llvm(shape, upper, sizes, rng):
     assert {condition for condition, _ in group.variants} != {"otherwise"}
     for size in sizes:
         x = rng.standard_normal((size, shape[1])).astype("float32")
-        np.testing.assert_allclose(run_cpu(built.executable, [x])[0], _np_softmax(x), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(run_cpu(built.executable, [x])[0], np_softmax(x), rtol=1e-5, atol=1e-7)
 
 
 def test_one_plan_for_every_size_builds_no_variant():
@@ -164,7 +150,7 @@ def test_variants_that_do_not_build_fall_back_to_the_plan_for_every_size(monkeyp
     assert built.report.groups[0].variants == () and built.report.groups[0].plan.mapping.rows_per_task == 1
     assert any("size variants not built" in note for note in built.report.notes)
     x = rng.standard_normal((520, 32)).astype("float32")
-    np.testing.assert_allclose(run_cpu(built.executable, [x])[0], _np_softmax(x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(run_cpu(built.executable, [x])[0], np_softmax(x), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow
