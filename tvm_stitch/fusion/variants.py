@@ -110,7 +110,43 @@ def size_variants(fused: tirx.PrimFunc, general: StitchPlan, general_func: tirx.
             kept.append((gain, variant))
         above = variant
     best = sorted(kept, key=lambda pair: -pair[0])[:MAX_VARIANTS]
-    return merged(tuple(v for _, v in sorted(best, key=lambda pair: -kept.index(pair))))
+    chosen = [v for _, v in sorted(best, key=lambda pair: -kept.index(pair))]
+    return merged(tuple(_raised(v, _ceiling(chosen, k, samples), statics, general, general_func, planner)
+                        for k, v in enumerate(chosen)))
+
+
+def _ceiling(chosen: list, index: int, samples: list) -> int | None:
+    """The first size above the range of `chosen[index]` it may be raised to: the next sample (where
+    the rules planned the plan for every size) or the next variant's lowest size, whichever is lower;
+    None where the range has no top or the sizes just above it are another variant's."""
+    high = chosen[index].condition.high
+    above = [s for s in samples if s > high] if high is not None else []
+    if not above:
+        return None
+    nearest = chosen[index + 1].condition.low if index + 1 < len(chosen) else None
+    if nearest is not None and nearest <= high + 1:
+        return None
+    return min(above[0], nearest) if nearest is not None else above[0]
+
+
+def _raised(variant: Variant, ceiling: int | None, statics, general: StitchPlan, general_func: tirx.PrimFunc,
+            planner: Planner) -> Variant:
+    """`variant` serving the sizes above its range, up to the largest of the range's top times 2, 4,
+    ... below `ceiling` at which it is still modeled faster than the plan for every size by TIE (a
+    sample's plan serves the sizes up to it, but the rules' plan changes somewhere between two
+    samples: a row split that pays at 64 rows still pays at 128). Both are priced from kernels
+    already scheduled (their geometry derived at each size, planning nothing again)."""
+    condition = variant.condition
+    if ceiling is None or not planner.device:
+        return variant
+    top, size = condition.high, condition.high * 2
+    while size < ceiling and size % condition.multiple == 0:
+        mine = _variant_times(variant, size, statics, general_func, planner)
+        theirs = _general_times(statics, size, general, general_func, variant.plan, planner)
+        if not mine or not theirs or total_us(mine) >= total_us(theirs) * (1 - TIE):
+            break
+        top, size = size, size * 2
+    return replace(variant, condition=replace(condition, high=top)) if top != condition.high else variant
 
 
 def _range_variant(condition: SizeRange, sample: int, rule: StitchPlan, above: Variant | None, statics,
@@ -183,9 +219,15 @@ def _above_times(above: Variant, sample: int, rule: StitchPlan, statics, general
     whole number of its blocks, its kernel for every size (scheduled once, for the dispatch too) at
     that size; else its plan scheduled at that size."""
     if planner.device and sample % above.condition.multiple == 0:
-        func = _for_every_size(statics.fused, above, general_func.params, planner)
-        return planner.priced(at_sizes(func, {statics.size: sample}), above.plan, sample)
+        return _variant_times(above, sample, statics, general_func, planner)
     return planner.price(statics.at(sample), _restated(above.plan, rule))
+
+
+def _variant_times(variant: Variant, size: int, statics, general_func: tirx.PrimFunc, planner: Planner) -> list | None:
+    """The KernelTimes of `variant`'s kernel for every size (scheduled once, for the dispatch too) at
+    `size` rows (a multiple of its condition's)."""
+    func = _for_every_size(statics.fused, variant, general_func.params, planner)
+    return planner.priced(at_sizes(func, {statics.size: size}), variant.plan, size)
 
 
 def _for_every_size(fused: tirx.PrimFunc, variant: Variant, params: list, planner: Planner) -> tirx.PrimFunc:
