@@ -12,33 +12,28 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 import numpy as np
-from tvm import relax, tirx
+from tvm import tirx
 
 from tvm_stitch import stitch_pass
 from tvm_stitch.target import host_target
 from tvm_stitch.tools.build import alternating_times, build, vm_round
 
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
-from conftest import make_module, tensor  # noqa: E402
+from conftest import symbolic_softmax  # noqa: E402
 
 N = tirx.Var("n", "int64")
 
 
 def softmax(length: int, rows=N):
-    return make_module([tensor("x", (rows, length))], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
+    return symbolic_softmax((rows, length))
 
 
-@contextlib.contextmanager
 def one_plan():
     """The stitch pass without its CPU size-variant step: every kernel keeps the plan for every size."""
-    step = stitch_pass.cpu_size_variants
-    stitch_pass.cpu_size_variants = lambda *_args: ()
-    try:
-        yield
-    finally:
-        stitch_pass.cpu_size_variants = step
+    return mock.patch.object(stitch_pass, "cpu_size_variants", lambda *_args: ())
 
 
 def built(mod, variants: bool):

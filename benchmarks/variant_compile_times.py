@@ -9,36 +9,24 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
-from tvm import relax, tirx
+from tvm import tirx
 
 from tvm_stitch import stitch_pass
 from tvm_stitch.tools.build import build
 
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
-from conftest import make_module, tensor  # noqa: E402
+from conftest import symbolic_softmax  # noqa: E402
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 N = tirx.Var("n", "int64")
 CASES = {"n32": ((N, 32), 1 << 20), "m30000": ((N, 30000), 4096), "n768": ((N, 768), 128)}
 
 
-def softmax(shape, upper: int):
-    mod = make_module([tensor("x", shape)], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
-    mod["main"] = (mod["main"].with_attr("tir_var_lower_bound", {"n": 1})
-                   .with_attr("tir_var_upper_bound", {"n": upper}))
-    return mod
-
-
-@contextlib.contextmanager
 def one_plan():
     """The stitch pass without its size-variant step: every kernel keeps the plan for every size."""
-    step = stitch_pass.size_variants
-    stitch_pass.size_variants = lambda *_args: ()
-    try:
-        yield
-    finally:
-        stitch_pass.size_variants = step
+    return mock.patch.object(stitch_pass, "size_variants", lambda *_args: ())
 
 
 def seconds(mod, variants: bool) -> tuple:
@@ -51,7 +39,8 @@ def seconds(mod, variants: bool) -> tuple:
 
 def main(rounds: str, *cases: str) -> None:
     for name in cases:
-        mod = softmax(*CASES[name])
+        shape, upper = CASES[name]
+        mod = symbolic_softmax(shape, (1, upper))
         seconds(mod, True), seconds(mod, False)
         times = {False: [], True: []}
         for k in range(int(rounds)):

@@ -5,10 +5,11 @@ repository root.
 Usage: python benchmarks/variant_gap.py OUT.md
 """
 
+import os
 import sys
 
 import tvm
-from tvm import relax, tirx
+from tvm import tirx
 
 from tvm_stitch.check.modeled_time import modeled_times
 from tvm_stitch.fusion.variants import ATTR, branch_at
@@ -18,7 +19,9 @@ from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import total_us
 from tvm_stitch.planning.variants import SizeRange
 from tvm_stitch.report import StitchReport
-from tvm_stitch.tools.workloads.relax_blocks import function, tensor
+
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+from conftest import symbolic_softmax  # noqa: E402
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 N = tirx.Var("n", "int64")
@@ -26,14 +29,6 @@ CASES = {  # row length: (upper bound of n, sizes priced)
     32: (1 << 20, (1, 7, 64, 100, 512, 513, 520, 4096, 10000, 65536, 750000, 1 << 20)),
     30000: (4096, (1, 3, 8, 9, 33, 64, 65, 100, 128, 200, 256, 300, 511, 1000, 4096)),
 }
-
-
-def _softmax(rows, length: int, upper: int | None = None):
-    mod = function([tensor("x", (rows, length), "float32")], lambda bb, x: relax.op.nn.softmax(x, axis=-1))
-    if upper is not None:
-        mod["main"] = mod["main"].with_attr("tir_var_lower_bound", {"n": 1}).with_attr("tir_var_upper_bound",
-                                                                                       {"n": upper})
-    return mod
 
 
 def _lowered(mod):
@@ -65,12 +60,12 @@ def _variant_plan(dispatch: tirx.PrimFunc, report: StitchReport, size: int) -> S
 
 def rows(length: int, spec: TargetSpec) -> list:
     upper, sizes = CASES[length]
-    lowered, report = _lowered(_softmax(N, length, upper))
+    lowered, report = _lowered(symbolic_softmax((N, length), (1, upper)))
     dispatch = _kernel(lowered, ATTR)
     out = []
     for size in sizes:
         variant = _us(branch_at(dispatch, {"n": size}), _variant_plan(dispatch, report, size), spec)
-        static_lowered, static_report = _lowered(_softmax(size, length))
+        static_lowered, static_report = _lowered(symbolic_softmax((size, length)))
         (group,) = static_report.groups
         static = _us(_kernel(static_lowered, "tvm_stitch.plan"), group.plan, spec)
         out.append(f"| ({N.name}, {length}) | {size} | {variant[1]} / {static[1]} | {variant[0]:.2f} | {static[0]:.2f} "

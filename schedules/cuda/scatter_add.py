@@ -67,6 +67,7 @@ def _scatter(plan, indices, updates, out) -> None:
                         with T.Then():
                             T.evaluate(add)
 
+
 def _unflatten(flat, shape) -> list:
     """Row-major indices of `flat` into `shape` (each an expression of non-negative values)."""
     at = []

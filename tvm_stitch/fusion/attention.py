@@ -36,13 +36,11 @@ from tvm_stitch.fusion.attention_tables import with_constant_tables
 from tvm_stitch.fusion.rebind import rebound
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.fusion.host_constants import evaluate_bindings
+from tvm_stitch.fusion.matmul_epilogue import OPAQUE
 from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
 from tvm_stitch.planning.attention_cost import modeled_us, traffic
 from tvm_stitch.planning.reasons import PlanError, Reason
 from tvm_stitch.planning.spec import TargetSpec
-
-OPAQUE = 8  # TVM's kOpaque: FuseOps keeps the call alone
-
 
 @dataclass(frozen=True)
 class AttentionRecord:

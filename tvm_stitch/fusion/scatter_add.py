@@ -26,14 +26,12 @@ from tvm_stitch.analysis.shape_dims import dims
 from tvm_stitch.analysis.size_bounds import at_sizes, function_bounds
 from tvm_stitch.check.builds import check_builds
 from tvm_stitch.check.modeled_time import modeled_times
+from tvm_stitch.fusion.matmul_epilogue import OPAQUE
 from tvm_stitch.fusion.rebind import rebound
 from tvm_stitch.planning.reasons import PlanError, Reason, reason_of
 from tvm_stitch.planning.scatter_add import ScatterAddPlan, plan_scatter_add
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import total_us
-
-OPAQUE = 8  # TVM's kOpaque: FuseOps keeps the call alone
-
 
 @dataclass(frozen=True)
 class ScatterRecord:
