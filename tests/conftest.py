@@ -57,14 +57,19 @@ def nvcc(source: str, tmp_path, *, arch: str = "sm_90", ptx: bool = False, name:
     return result.stdout + result.stderr
 
 
+def opencl_device(oclgrind: bool):
+    """The OpenCL device of the SIMT checker (Oclgrind's, or pocl's); skips the test without it."""
+    try:
+        return opencl_run.device_for(oclgrind)
+    except opencl_run.NoOpenclDevice as err:
+        pytest.skip(str(err))
+
+
 def attention_simt(shape, oclgrind: bool, points: list | None = None):
     """The fused attention kernel of `shape` (planning/attention.AttentionShape), planned for sm_90
     (within the OpenCL device's limits under Oclgrind), run under the SIMT checker against its
     reference at `points` (symbolic sizes; None: their defaults); skips without the device."""
-    try:
-        device = opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    device = opencl_device(oclgrind)
     spec = TargetSpec.from_target(CUDA)
     if oclgrind:
         spec = fitting_specs(spec, device)[0]

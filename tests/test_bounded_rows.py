@@ -22,7 +22,7 @@ from tvm_stitch.planning.common import block_threads
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
 
-from conftest import make_module, needs_nvcc, nvcc, tensor
+from conftest import make_module, needs_nvcc, nvcc, opencl_device, tensor
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 S, H, B = (tirx.Var(name, "int64") for name in ("s", "h", "b"))
@@ -203,13 +203,9 @@ def test_bounded_rows_run_with_simt_semantics_at_lengths_within_the_bound(case, 
     unscheduled PrimFunc on llvm; Oclgrind also reports any read or write out of bounds."""
     pytest.importorskip("pyopencl")
     from tvm_stitch import simt
-    from tvm_stitch.check import opencl_run
     from tvm_stitch.check.simt_kernel import Reference, check_kernel
 
-    try:
-        device = opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    device = opencl_device(oclgrind)
     case = CASES[case]
     stitched, report, fused = simt.stitched_kernels(case.module(), tvm.target.Target(CUDA))
     (plan,) = report.plans

@@ -20,7 +20,7 @@ from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
 from tvm_stitch.tools.workloads import SIZES, SUITE, reference
 
-from conftest import CUDA, LLVM, NVCC, make_module, needs_nvcc, nvcc, tensor
+from conftest import CUDA, LLVM, NVCC, make_module, needs_nvcc, nvcc, opencl_device, tensor
 
 SM90 = TargetSpec.from_target(CUDA)
 op = relax.op
@@ -169,11 +169,7 @@ def _simt(mod, oclgrind: bool):
     cl = pytest.importorskip("pyopencl")
     del cl
     from tvm_stitch import simt
-    from tvm_stitch.check import opencl_run
-    try:
-        opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    opencl_device(oclgrind)
     report = simt.check(mod, oclgrind=oclgrind)
     assert report.ok, str(report)
     assert any(p.scheme == "column-split" for p in report.stitch.plans), str(report)

@@ -10,7 +10,7 @@ import tvm_stitch
 from tvm_stitch.fusion.fusion_search import AT_BOUND, ONE_LAUNCH, UNPRICED
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 
-from conftest import make_module, tensor
+from conftest import make_module, opencl_device, tensor
 
 op = relax.op
 CUDA = {"kind": "cuda", "arch": "sm_90"}
@@ -161,15 +161,11 @@ def test_searched_kernels_under_simt_and_nvcc_without_spills(make, tmp_path):
     import re
 
     from tvm_stitch import simt
-    from tvm_stitch.check import opencl_run
     from tvm_stitch.tools.launches import cuda_source
 
     from conftest import NVCC, nvcc
 
-    try:
-        opencl_run.device_for(False)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    opencl_device(False)
     mod = make()
     report = simt.check(mod, fusion="search")
     assert report.ok and report.kernels, str(report)

@@ -19,7 +19,7 @@ from tvm_stitch.planning.planner import plan_row_resident
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import cuda_source
 
-from conftest import CUDA, LLVM, make_module, needs_nvcc, nvcc, tensor
+from conftest import CUDA, LLVM, make_module, needs_nvcc, nvcc, opencl_device, tensor
 
 R = relax.op
 ROWS, VOCAB, WIDTH = 8, 20, 64
@@ -131,12 +131,8 @@ def test_gather_group_is_one_stitched_kernel_matching_numpy(name, emulate, rng):
 def test_gather_kernels_are_clean_under_oclgrind(name):
     pytest.importorskip("pyopencl")
     from tvm_stitch import simt
-    from tvm_stitch.check import opencl_run
 
-    try:
-        opencl_run.device_for(True)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    opencl_device(True)
     report = simt.check(GRAPHS[name]()[0], oclgrind=True)
     assert len(report.kernels) == 1 and report.ok, str(report)
 

@@ -6,6 +6,7 @@ import pytest
 pytest.importorskip("pyopencl")
 
 from tvm_stitch.check import opencl_run, pocl_probe  # noqa: E402
+from conftest import opencl_device  # noqa: E402
 
 WHEEL_POCL = "OpenCL 3.0 PoCL 3.0-rc2  Linux, Release, RELOC, LLVM 14.0.6"
 LOG = """Build on <pyopencl.Device 'pthread-AMD EPYC'>:
@@ -15,10 +16,7 @@ Device pthread-AMD EPYC failed to build the program"""
 
 
 def test_device_for_gives_a_pocl_that_runs_kernels():
-    try:
-        device = opencl_run.device_for(False)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    device = opencl_device(False)
     assert device.platform.name.startswith(opencl_run.POCL)
     assert pocl_probe.build_problem(device) == ""
 

@@ -13,7 +13,7 @@ from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 from tvm_stitch.tools.workloads import SUITE, dims
 
-from conftest import CUDA, LLVM, make_module, tensor
+from conftest import CUDA, LLVM, make_module, opencl_device, tensor
 
 EPS = 1e-5
 
@@ -142,11 +142,7 @@ def test_few_long_channels_split_over_blocks():
 
 def _simt_device(oclgrind: bool):
     pytest.importorskip("pyopencl")
-    from tvm_stitch.check import opencl_run
-    try:
-        opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    opencl_device(oclgrind)
 
 
 def test_batchnorm_kernel_is_clean_under_oclgrind():

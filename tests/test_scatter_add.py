@@ -9,9 +9,8 @@ import pytest
 import tvm
 from tvm import relax, te, topi
 
-from conftest import CUDA, needs_nvcc, nvcc
+from conftest import CUDA, needs_nvcc, nvcc, opencl_device
 from schedules.cuda.scatter_add import build as build_kernel
-from tvm_stitch.check import opencl_run
 from tvm_stitch.check.kernel_geometry import kernel_geometries
 from tvm_stitch.check.simt_kernel import Reference, check_kernel
 from tvm_stitch.pipeline import pipeline
@@ -55,10 +54,7 @@ def _reference(out_shape, index_shape, dtype, fill):
 
 
 def _simt(out_shape, index_shape, fill, oclgrind: bool, dtype: str = "float32"):
-    try:
-        device = opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    device = opencl_device(oclgrind)
     updates_shape = index_shape[:-1] + out_shape[index_shape[-1]:]
     plan = plan_scatter_add(out_shape, index_shape, updates_shape, dtype, "int64", fill, SPEC)
     ref = _reference(out_shape, index_shape, dtype, fill)

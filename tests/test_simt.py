@@ -21,20 +21,14 @@ from tvm_stitch.tools.cli import main  # noqa: E402
 from tvm_stitch.tools.fuzz import (OCLGRIND_MAX_ELEMENTS, Spec, _concrete_spec, _elements, build_module,  # noqa: E402
                                    random_spec, simt_check)
 from tvm_stitch.tools.workloads import SUITE, dims  # noqa: E402
+from conftest import opencl_device
 
 REGRESSIONS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "regressions", "*.json")))
 
 
-def _device(oclgrind: bool):
-    try:
-        return opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
-
-
 @pytest.mark.parametrize("name,dtype", [(n, d) for n, g in SUITE.items() for d in g.dtypes])
 def test_suite_kernels_match_on_pocl(name, dtype):
-    _device(False)
+    opencl_device(False)
     report = simt.check(SUITE[name].build(dtype, dims("test")))
     assert report.kernels, report.stitch
     assert report.ok, str(report)
@@ -45,7 +39,7 @@ def test_suite_kernels_match_on_pocl(name, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_row_split_phases_and_partials_run_in_order(dtype):
     """Online softmax: the max and sum partials in one launch (float16: exp and sum in float32)."""
-    _device(False)
+    opencl_device(False)
     report = simt.check(SUITE["softmax"].build(dtype, {"rows": 4, "cols": 20000}))
     assert [k.launches for k in report.kernels] == [2], str(report)
     assert report.ok, str(report)
@@ -53,14 +47,14 @@ def test_row_split_phases_and_partials_run_in_order(dtype):
 
 @pytest.mark.parametrize("path", REGRESSIONS, ids=[os.path.basename(p) for p in REGRESSIONS])
 def test_saved_regressions_match_on_pocl(path):
-    _device(False)
+    opencl_device(False)
     with open(path, encoding="utf-8") as f:
         outcome, _ = simt_check(Spec.from_json(f.read()))
     assert outcome.ok, outcome.message
 
 
 def test_small_random_graphs_are_clean_under_oclgrind():
-    _device(True)
+    opencl_device(True)
     checked = 0
     for seed in range(40):
         spec = random_spec(seed)
@@ -80,7 +74,7 @@ def test_small_random_graphs_are_clean_under_oclgrind():
 def test_packed_rows_share_no_reduction_result_unsynchronised():
     """Regression: with rows packed per block (threadIdx.y) and one warp per row, the sum's result
     went through shared memory, stored by lane 0 and read by the warp with no barrier between."""
-    _device(True)
+    opencl_device(True)
     report = simt.check(SUITE["softmax_short_rows"].build("float32", dims("test")), oclgrind=True)
     assert report.stitch.plans[0].mapping.rows_per_task > 1
     assert report.ok, str(report)
@@ -90,7 +84,7 @@ def test_pad_of_one_column_matches_under_oclgrind():
     """Regression (fuzz seed 197): the pad's `2 <= c && c < 3`, `c = id & 3`, optimised by Oclgrind
     21.10's compiler, was taken by every work-item past the first row (a mismatch on a correct
     kernel: pocl and the unoptimised program agree with the reference)."""
-    _device(True)
+    opencl_device(True)
     x = relax.Var("x", relax.TensorType((4, 1), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
@@ -144,19 +138,19 @@ def _copy(x: T.Buffer((4, 64), "float32"), y: T.Buffer((4, 64), "float32")):
 
 def test_planted_race_is_reported_by_oclgrind():
     result = check_kernel("racy", _all_threads_write_one_shared_word, [Reference(_last_column_plus, (0, 1))],
-                          _device(True), True, 0)
+                          opencl_device(True), True, 0)
     assert result.status == "race", result
     assert "data race at local memory" in result.detail
 
 
 def test_planted_write_past_the_end_hits_the_guard_zone_on_pocl():
-    result = check_kernel("oob", _writes_one_row_too_far, [Reference(_copy, (0, 1))], _device(False), False, 0)
+    result = check_kernel("oob", _writes_one_row_too_far, [Reference(_copy, (0, 1))], opencl_device(False), False, 0)
     assert result.status == "out-of-bounds", result
     assert "256 bytes past its end" in result.detail
 
 
 def test_planted_write_past_the_end_is_reported_by_oclgrind():
-    result = check_kernel("oob", _writes_one_row_too_far, [Reference(_copy, (0, 1))], _device(True), True, 0)
+    result = check_kernel("oob", _writes_one_row_too_far, [Reference(_copy, (0, 1))], opencl_device(True), True, 0)
     assert result.status == "out-of-bounds", result
     assert "Invalid write" in result.detail
 
@@ -171,17 +165,17 @@ def _bound_copy(x: T.Buffer((4, 64), "float32"), y: T.Buffer((4, 64), "float32")
 
 
 def test_wrong_values_are_a_mismatch():
-    result = check_kernel("copy", _bound_copy, [Reference(_last_column_plus, (0, 1))], _device(False), False, 0)
+    result = check_kernel("copy", _bound_copy, [Reference(_last_column_plus, (0, 1))], opencl_device(False), False, 0)
     assert result.status == "mismatch" and result.max_error > 0.1, result
 
 
 def test_bound_copy_matches_its_reference():
-    result = check_kernel("copy", _bound_copy, [Reference(_copy, (0, 1))], _device(False), False, 0)
+    result = check_kernel("copy", _bound_copy, [Reference(_copy, (0, 1))], opencl_device(False), False, 0)
     assert result.ok and result.max_error == 0.0, result
 
 
 def test_cli_prints_one_line_per_kernel_and_fails_on_bad_input(capsys):
-    _device(False)
+    opencl_device(False)
     assert main(["simt", "cross_entropy", "--size", "test"]) == 0
     out = capsys.readouterr().out
     assert out.count("\nok ") == 2 and "2 stitched kernels checked" in out
@@ -201,7 +195,7 @@ def test_narrow_float_rounding_matches_ieee_round_to_nearest_even(kind):
 
     from tvm_stitch.check.narrow_floats import HELPERS, ROUND
 
-    device = _device(False)
+    device = opencl_device(False)
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-9, 6, 4000),
                              [65504, 65519, 65520, 7e4, 6e-8, 2.9e-8, 3e-8, 1 + 2 ** -11, 1 + 3 * 2 ** -11,
@@ -271,7 +265,7 @@ def _symbolic_small_kernels(x: R.Tensor(("n", 64), "float32"), y: R.Tensor(("n",
 ], ids=["layer_norm", "softmax", "rms_norm"])
 def test_symbolic_kernels_run_at_their_bounds_and_an_odd_size(func, lower, upper, sizes):
     """One build of the symbolic kernel, launched at the lower bound, an odd size and the upper bound."""
-    _device(False)
+    opencl_device(False)
     report = simt.check(_bounded(func, lower, upper))
     assert [k.sizes for k in report.kernels] == [sizes], str(report)
     assert report.ok, str(report)
@@ -279,14 +273,14 @@ def test_symbolic_kernels_run_at_their_bounds_and_an_odd_size(func, lower, upper
 
 
 def test_symbolic_packed_kernels_run_at_the_given_sizes():
-    _device(False)
+    opencl_device(False)
     report = simt.check(tvm.IRModule({"main": _symbolic_small_kernels}), sizes={"n": [1, 5, 33]})
     assert [members for _, members in report.stitch.packs] and len(report.kernels) == 1, str(report)
     assert report.kernels[0].sizes == ("n=1", "n=5", "n=33") and report.ok, str(report)
 
 
 def test_symbolic_softmax_is_clean_under_oclgrind():
-    _device(True)
+    opencl_device(True)
     report = simt.check(_bounded(_symbolic_softmax, {"b": 1, "s": 2}, {"b": 2, "s": 9}), oclgrind=True)
     assert report.kernels[0].sizes == ("b=1, s=2", "b=2, s=9"), str(report)
     assert report.ok, str(report)
@@ -328,7 +322,7 @@ def _symbolic_copy(x: T.Buffer((_n, 64), "float32"), y: T.Buffer((_n, 64), "floa
 
 def test_planted_symbolic_grid_bug_is_caught_at_an_odd_size():
     """Two rows per block and a grid of n // 2 blocks: right for even n, the last row unwritten for odd n."""
-    device = _device(False)
+    device = opencl_device(False)
     points = [{"n": 2}, {"n": 37}, {"n": 128}]
     bad = check_kernel("floor", _two_rows_per_block_floor_grid, [Reference(_symbolic_copy, (0, 1))], device, False,
                        0, points)
@@ -340,7 +334,7 @@ def test_planted_symbolic_grid_bug_is_caught_at_an_odd_size():
 
 def test_fuzzer_runs_its_symbolic_specs_symbolic_under_simt():
     """The fuzzer's symbolic graphs are built symbolic; their symbolic kernels run at the spec's sizes."""
-    _device(False)
+    opencl_device(False)
     symbolic = 0
     for seed in [s for s in range(100) if random_spec(s).sizes][:3]:
         spec = random_spec(seed)
@@ -354,7 +348,7 @@ def test_fuzzer_runs_its_symbolic_specs_symbolic_under_simt():
 
 
 def test_cli_runs_a_symbolic_script_at_the_given_sizes_and_refuses_bad_ones(tmp_path, capsys):
-    _device(False)
+    opencl_device(False)
     script = tmp_path / "symbolic_softmax.py"
     script.write_text("import tvm\nfrom tvm.script import relax as R\n\n"
                       "@R.function\n"
@@ -376,7 +370,7 @@ def test_cli_runs_a_symbolic_script_at_the_given_sizes_and_refuses_bad_ones(tmp_
 def test_kernel_over_oclgrinds_local_memory_is_checked_as_planned_within_it():
     """A 20000-long float16 row kept in shared memory (40 KB: CUDA's 48 KB hold it, Oclgrind's 32 KB
     do not): the launch fails with OUT_OF_RESOURCES, and the kernel is checked planned within 32 KB."""
-    _device(True)
+    opencl_device(True)
     spec = Spec.from_json(
         '{"inputs": [[[20000], "float16"]], "steps": [{"op": "log", "args": [0], "params": {}}, '
         '{"op": "flip", "args": [1], "params": {"axis": 0}}, {"op": "sigmoid", "args": [0], "params": {}}, '
@@ -394,7 +388,7 @@ def test_kernel_over_oclgrinds_local_memory_is_checked_as_planned_within_it():
 def test_math_without_an_opencl_rule_runs_under_oclgrind():
     """TVM names atanh, asinh and acosh by C's libm in OpenCL source (`atanhf`), which OpenCL C does
     not declare: the checker's source calls OpenCL's built-ins of the same names."""
-    _device(True)
+    opencl_device(True)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((4, 64), "float32"))
     with bb.function("main", [x]):

@@ -13,7 +13,7 @@ from tvm_stitch.analysis.classify import MMA_NARROW_SIDE, OpKind, classify_primf
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 from tvm_stitch.tools.launches import cuda_source
 
-from conftest import CUDA, LLVM, legalized, make_module, needs_nvcc, nvcc, tensor
+from conftest import CUDA, LLVM, legalized, make_module, needs_nvcc, nvcc, opencl_device, tensor
 
 op = relax.op
 
@@ -122,11 +122,7 @@ def test_weighted_sum_matches_numpy_emulated():
 def test_attention_pooling_is_clean_under_simt(oclgrind, shape):
     pytest.importorskip("pyopencl")
     from tvm_stitch import simt
-    from tvm_stitch.check import opencl_run
-    try:
-        opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    opencl_device(oclgrind)
     mod, _ = _pooling(*shape)
     report = simt.check(mod, oclgrind=oclgrind)
     assert report.ok, str(report)

@@ -14,7 +14,7 @@ from tvm_stitch.target import as_target
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import cuda_source, launches_by_kind
 
-from conftest import needs_nvcc, nvcc
+from conftest import needs_nvcc, nvcc, opencl_device
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 
@@ -66,13 +66,9 @@ def test_select_folded_into_matmul_compiles_with_nvcc(graph, tmp_path):
 @pytest.mark.parametrize("graph", [_row_scatter_matmul, _relu_of_scatter_matmul])
 def test_rewritten_matmul_kernel_matches_on_pocl(graph):
     pytest.importorskip("pyopencl")
-    from tvm_stitch.check import opencl_run
     from tvm_stitch.check.simt_kernel import Reference, check_kernel
 
-    try:
-        device = opencl_run.device_for(False)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    device = opencl_device(False)
     target = as_target(CUDA)
     with target:
         fused = tvm.transform.Sequential(stitch_passes(target, report=StitchReport()) + [relax.transform.FuseTIR()])(

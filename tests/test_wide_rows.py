@@ -16,7 +16,7 @@ from tvm_stitch.planning.cuda import fill
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import cuda_source
 
-from conftest import CUDA, LLVM, make_module, needs_nvcc, nvcc, tensor
+from conftest import CUDA, LLVM, make_module, needs_nvcc, nvcc, opencl_device, tensor
 
 op = relax.op
 BENCH = (4, 8, 128, 64)
@@ -85,11 +85,7 @@ def test_spread_rows_match_numpy_emulated(shape, share, rng, monkeypatch):
 def test_spread_rows_are_clean_under_simt(oclgrind, monkeypatch):
     pytest.importorskip("pyopencl")
     from tvm_stitch import simt
-    from tvm_stitch.check import opencl_run
-    try:
-        opencl_run.device_for(oclgrind)
-    except opencl_run.NoOpenclDevice as err:
-        pytest.skip(str(err))
+    opencl_device(oclgrind)
     monkeypatch.setattr(fill, "FILL_SHARE", 4096)
     report = simt.check(_rotate_half_with_slices((2, 2, 16, 64))[0], oclgrind=oclgrind)
     assert report.ok, str(report)
