@@ -26,6 +26,8 @@ import tvm
 from tvm import relax, te, topi
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
+from tvm_stitch.fusion.rebind import each_function
+
 # Cephes' logf polynomial: (log(1 + x) - x + x^2/2) / x^3 for |x| < sqrt(2) - 1, highest power first.
 _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
              -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
@@ -118,8 +120,4 @@ class FastMath:
     approximations (the module docstring lists the forms)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        rewriter = _FastMathRewriter(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return each_function(_FastMathRewriter(mod), mod)

@@ -24,6 +24,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
 
+from tvm_stitch.fusion.rebind import each_function
+
 
 def _static(shape) -> list | None:
     values = list(shape.values) if isinstance(shape, relax.ShapeExpr) else None
@@ -79,8 +81,4 @@ class PatchifyAsMatmul:
     """Every patchifying conv2d of the module's Relax functions as a matmul (module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        rewriter = _PatchifyRewriter(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return each_function(_PatchifyRewriter(mod), mod)

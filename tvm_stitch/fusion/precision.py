@@ -24,6 +24,8 @@ import tvm
 from tvm import relax
 from tvm.relax import PyExprMutator, expr_functor
 
+from tvm_stitch.fusion.rebind import each_function
+
 LOW_PRECISION = ("float16", "bfloat16")
 ACCUMULATING_OPS = frozenset(
     {
@@ -123,9 +125,5 @@ class AccumulateInFloat32:
         self.arithmetic = arithmetic
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        widen = _Widen(mod, ARITHMETIC_OPS if self.arithmetic else ACCUMULATING_OPS, self.arithmetic)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                widen.builder_.update_func(gv, widen.visit_expr(func))
-        mod = widen.builder_.get()
+        mod = each_function(_Widen(mod, ARITHMETIC_OPS if self.arithmetic else ACCUMULATING_OPS, self.arithmetic), mod)
         return relax.transform.DeadCodeElimination()(mod) if self.arithmetic else mod

@@ -1,5 +1,6 @@
-"""Chosen bindings of a module's Relax functions bound to new values (a planned kernel's call), the
-bindings nothing reads any more dropped: the rewrite FuseAttention and ScatterAddsAtomically share."""
+"""A module's Relax functions rewritten by a mutator (`each_function`, the body of the Relax rewrite passes),
+and chosen bindings bound to new values (a planned kernel's call), the bindings nothing reads any more
+dropped: the rewrite FuseAttention and ScatterAddsAtomically share (`rebound`)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,14 @@ def rebound(builder: relax.BlockBuilder, replaced: dict, value) -> tvm.IRModule:
     what `value` needs) bound to `value(mutator, binding, entry)`, an expression it may emit bindings
     for through `mutator.builder_` and `mutator.visit_expr`; unused bindings removed."""
     module = builder.get()
-    rebinder = _Rebinder(module, replaced, value)
+    return each_function(_Rebinder(module, replaced, value), module, relax.analysis.remove_all_unused)
+
+
+def each_function(mutator: relax.PyExprMutator, module: tvm.IRModule, tidy=None) -> tvm.IRModule:
+    """`module` with each Relax function visited by `mutator` (made over `module`), `tidy` applied to
+    what it gives (None: nothing)."""
     for gv, func in list(module.functions_items()):
         if isinstance(func, relax.Function):
-            rebinder.builder_.update_func(gv, relax.analysis.remove_all_unused(rebinder.visit_expr(func)))
-    return rebinder.builder_.get()
+            new = mutator.visit_expr(func)
+            mutator.builder_.update_func(gv, tidy(new) if tidy is not None else new)
+    return mutator.builder_.get()
