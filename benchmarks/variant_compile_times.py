@@ -1,19 +1,32 @@
 """Compile seconds of a lone symbolic softmax on sm_90 with its size variants and with the plan for every
 size only (the size-variant step left out), in alternating rounds in one process after one warm-up build of
 each: medians of wall and CPU (process) seconds and their ratios. Run from the repository root.
-Usage: python benchmarks/variant_compile_times.py ROUNDS CASE...   (CASE: n32, m30000, n768)
+
+Usage: python benchmarks/variant_compile_times.py [--device-code nvcc|nvrtc] ROUNDS CASE...
+(CASE: n32, m30000, n768)
+
+Without a GPU driver TVM's CUDA build stops at CUDA source: the figures are the Relax and TIR pipelines and
+code generation. `--device-code` measures the whole build a GPU machine runs, the device code compiled by
+TVM's own hook (`tvm_callback_cuda_compile`, the given TVM_CUDA_COMPILE_MODE; nvrtc needs the cuda-bindings
+and nvidia-cuda-nvrtc packages): the script runs itself again in a child whose `import tvm` loads TVM's CUDA
+runtime through the stand-in driver of tools/device_code.py. Device compilation runs in nvcc or nvrtc, so the
+wall seconds are the figures to read there.
 """
 
 import contextlib
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from unittest import mock
 
+import tvm
 from tvm import tirx
 
 from tvm_stitch import stitch_pass
+from tvm_stitch.tools import device_code
 from tvm_stitch.tools.build import build
 
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
@@ -30,14 +43,16 @@ def one_plan():
 
 
 def seconds(mod, variants: bool) -> tuple:
-    """(wall, process) seconds of one build."""
-    with contextlib.nullcontext() if variants else one_plan():
+    """(wall, process) seconds of one build, in the target's scope (TVM's device-code hook reads the arch
+    from it where the CUDA runtime is loaded)."""
+    with contextlib.nullcontext() if variants else one_plan(), tvm.target.Target(CUDA):
         wall, cpu = time.perf_counter(), time.process_time()
         build(mod, CUDA, stitched=True)
         return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main(rounds: str, *cases: str) -> None:
+    code = os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc") if device_code.cuda_runtime_loaded() else "none"
     for name in cases:
         shape, upper = CASES[name]
         mod = symbolic_softmax(shape, (1, upper))
@@ -47,9 +62,21 @@ def main(rounds: str, *cases: str) -> None:
             for variants in (False, True) if k % 2 == 0 else (True, False):
                 times[variants].append(seconds(mod, variants))
         one, var = ([statistics.median(t[i] for t in times[v]) for i in (0, 1)] for v in (False, True))
-        print(f"{name} wall one {one[0]:.3f} var {var[0]:.3f} ratio {var[0] / one[0]:.2f} | process one "
-              f"{one[1]:.3f} var {var[1]:.3f} ratio {var[1] / one[1]:.2f} | load {os.getloadavg()[0]:.1f}", flush=True)
+        print(f"{name} device code {code} | wall one {one[0]:.3f} var {var[0]:.3f} ratio {var[0] / one[0]:.2f} | "
+              f"process one {one[1]:.3f} var {var[1]:.3f} ratio {var[1] / one[1]:.2f} | "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def with_device_code(compiler: str, args: list) -> int:
+    """Run this script again with TVM's CUDA runtime loaded (the stand-in driver) and `compiler`."""
+    with tempfile.TemporaryDirectory(prefix="tvm-stitch-driver-") as driver:
+        device_code.write_standin_driver(driver)
+        env = dict(os.environ, TVM_CUDA_COMPILE_MODE=compiler,
+                   LD_LIBRARY_PATH=os.pathsep.join(p for p in (driver, os.environ.get("LD_LIBRARY_PATH", "")) if p))
+        return subprocess.run([sys.executable, __file__, *args], env=env, check=False).returncode
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--device-code":
+        sys.exit(with_device_code(sys.argv[2], sys.argv[3:]))
     main(*sys.argv[1:])
