@@ -148,3 +148,26 @@ def test_depthwise_convolution_tile_spans_the_row_and_matches(rng):
     (out,) = run_cpu(ex, [a, wt, bias])
     want = torch.nn.functional.conv2d(torch.from_numpy(a), torch.from_numpy(wt), padding=3, groups=16).numpy()
     np.testing.assert_allclose(out, want + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_reshape_of_symbolic_size_falls_back_out_of_the_matmul_and_matches_where_tiles_straddle_rows():
+    """A Linear + GELU over (2, s, 64), s symbolic: the reshape back to 3-D keeps its label, the GELU runs
+    in a kernel of its own, and the result is right at a length whose rows straddle the matmul's row tiles
+    (s = 77). Joined to the matmul, the GELU would be placed under the tile by TVM's region of the
+    reshape's `floordiv`/`floormod` by s, the box of the tile's first and last rows only: rows of the tile
+    that cross into the next sequence are left unwritten (fusion/cpu_epilogue.py)."""
+    import torch
+
+    from tvm_stitch.frontend import from_torch
+    from tvm_stitch.tools.build import build
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU()).eval()
+    mod = from_torch(model, (torch.randn(2, 16, 64),), dynamic_shapes=({1: torch.export.Dim("s", min=2, max=128)},))
+    built = build(mod, HOST, stitched=True)
+    matmuls = [name for name in _primfuncs(built.lowered) if "matmul" in name]
+    assert matmuls and not any("epilogue" in name or "gelu" in name for name in matmuls), matmuls
+    for length in (16, 77):
+        x = torch.randn(2, length, 64)
+        (out,) = run_cpu(built.executable, [x.numpy()])
+        np.testing.assert_allclose(out, model(x).detach().numpy(), rtol=1e-4, atol=1e-4)

@@ -12,9 +12,15 @@ input) keeps its label: the add stays with the normalisation stitched
 after it, which reads that input anyway (moved into the matmul it split
 LLaMA's RMSNorm kernel: 0.90x-0.94x). Transposes and broadcasts keep their
 labels: on the CPU they stay with the stitched kernels that read them.
-Reshapes of symbolic size keep theirs too: with them relabelled, BERT with
-a symbolic sequence length gave NaN (the GELU in a matmul whose rows are
-symbolic; not diagnosed further).
+Reshapes of symbolic size keep theirs too. Relabelled, the reshape back to
+(batch, s, channels) splits the matmul's rows by `floordiv`/`floormod` by
+the symbolic s, and the region TVM 0.27 gives the epilogue under the
+matmul's row tile (reverse_compute_at) is the box of the tile's first and
+last rows only: where a tile of 8 rows crosses into the next sequence (s =
+77), rows of the tile are never written and others are read before the
+matmul computed them (wrong values, NaN in BERT;
+tests/test_cpu_convnext.py). On CUDA dlight's Matmul writes such an
+epilogue element by element from its reindexed tile, which is exact.
 """
 
 from __future__ import annotations
