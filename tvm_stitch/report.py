@@ -78,7 +78,7 @@ class StitchReport:
                     f", for {name} <= {upper}" for name, upper in plan.bounds)
             else:
                 row_count = m.rows if m.rows >= 0 else "x".join(plan.row_shape)
-                mapping = f"{row_count} rows / {m.threads} cores, vec {m.vector}"
+                mapping = f"{row_count} rows / {m.threads} cores, vec {m.vector}{' across rows' if m.across else ''}"
             levels = {"register": [], "shared": [], "global": []}
             for inter in plan.intermediates:
                 levels[inter.level].append(inter.name)
@@ -161,6 +161,7 @@ def _variant_lines(group: GroupRecord) -> list:
         m = plan.mapping
         shape = (f"{m.split} blocks/row x {m.threads} thr, {plan.kernels} kernels" if plan.scheme == "row-split"
                  else f"{f'{m.split} chunks/row' if m.split > 1 else 'rows'} over {m.threads} cores, vector {m.vector}"
+                 + (" across rows" if m.across else "")
                  if plan.target == "cpu"
                  else f"{m.rows_per_task} row/blk x {m.threads} thr")
         at = (f", at {plan.row_shape[0]} rows {plan.modeled_bytes / 1e6:.1f} MB"

@@ -13,6 +13,9 @@ vector lanes, so every load is contiguous.
 
 Few long rows (fewer than the cores can share) are cut into chunks: each
 block runs its chunks in parallel, reductions as per-chunk partials.
+
+Short rows that reduce go across the vector lanes, a lane per row, where
+the plan says so (`mapping.across`, planning/cpu/row_resident.lanes_across).
 """
 
 from __future__ import annotations
@@ -171,6 +174,25 @@ def _split_rows(sch: s_tir.Schedule, plan: StitchPlan) -> None:
             sch.vectorize(lane)
 
 
+def _rows_across_lanes(sch: s_tir.Schedule, plan: StitchPlan) -> None:
+    """Short rows across the vector lanes: one row loop over every block, parallel over the cores,
+    every loop inside a row unrolled and none vectorised here.
+
+    Each row is then straight-line code, and LLVM's loop vectoriser runs the
+    row loop in vector lanes, a row per lane: a vector's rows loaded
+    contiguously and regrouped by lane shuffles, a reduction a lane-wise max
+    or sum over the row's elements, the rows past the last whole vector in a
+    scalar tail (any row count, symbolic too).
+    """
+    row = merge_row_loops(sch, plan)
+    if plan.mapping.threads > 1 and plan.mapping.rows != 1:
+        sch.parallel(row)
+    for block in blocks_by_name(sch).values():
+        spatial, reduce = within_row_loops(sch, block, row)
+        for loop in spatial + reduce:
+            sch.unroll(loop)
+
+
 def _merge_nests(sch: s_tir.Schedule, names: list) -> None:
     """Merge the blocks' outer loops; deeper levels too while extents agree and the blocks are independent."""
     levels = min(len(sch.get_loops(sch.get_sblock(n))) for n in names)
@@ -195,6 +217,9 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     del target
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
+    if plan.mapping.across:
+        _rows_across_lanes(sch, plan)
+        return sch
     if plan.mapping.rows_per_task > 1 and plan.rank > 0:
         _stream_rows(sch, plan)
         return sch

@@ -26,12 +26,16 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 def packable(plan: StitchPlan) -> bool:
-    """CPU kernels; CUDA kernels without barriers (one thread per row); one-launch column-split
-    kernels, packed only with column-split kernels of their block shape: their barriers sit under
-    the branch that selects a member, which depends on the block index alone (uniform over a block)."""
+    """CPU kernels but those with rows across the vector lanes (LLVM vectorises their row loop, not
+    a pack's loop that branches per task: there it gathers and scatters); CUDA kernels without
+    barriers (one thread per row); one-launch column-split kernels, packed only with column-split
+    kernels of their block shape: their barriers sit under the branch that selects a member, which
+    depends on the block index alone (uniform over a block)."""
     if plan.scheme == "column-split":
         return plan.kernels == 1
-    return plan.target == "cpu" or plan.mapping.threads == 1
+    if plan.target == "cpu":
+        return not plan.mapping.across
+    return plan.mapping.threads == 1
 
 
 def _one_task_loop(func) -> bool:

@@ -53,7 +53,7 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
         found += _scalar([rule] + found) + _recomputing(func, rule, spec, analyses) + _splits(func, rule, spec, analyses)
     out, seen = [], set()
     for plan in [rule] + found:
-        key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, tuple(plan.inlined()))
+        key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, plan.mapping.across, tuple(plan.inlined()))
         if key not in seen:
             seen.add(key)
             out.append(plan)
@@ -97,8 +97,9 @@ def _cpu(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis: Anal
     for plan in _by_rank(func, rule, spec, analysis):
         rows = plan.mapping.rows
         threads = sorted({1, cores}) if rows != 1 else [1]
+        # Rows across the lanes: the compiler picks the vector width, the plan's lanes only say which rows qualify.
         for t in threads:
-            for v in vectors:
+            for v in [plan.mapping.vector] if plan.mapping.across else vectors:
                 mapping = dataclasses.replace(plan.mapping, threads=t, vector=v)
                 out.append(dataclasses.replace(plan, mapping=mapping))
     return out

@@ -49,7 +49,8 @@ class ThreadMapping:
     CPU: row tasks spread over `threads` cores, `vector` lanes per loop;
     rows that are columns of the inputs go `rows_per_task` per task, in
     vector lanes, and a long reduced axis is cut into `split` chunks summed
-    in parallel, then combined.
+    in parallel, then combined. With `across`, short rows go across the
+    `vector` lanes instead (a lane per row, each row's loops unrolled).
     Row-split (CUDA): `split` blocks per row, `grid` = rows x split.
     """
 
@@ -59,6 +60,7 @@ class ThreadMapping:
     vector: int
     grid: int  # CUDA blocks, or CPU parallel iterations
     split: int = 1  # chunks per row: one thread block each (CUDA row-split), parallel partials (CPU)
+    across: bool = False  # CPU: vector lanes across rows (a lane per row), not along each row
 
 
 @dataclass(frozen=True)

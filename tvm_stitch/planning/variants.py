@@ -96,7 +96,7 @@ def sampled_plans(samples: list, plan_at) -> list:
 def key(plan: StitchPlan) -> tuple:
     """What makes two plans of one kernel the same code, whatever their row count."""
     m = plan.mapping
-    return (plan.scheme, plan.rank, m.rows_per_task, m.threads, m.vector, m.split, plan.kernels,
+    return (plan.scheme, plan.rank, m.rows_per_task, m.threads, m.vector, m.split, m.across, plan.kernels,
             tuple((i.name, i.level, i.inlined) for i in plan.intermediates), plan.cached_inputs, plan.phases)
 
 

@@ -3,7 +3,8 @@
 A kernel output is written to memory and read back by the thread that wrote
 it; a row's intermediates live in per-row buffers (L1/L2). Rows that are
 columns of the inputs are streamed several per task, and few long rows are
-cut into chunks over the cores (planning/cpu/tasks.py).
+cut into chunks over the cores (planning/cpu/tasks.py). Short rows that
+reduce go across the vector lanes instead: a lane per row.
 """
 
 from __future__ import annotations
@@ -111,6 +112,27 @@ def _streamed(kept: tuple, rows: Rows, threads: int) -> tuple:
     return per_task, split, notes
 
 
+def lanes_across(rows: Rows, lanes: int, split: int, reductions: int) -> bool:
+    """Whether the vector lanes go across rows (a lane per row) rather than along each row.
+
+    Across rows every lane works and a reduction is a lane-wise max or sum
+    over the row's elements, at the price of regrouping a vector's rows by
+    lane shuffles on the way in and out. Along a row of at most a quarter of
+    the lanes the vectors run a quarter full: across pays with any reduction.
+    Along a row of at most half the lanes they run half full and each
+    reduction ends in a horizontal combine per row: across pays with two
+    reductions or more (softmax, LayerNorm), not with one (RMSNorm). Rows of
+    a static length only, at least a vector of them (a symbolic count: any,
+    the rows past the last whole vector run in the loop's scalar tail), not
+    columns of the inputs (streamed already) nor cut into chunks.
+    """
+    if rows.rank == 0 or rows.columns or split > 1 or rows.within_max is None or reductions == 0:
+        return False
+    if rows.rows is not None and rows.rows < lanes:
+        return False
+    return 4 * rows.within_max <= lanes or (2 * rows.within_max <= lanes and reductions >= 2)
+
+
 def mapping(analysis: Analysis, rows: Rows, spec: TargetSpec) -> CpuRowMapping:
     """The mapping of a CPU row-resident plan: cores over row tasks, vector lanes, and for
     columns or few long rows the chunks a row is cut into."""
@@ -125,9 +147,16 @@ def mapping(analysis: Analysis, rows: Rows, spec: TargetSpec) -> CpuRowMapping:
             notes.append(f"few long rows: each row cut into {split} chunks over the cores, one parallel "
                          "loop per block, reductions as per-chunk partials then combined; "
                          "intermediates between blocks in memory")
+    reductions = sum(1 for v in analysis.views if v.has_reduction)
+    across = lanes_across(rows, vector, split, reductions)
+    if across:
+        notes.append(f"short rows ({rows.within_max} elements, {reductions} reductions, {vector} lanes): rows "
+                     "across the vector lanes, a lane per row, each row's loops unrolled (LLVM vectorises the "
+                     "row loop: contiguous loads regrouped by lane shuffles)")
     grid = rows.rows // rows_per_task if rows.rows is not None else -1
     if rows.rows is None:
         notes.append("symbolic row count: row tasks in parallel over the runtime rows "
                      "(valid for every size; few long rows are not cut into chunks)")
-    mapping_of = ThreadMapping(rows.rows if rows.rows is not None else -1, rows_per_task, threads, vector, grid, split)
+    mapping_of = ThreadMapping(rows.rows if rows.rows is not None else -1, rows_per_task, threads, vector, grid, split,
+                               across)
     return CpuRowMapping(mapping_of, tuple(notes + stream_notes))
