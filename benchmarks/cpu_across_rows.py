@@ -12,40 +12,23 @@ import sys
 from unittest import mock
 
 import numpy as np
-from tvm import relax
 
 from tvm_stitch.planning.cpu import row_resident
 from tvm_stitch.target import host_target
 from tvm_stitch.tools.build import alternating_times, build, run_cpu, vm_round
 
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
-from conftest import make_module, np_softmax, symbolic_softmax, tensor  # noqa: E402
-
-EPS = 1e-5
-
-
-def rms_norm(shape):
-    def body(_bb, x, w):
-        mean_square = relax.op.mean(relax.op.multiply(x, x), axis=-1, keepdims=True)
-        return relax.op.multiply(relax.op.divide(x, relax.op.sqrt(relax.op.add(mean_square, relax.const(EPS)))), w)
-    return make_module([tensor("x", shape), tensor("w", shape[-1:])], body)
-
-
-def layer_norm(shape):
-    return make_module([tensor("x", shape), tensor("g", shape[-1:]), tensor("b", shape[-1:])],
-                       lambda _bb, x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=EPS))
-
+from conftest import (layer_norm_module, np_layer_norm, np_rms_norm, np_softmax, rms_norm_module,  # noqa: E402
+                      symbolic_softmax)
 
 def graphs(rows: int, length: int, rng) -> dict:
     """name -> (module, inputs, numpy reference)."""
     x = rng.standard_normal((rows, length)).astype("float32")
     w, b = (rng.standard_normal(length).astype("float32") for _ in range(2))
-    centred = x - x.mean(-1, keepdims=True)
     return {
         "softmax": (symbolic_softmax((rows, length)), [x], np_softmax(x)),
-        "rmsnorm": (rms_norm((rows, length)), [x, w], x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS) * w),
-        "layernorm": (layer_norm((rows, length)), [x, w, b],
-                      centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + EPS) * w + b),
+        "rmsnorm": (rms_norm_module((rows, length)), [x, w], np_rms_norm(x, w)),
+        "layernorm": (layer_norm_module((rows, length)), [x, w, b], np_layer_norm(x, w, b)),
     }
 
 

@@ -97,6 +97,32 @@ def np_softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
+NORM_EPS = 1e-5
+
+
+def layer_norm_module(shape) -> tvm.IRModule:
+    """LayerNorm over the last axis of x of `shape`, with a scale and a shift of the row's length."""
+    return make_module([tensor("x", shape), tensor("g", shape[-1:]), tensor("b", shape[-1:])],
+                       lambda _bb, x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=NORM_EPS))
+
+
+def rms_norm_module(shape) -> tvm.IRModule:
+    """RMSNorm over the last axis of x of `shape` (mean of squares, divide by its root), with a scale."""
+    def body(_bb, x, w):
+        mean_square = relax.op.mean(relax.op.multiply(x, x), axis=-1, keepdims=True)
+        return relax.op.multiply(relax.op.divide(x, relax.op.sqrt(relax.op.add(mean_square, relax.const(NORM_EPS)))), w)
+    return make_module([tensor("x", shape), tensor("w", shape[-1:])], body)
+
+
+def np_layer_norm(x, g, b):
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + NORM_EPS) * g + b
+
+
+def np_rms_norm(x, w):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + NORM_EPS) * w
+
+
 def kernel_with(built, attr: str) -> tirx.PrimFunc:
     """The PrimFunc of a build's lowered module that has the attribute `attr`."""
     return next(f for _, f in built.lowered.functions_items()

@@ -16,11 +16,11 @@ from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import host_target
 from tvm_stitch.tools.build import build, run_cpu
 
-from conftest import kernel_with, make_module, np_softmax, symbolic_softmax, tensor
+from conftest import (kernel_with, layer_norm_module, make_module, np_layer_norm, np_rms_norm, np_softmax,
+                      rms_norm_module, symbolic_softmax, tensor)
 
 N = tirx.Var("n", "int64")
 ZNVER4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})  # 512-bit vectors: 16 float32 lanes
-EPS = 1e-5
 
 
 def _spec(vector_bits: int) -> TargetSpec:
@@ -28,31 +28,10 @@ def _spec(vector_bits: int) -> TargetSpec:
     return dataclasses.replace(TargetSpec.from_target(host_target()), cores=2, vector_bytes=vector_bits // 8)
 
 
-def _layer_norm(shape):
-    return make_module([tensor("x", shape), tensor("g", shape[-1:]), tensor("b", shape[-1:])],
-                       lambda _bb, x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=EPS))
-
-
-def _rms_norm(shape):
-    def body(_bb, x, w):
-        mean_square = relax.op.mean(relax.op.multiply(x, x), axis=-1, keepdims=True)
-        return relax.op.multiply(relax.op.divide(x, relax.op.sqrt(relax.op.add(mean_square, relax.const(EPS)))), w)
-    return make_module([tensor("x", shape), tensor("w", shape[-1:])], body)
-
-
-def _np_layer_norm(x, g, b):
-    centred = x - x.mean(-1, keepdims=True)
-    return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + EPS) * g + b
-
-
-def _np_rms_norm(x, w):
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS) * w
-
-
 GRAPHS = {
     "softmax": (symbolic_softmax, 1, np_softmax),
-    "layernorm": (_layer_norm, 3, _np_layer_norm),
-    "rmsnorm": (_rms_norm, 2, _np_rms_norm),
+    "layernorm": (layer_norm_module, 3, np_layer_norm),
+    "rmsnorm": (rms_norm_module, 2, np_rms_norm),
 }
 
 
@@ -64,12 +43,12 @@ def _across(mod, vector_bits: int = 512) -> bool:
 @pytest.mark.parametrize("rows", [N, 65536])
 def test_short_rows_go_across_the_lanes(rows):
     assert _across(symbolic_softmax((rows, 8)))  # 8 of 16 float32 lanes, two reductions
-    assert _across(_layer_norm((rows, 4)))
+    assert _across(layer_norm_module((rows, 4)))
     # no vector of 4 lanes divides 5: the along plan's row loop is scalar, which LLVM vectorises across rows
-    assert not _across(_layer_norm((rows, 5)))
+    assert not _across(layer_norm_module((rows, 5)))
     assert not _across(symbolic_softmax((rows, 6)))
-    assert _across(_rms_norm((rows, 4)))  # a quarter of the lanes: one reduction is enough
-    assert not _across(_rms_norm((rows, 8)))  # half the lanes, one reduction: along each row
+    assert _across(rms_norm_module((rows, 4)))  # a quarter of the lanes: one reduction is enough
+    assert not _across(rms_norm_module((rows, 8)))  # half the lanes, one reduction: along each row
     assert not _across(symbolic_softmax((rows, 12)))  # more than half the lanes: along each row
     assert not _across(symbolic_softmax((rows, 16)))
     assert not _across(symbolic_softmax((rows, 32)))
@@ -78,7 +57,7 @@ def test_short_rows_go_across_the_lanes(rows):
 def test_the_rule_follows_the_vector_width():
     assert _across(symbolic_softmax((N, 4)), vector_bits=256)  # 4 of 8 lanes
     assert not _across(symbolic_softmax((N, 8)), vector_bits=256)
-    assert not _across(_rms_norm((N, 4)), vector_bits=256)
+    assert not _across(rms_norm_module((N, 4)), vector_bits=256)
 
 
 def test_fewer_rows_than_lanes_and_rows_without_a_reduction_stay_along_the_row():
