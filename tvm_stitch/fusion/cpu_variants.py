@@ -31,32 +31,36 @@ def cpu_row_size(fused: tirx.PrimFunc, plan: StitchPlan) -> tirx.Var | None:
     """The symbolic size that is the row count of a CPU row-resident plan for every size, when it is
     the kernel's only size, a whole row axis of every parameter holding it, and the rules cut rows
     of the kernel's (static) length into chunks at some count within its bounds; else None."""
+    found = _chunked(fused, plan)
+    return found[0] if found is not None else None
+
+
+def _chunked(fused: tirx.PrimFunc, plan: StitchPlan) -> tuple | None:
+    """(the size, planning/cpu/variants.chunked_range of the kernel's rows, the smallest count
+    within the bounds) where `cpu_row_size` finds the size; else None. The rows are the leading
+    `plan.rank` axes of the parameter holding the size, of which the size is one."""
     m = plan.mapping
     if (plan.spec is None or plan.spec.family != "cpu" or plan.scheme != "row-resident" or m.rows >= 0
             or m.split > 1 or m.rows_per_task > 1 or plan.bounds or plan.row_axes):
         return None
     var = whole_row_size(fused, plan.rank)
-    return var if var is not None and _range(fused, var, plan) is not None else None
-
-
-def _range(fused: tirx.PrimFunc, var: tirx.Var, plan: StitchPlan):
-    """planning/cpu/variants.chunked_range of the kernel's rows (the leading `plan.rank` axes of its
-    parameter holding the size, of which the size is one)."""
+    if var is None:
+        return None
     out = next(p for p in fused.params if any(d.same_as(var) for d in p.ty.shape))
     low, high = size_bounds(fused).get(var.name, (None, None))
     others = static_product(d for d in out.ty.shape[:plan.rank] if not d.same_as(var))
-    return chunked_range(var.name, low, high, static_product(out.ty.shape[plan.rank:]), plan.spec.cores, others)
+    condition = chunked_range(var.name, low, high, static_product(out.ty.shape[plan.rank:]), plan.spec.cores, others)
+    return (var, condition, max(1, low or 1)) if condition is not None else None
 
 
 def cpu_size_variants(fused: tirx.PrimFunc, general: StitchPlan, planner: Planner) -> tuple:
     """The chunked variant worth compiling besides `general` (valid for every size), as a tuple for
     the dispatch; () where the rules cut rows at no count within the bounds, or the rule plan at the
     smallest count does not."""
-    var = cpu_row_size(fused, general)
-    if var is None:
+    found = _chunked(fused, general)
+    if found is None:
         return ()
-    condition = _range(fused, var, general)
-    first = max(1, size_bounds(fused).get(var.name, (None, None))[0] or 1)
+    var, condition, first = found
     smallest = at_sizes(fused, {var.name: first})
     rule = planner.rule(smallest)
     if not chunked(rule):
