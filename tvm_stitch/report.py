@@ -158,17 +158,28 @@ def _variant_lines(group: GroupRecord) -> list:
         return []
     lines = [f"size variants of {group.kernel} (chosen at run time, first whose condition holds):"]
     for condition, plan in group.variants:
-        m = plan.mapping
-        shape = (f"{m.split} blocks/row x {m.threads} thr, {plan.kernels} kernels" if plan.scheme == "row-split"
-                 else f"{f'{m.split} chunks/row' if m.split > 1 else 'rows'} over {m.threads} cores, vector {m.vector}"
-                 + (" across rows" if m.across else "")
-                 if plan.target == "cpu"
-                 else f"{m.rows_per_task} row/blk x {m.threads} thr")
-        at = (f", at {plan.row_shape[0]} rows {plan.modeled_bytes / 1e6:.1f} MB"
-              + (f", {_modeled_time(plan)}" if plan.modeled_us >= 0 else "") if m.rows >= 0 and plan.modeled_bytes >= 0
-              else "")
-        lines.append(f"  {condition}: {plan.scheme}, {shape}{at}")
+        lines.append(f"  {condition}: {plan.scheme}, {_variant_shape(plan)}{_variant_at(plan)}")
     return lines
+
+
+def _variant_shape(plan: StitchPlan) -> str:
+    """How a variant's plan maps rows: blocks per row, cores and lanes, or rows per block."""
+    m = plan.mapping
+    if plan.scheme == "row-split":
+        return f"{m.split} blocks/row x {m.threads} thr, {plan.kernels} kernels"
+    if plan.target == "cpu":
+        rows = f"{m.split} chunks/row" if m.split > 1 else "rows"
+        return f"{rows} over {m.threads} cores, vector {m.vector}{' across rows' if m.across else ''}"
+    return f"{m.rows_per_task} row/blk x {m.threads} thr"
+
+
+def _variant_at(plan: StitchPlan) -> str:
+    """', at R rows B MB[, time]': the static count a variant was planned at, with its modeled traffic
+    and time there; '' where it has none."""
+    if plan.mapping.rows < 0 or plan.modeled_bytes < 0:
+        return ""
+    time = f", {_modeled_time(plan)}" if plan.modeled_us >= 0 else ""
+    return f", at {plan.row_shape[0]} rows {plan.modeled_bytes / 1e6:.1f} MB{time}"
 
 
 def _modeled_time(plan: StitchPlan) -> str:
