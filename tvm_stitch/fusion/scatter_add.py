@@ -33,6 +33,7 @@ from tvm_stitch.planning.scatter_add import ScatterAddPlan, plan_scatter_add
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import total_us
 
+
 @dataclass(frozen=True)
 class ScatterRecord:
     """One accumulating scatter and what became of it."""
