@@ -130,7 +130,7 @@ def kernel(seq: int = 1024, rounds: int = 7) -> None:
     import torch
     import tvm
 
-    from tvm_stitch.fusion.attention import kernel_for
+    from tvm_stitch.rewrites.attention import kernel_for
     from tvm_stitch.planning.attention import AttentionShape, plan_attention
     from tvm_stitch.planning.spec import TargetSpec
     from tvm_stitch.target import host_target

@@ -17,7 +17,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from tvm_stitch.check.traffic import modeled_traffic
+from tvm_stitch.pricing.traffic import modeled_traffic
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import count_launches, primfunc_calls

@@ -11,8 +11,8 @@ import sys
 import tvm
 from tvm import tirx
 
-from tvm_stitch.check.modeled_time import modeled_times
-from tvm_stitch.fusion.variants import ATTR, branch_at
+from tvm_stitch.pricing.modeled_time import modeled_times
+from tvm_stitch.kernels.variants import ATTR, branch_at
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec

@@ -18,11 +18,11 @@ from tvm_stitch.tools.workloads import relax_blocks  # noqa: E402 - after the th
 import tvm
 from tvm import relax, tirx
 
-from tvm_stitch.check import opencl_run
-from tvm_stitch.check.attention_reference import reference_func
-from tvm_stitch.check.oclgrind_fit import fitting_specs
-from tvm_stitch.check.simt_kernel import Reference, check_kernel
-from tvm_stitch.fusion.attention import kernel_for
+from tvm_stitch.simt import opencl_run
+from attention_reference import reference_func
+from tvm_stitch.simt.oclgrind_fit import fitting_specs
+from tvm_stitch.simt.simt_kernel import Reference, check_kernel
+from tvm_stitch.rewrites.attention import kernel_for
 from tvm_stitch.planning.attention import plan_attention
 from tvm_stitch.planning.spec import TargetSpec
 

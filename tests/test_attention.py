@@ -1,4 +1,4 @@
-"""Attention chains as one kernel (fusion/attention.py): recognition, numerics on llvm against numpy
+"""Attention chains as one kernel (rewrites/attention.py): recognition, numerics on llvm against numpy
 float64, one CUDA launch, modeled traffic, the SIMT checker, nvcc, fallbacks with their reasons."""
 
 import dataclasses
@@ -12,7 +12,7 @@ from tvm.relax import op
 
 from conftest import attention_simt, needs_nvcc, nvcc
 from tvm_stitch.analysis.attention_chain import find_chains, mask_kind
-from tvm_stitch.fusion.attention import kernel_for, shape_of
+from tvm_stitch.rewrites.attention import kernel_for, shape_of
 from tvm_stitch.planning.attention import AttentionShape, plan_attention
 from tvm_stitch.analysis.attention_operand import OperandView, source_index
 from tvm_stitch.planning.reasons import PlanError

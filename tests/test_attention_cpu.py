@@ -14,7 +14,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from schedules.cpu.fast_exp import fast_exp
-from tvm_stitch.fusion.attention import kernel_for
+from tvm_stitch.rewrites.attention import kernel_for
 from tvm_stitch.planning.attention import AttentionShape, plan_attention
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import host_target

@@ -203,7 +203,7 @@ def test_bounded_rows_run_with_simt_semantics_at_lengths_within_the_bound(case, 
     unscheduled PrimFunc on llvm; Oclgrind also reports any read or write out of bounds."""
     pytest.importorskip("pyopencl")
     from tvm_stitch import simt
-    from tvm_stitch.check.simt_kernel import Reference, check_kernel
+    from tvm_stitch.simt.simt_kernel import Reference, check_kernel
 
     device = opencl_device(oclgrind)
     case = CASES[case]

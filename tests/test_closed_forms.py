@@ -1,4 +1,4 @@
-"""Values of symbolic sizes alone in closed form (analysis/closed_form, fusion/closed_forms)."""
+"""Values of symbolic sizes alone in closed form (analysis/closed_form, rewrites/closed_forms)."""
 
 
 import numpy as np
@@ -8,8 +8,8 @@ from tvm import relax, tirx
 
 from tvm_stitch import pipeline
 from tvm_stitch.analysis.closed_form import Facts, derive
-from tvm_stitch.fusion.closed_forms import ComputeClosedForms, closed_forms
-from tvm_stitch.fusion.host_constants import FoldHostConstants
+from tvm_stitch.rewrites.closed_forms import ComputeClosedForms, closed_forms
+from tvm_stitch.rewrites.host_constants import FoldHostConstants
 from tvm_stitch.target import default_pipeline, host_target
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import count_launches

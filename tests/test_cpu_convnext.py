@@ -1,6 +1,6 @@
 """The CPU pipeline's pieces for vision MLP blocks and patch stems (ConvNeXt, ViT): patchifying
-convolutions as matmuls (fusion/patchify.py), reshapes read by light element-wise ops joining the
-matmul's kernel (fusion/cpu_epilogue.py), and the contraction tiles they get
+convolutions as matmuls (rewrites/patchify.py), reshapes read by light element-wise ops joining the
+matmul's kernel (rewrites/cpu_epilogue.py), and the contraction tiles they get
 (schedules/cpu/contraction.py): rows-outer walks, narrower lanes, convolution tiles."""
 
 from math import erf
@@ -11,7 +11,7 @@ import tvm
 from tvm import relax, tirx
 
 from tvm_stitch.pipeline import pipeline  # before schedules: tvm_stitch's import order breaks the cycle
-from tvm_stitch.fusion.patchify import PatchifyAsMatmul
+from tvm_stitch.rewrites.patchify import PatchifyAsMatmul
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import host_target
 from tvm_stitch.tools.build import run_cpu
@@ -155,7 +155,7 @@ def test_reshape_of_symbolic_size_falls_back_out_of_the_matmul_and_matches_where
     in a kernel of its own, and the result is right at a length whose rows straddle the matmul's row tiles
     (s = 77). Joined to the matmul, the GELU would be placed under the tile by TVM's region of the
     reshape's `floordiv`/`floormod` by s, the box of the tile's first and last rows only: rows of the tile
-    that cross into the next sequence are left unwritten (fusion/cpu_epilogue.py)."""
+    that cross into the next sequence are left unwritten (rewrites/cpu_epilogue.py)."""
     import torch
 
     from tvm_stitch.frontend import from_torch

@@ -8,7 +8,7 @@ import pytest
 import tvm_ffi
 from tvm import tirx
 
-from tvm_stitch.fusion.variants import ATTR, branch_at
+from tvm_stitch.kernels.variants import ATTR, branch_at
 from tvm_stitch.planning.cpu.variants import chunked_range
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.variants import SizeRange

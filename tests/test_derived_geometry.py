@@ -10,14 +10,14 @@ from tvm import relax, tirx
 from schedules import schedule_for
 from tvm_stitch.analysis.size_bounds import at_sizes
 from tvm_stitch import stitch_pass
-from tvm_stitch.check import derived_geometry, plan_prices
-from tvm_stitch.check.derived_geometry import derivable, derived
-from tvm_stitch.check.modeled_time import cuda_target, lowered_geometries
-from tvm_stitch.check.plan_prices import PlanPrices
-from tvm_stitch.check.timed_choice import choose_in_time
-from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion import variants as variants_module
-from tvm_stitch.fusion.variants import _restated
+from tvm_stitch.pricing import derived_geometry, plan_prices
+from tvm_stitch.pricing.derived_geometry import derivable, derived
+from tvm_stitch.pricing.modeled_time import cuda_target, lowered_geometries
+from tvm_stitch.pricing.plan_prices import PlanPrices
+from tvm_stitch.pricing.timed_choice import choose_in_time
+from tvm_stitch.pricing.traffic import modeled_traffic
+from tvm_stitch.kernels import variants as variants_module
+from tvm_stitch.kernels.variants import _restated
 from tvm_stitch.planning.candidates import candidates
 from tvm_stitch.planning.planner import plan_kernel
 from tvm_stitch.planning.spec import TargetSpec

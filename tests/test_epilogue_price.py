@@ -1,12 +1,12 @@
-"""Epilogue relabels priced in time (fusion/epilogue_price.py): a copy that makes dlight's schedule of
+"""Epilogue relabels priced in time (rewrites/epilogue_price.py): a copy that makes dlight's schedule of
 the compute kernel slower than the kernel and a streaming copy apart stays a kernel, with both
 figures noted; a cheap one still joins the kernel."""
 
 import tvm
 from tvm import relax
 
-from tvm_stitch.fusion.epilogue_price import EpiloguePricer
-from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
+from tvm_stitch.rewrites.epilogue_price import EpiloguePricer
+from tvm_stitch.rewrites.matmul_epilogue import RelabelMatmulEpilogues
 from tvm_stitch.report import StitchReport
 from tvm_stitch.tools.launches import primfunc_calls
 

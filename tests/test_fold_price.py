@@ -1,12 +1,12 @@
-"""Prologue folds priced in time (check/fold_price.py): a fold the time model prices above the
+"""Prologue folds priced in time (pricing/fold_price.py): a fold the time model prices above the
 matmul and its producers apart stays apart, with the reason noted; a cheap one still folds."""
 
 import numpy as np
 import pytest
 from tvm import relax
 
-from tvm_stitch.check.fold_price import FoldPrice, fold_price
-from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
+from tvm_stitch.pricing.fold_price import FoldPrice, fold_price
+from tvm_stitch.rewrites.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 from tvm_stitch.tools.launches import primfunc_calls

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from tvm_stitch.fusion.acyclic import quotient_cycle
-from tvm_stitch.fusion.candidate_groups import SearchLimits, Structure, enumerate_candidates, reads
-from tvm_stitch.fusion.fusion_program import Candidate, Problem, solve
+from tvm_stitch.grouping.acyclic import quotient_cycle
+from tvm_stitch.grouping.candidate_groups import SearchLimits, Structure, enumerate_candidates, reads
+from tvm_stitch.grouping.fusion_program import Candidate, Problem, solve
 
 
 def _runs(problem: Problem, chosen: list) -> bool:

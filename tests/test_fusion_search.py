@@ -7,7 +7,7 @@ import tvm
 from tvm import relax
 
 import tvm_stitch
-from tvm_stitch.fusion.fusion_search import AT_BOUND, ONE_LAUNCH, UNPRICED
+from tvm_stitch.grouping.fusion_search import AT_BOUND, ONE_LAUNCH, UNPRICED
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 
 from conftest import make_module, opencl_device, tensor
@@ -141,7 +141,7 @@ def test_an_unknown_fusion_method_is_refused():
 
 
 def test_opening_fuseops_groups_gives_one_binding_per_operator_and_keeps_the_result_variable():
-    from tvm_stitch.fusion.unfuse import opened_block
+    from tvm_stitch.grouping.unfuse import opened_block
 
     from conftest import fused
 

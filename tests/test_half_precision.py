@@ -184,7 +184,7 @@ def test_half_stitched_kernels_run_with_simt_semantics():
     SIMT semantics, half floats emulated, against the same kernels run on llvm."""
     pytest.importorskip("pyopencl")
     from tvm_stitch import simt
-    from tvm_stitch.check.opencl_run import NoOpenclDevice, device_for
+    from tvm_stitch.simt.opencl_run import NoOpenclDevice, device_for
 
     try:
         device_for(False)

@@ -5,7 +5,7 @@ import tvm
 from tvm import relax
 from tvm.script import relax as R
 
-from tvm_stitch.fusion.host_constants import FoldHostConstants, constant_bindings
+from tvm_stitch.rewrites.host_constants import FoldHostConstants, constant_bindings
 from tvm_stitch.report import StitchReport
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import launches_by_kind

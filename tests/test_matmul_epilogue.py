@@ -6,8 +6,8 @@ import tvm
 from tvm import relax
 
 from tvm_stitch.analysis.classify import is_compute_kernel
-from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues, copy_kind
-from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
+from tvm_stitch.rewrites.matmul_epilogue import RelabelMatmulEpilogues, copy_kind
+from tvm_stitch.rewrites.matmul_prologue import FoldProloguesIntoMatmuls
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.launches import launches_by_kind, primfunc_calls
 
@@ -230,7 +230,7 @@ def test_a_copy_dlight_matmul_would_not_schedule_with_the_matmul_stays_and_is_re
 def test_each_distinct_chain_is_composed_and_tried_once(monkeypatch, rng):
     """Two layers' rotary embeddings before q @ k^T: one FuseTIR composition and one dlight trial
     serve both (the layers share their PrimFuncs), not one per producer per round."""
-    import tvm_stitch.fusion.matmul_prologue as prologue
+    import tvm_stitch.rewrites.matmul_prologue as prologue
 
     counts = {"composed": 0, "trials": 0}
 

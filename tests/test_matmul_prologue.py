@@ -2,7 +2,7 @@
 
 from tvm import relax
 
-from tvm_stitch.fusion.matmul_prologue import PrologueFolder, _call_tir_bindings
+from tvm_stitch.rewrites.matmul_prologue import PrologueFolder, _call_tir_bindings
 from tvm_stitch.report import StitchReport
 
 from conftest import CUDA, legalized, make_module, tensor

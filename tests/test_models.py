@@ -28,7 +28,7 @@ def _cuda_counts(mod) -> tuple:
 
 
 def _fused_attentions(built) -> int:
-    """Attention chains the build made one kernel each (fusion/attention.py)."""
+    """Attention chains the build made one kernel each (rewrites/attention.py)."""
     return sum(record.fused for record in built.report.attention)
 
 
@@ -68,11 +68,11 @@ def test_symbolic_llama_kernels_run_with_simt_semantics_at_their_bounds():
     two: its pocl run at the upper bound alone takes half a minute)."""
     pytest.importorskip("pyopencl")
     from tvm_stitch import simt
-    from tvm_stitch.check.attention_reference import reference_func
-    from tvm_stitch.check.opencl_run import NoOpenclDevice, device_for
-    from tvm_stitch.check.simt_kernel import Reference, check_kernel
-    from tvm_stitch.check.symbolic_sizes import recorded_bounds, size_points
-    from tvm_stitch.fusion.attention import kernel_for
+    from attention_reference import reference_func
+    from tvm_stitch.simt.opencl_run import NoOpenclDevice, device_for
+    from tvm_stitch.simt.simt_kernel import Reference, check_kernel
+    from tvm_stitch.simt.symbolic_sizes import recorded_bounds, size_points
+    from tvm_stitch.rewrites.attention import kernel_for
 
     try:
         device = device_for(False)
@@ -116,8 +116,8 @@ def test_unknown_models_and_sizes_are_refused():
 def test_transformer_forward_sheds_70_percent_of_memory_launches_and_keeps_dlight_matmul(name):
     """GEMM boundaries: copies, splits and rotary embeddings fold into the matmuls (CUDA build counts),
     except where the time model prices a fold (or an epilogue) above the matmul and its producers
-    (or the copy) apart (LLaMA's rotary gathers, check/fold_price.py and epilogue_price.py): each such
-    refusal is noted and may keep a launch. A fused attention (fusion/attention.py) is one compute launch
+    (or the copy) apart (LLaMA's rotary gathers, pricing/fold_price.py and epilogue_price.py): each such
+    refusal is noted and may keep a launch. A fused attention (rewrites/attention.py) is one compute launch
     where TVM's default launches its two batched matmuls."""
     from tvm_stitch.analysis.classify import is_compute_kernel
     from tvm_stitch.tools.launches import primfunc_calls
@@ -181,7 +181,7 @@ def test_gpt2_final_layer_norm_stitches_under_a_symbolic_sequence():
 def test_transformers_decoder_masks_fold_on_the_host_and_cuda_launches_fall_70_percent():
     """llama-hf with input_ids alone: the packed-sequence check and causal mask (a cumsum scan on TVM's
     CUDA path) are constants evaluated at compile time; the folded module still matches eager."""
-    from tvm_stitch.fusion.host_constants import FoldHostConstants
+    from tvm_stitch.rewrites.host_constants import FoldHostConstants
     from tvm_stitch.target import default_pipeline
 
     mod, inputs, expected = import_model("llama-hf", "test")

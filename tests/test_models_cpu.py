@@ -1,6 +1,6 @@
 """Real models on this machine's CPU (skipped without the torch extra): the stitch pipeline schedules
 every matmul and the stride-1 convolutions (schedules/cpu/contraction.py; ConvNeXt's stride-4 stem
-is a matmul, fusion/patchify.py) and the outputs match PyTorch eager."""
+is a matmul, rewrites/patchify.py) and the outputs match PyTorch eager."""
 
 import numpy as np
 import pytest

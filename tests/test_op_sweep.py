@@ -126,7 +126,7 @@ def test_half_precision_batch_norm_is_widened_whole_and_feeds_a_widened_sum(dtyp
     (TypeError in the stitched CUDA build)."""
     from tvm import relax
 
-    from tvm_stitch.fusion.precision import AccumulateInFloat32
+    from tvm_stitch.rewrites.precision import AccumulateInFloat32
 
     mod = op_sweep.Case("relax.nn.batch_norm", dtype, "chain").module()
     widened = AccumulateInFloat32()(mod)

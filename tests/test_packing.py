@@ -69,7 +69,7 @@ def test_independent_kernels_of_a_symbolic_size_share_a_launch(rng, tmp_path):
 def test_the_simt_checker_runs_a_packed_kernel_of_a_symbolic_size_at_each_size():
     # Its task counts are scalar parameters: one symbolic build, launched with them at every size.
     import tvm_stitch.simt
-    from tvm_stitch.check.opencl_run import NoOpenclDevice, device_for
+    from tvm_stitch.simt.opencl_run import NoOpenclDevice, device_for
 
     try:
         device_for(False)

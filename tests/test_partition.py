@@ -3,7 +3,7 @@
 from tvm import relax
 
 from tvm_stitch.analysis.graph import analyses_for, build_graph
-from tvm_stitch.fusion.partition import partition
+from tvm_stitch.grouping.partition import partition
 from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.workloads import SUITE, dims

@@ -1,11 +1,11 @@
 """pocl is probed before use: a pocl whose compiler rejects this processor is passed over, and when
-none runs kernels the error names the cause (tvm_stitch/check/pocl_probe.py)."""
+none runs kernels the error names the cause (tvm_stitch/simt/pocl_probe.py)."""
 
 import pytest
 
 pytest.importorskip("pyopencl")
 
-from tvm_stitch.check import opencl_run, pocl_probe  # noqa: E402
+from tvm_stitch.simt import opencl_run, pocl_probe  # noqa: E402
 from conftest import opencl_device  # noqa: E402
 
 WHEEL_POCL = "OpenCL 3.0 PoCL 3.0-rc2  Linux, Release, RELOC, LLVM 14.0.6"

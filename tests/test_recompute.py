@@ -1,8 +1,8 @@
 """Cheap index-only producers (masks from `arange` of a symbolic length) are recomputed by each group
-reading them instead of launching on their own (fusion/partition.py: recomputed_producers).
+reading them instead of launching on their own (grouping/partition.py: recomputed_producers).
 
 A mask of the sizes alone reaches the partition as one kernel of no input, `closed_form`
-(fusion/closed_forms), recomputed like any cheap producer."""
+(rewrites/closed_forms), recomputed like any cheap producer."""
 
 import numpy as np
 from tvm import relax, tirx

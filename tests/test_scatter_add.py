@@ -1,4 +1,4 @@
-"""Accumulating scatters on CUDA (fusion/scatter_add.py): plans, the SIMT checker against TVM's ordered
+"""Accumulating scatters on CUDA (rewrites/scatter_add.py): plans, the SIMT checker against TVM's ordered
 lowering, nvcc, launch geometry and modeled time, fallbacks with their reasons."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from tvm import relax, te, topi
 
 from conftest import CUDA, needs_nvcc, nvcc, opencl_device
 from schedules.cuda.scatter_add import build as build_kernel
-from tvm_stitch.check.kernel_geometry import kernel_geometries
-from tvm_stitch.check.simt_kernel import Reference, check_kernel
+from tvm_stitch.pricing.kernel_geometry import kernel_geometries
+from tvm_stitch.simt.simt_kernel import Reference, check_kernel
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.scatter_add import plan_scatter_add

@@ -74,7 +74,7 @@ def test_rows_packed_over_several_axes_match_numpy_without_thread_bindings(dtype
 
 def test_row_resident_kernels_move_the_ideal_bytes():
     from tvm_stitch import TargetSpec
-    from tvm_stitch.check.traffic import modeled_traffic
+    from tvm_stitch.pricing.traffic import modeled_traffic
 
     for name in ("layernorm", "layernorm_stats", "rmsnorm", "softmax", "attention_softmax", "bias_gelu",
                  "residual_layernorm", "layernorm_softmax", "chained_reductions"):
@@ -196,9 +196,9 @@ def test_planner_demotes_an_expensive_intermediate_whose_row_exceeds_shared_memo
     from schedules import schedule_for
     from tvm_stitch import TargetSpec
     from tvm_stitch.analysis.graph import analyses_for, build_graph
-    from tvm_stitch.check.builds import check_builds
-    from tvm_stitch.fusion.outline import outline_group
-    from tvm_stitch.fusion.partition import partition
+    from tvm_stitch.kernels.builds import check_builds
+    from tvm_stitch.kernels.outline import outline_group
+    from tvm_stitch.grouping.partition import partition
     from tvm_stitch.planning.limits import partition_limits
     from tvm_stitch.planning.planner import SharedMemoryError, plan_kernel, plan_row_resident
 
@@ -240,7 +240,7 @@ def test_last_resort_schedule_uses_the_targets_thread_limit():
 
     from schedules.cuda import per_block
     from tvm_stitch import TargetSpec
-    from tvm_stitch.check.builds import check_builds
+    from tvm_stitch.kernels.builds import check_builds
 
     mod = relax.transform.LegalizeOps()(make_module([tensor("x", (64, 96))],
                                                     lambda bb, x: bb.emit(relax.op.sum(x, axis=[1]))))

@@ -15,8 +15,8 @@ from tvm.script import relax as R  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
 from tvm_stitch import simt  # noqa: E402
-from tvm_stitch.check import opencl_run  # noqa: E402
-from tvm_stitch.check.simt_kernel import Reference, check_kernel  # noqa: E402
+from tvm_stitch.simt import opencl_run  # noqa: E402
+from tvm_stitch.simt.simt_kernel import Reference, check_kernel  # noqa: E402
 from tvm_stitch.tools.cli import main  # noqa: E402
 from tvm_stitch.tools.fuzz import (OCLGRIND_MAX_ELEMENTS, Spec, _concrete_spec, _elements, build_module,  # noqa: E402
                                    random_spec, simt_check)
@@ -193,7 +193,7 @@ def test_check_rejects_a_non_cuda_target():
 def test_narrow_float_rounding_matches_ieee_round_to_nearest_even(kind):
     import ml_dtypes
 
-    from tvm_stitch.check.narrow_floats import HELPERS, ROUND
+    from tvm_stitch.simt.narrow_floats import HELPERS, ROUND
 
     device = opencl_device(False)
     rng = np.random.default_rng(0)
@@ -360,7 +360,7 @@ def test_cli_runs_a_symbolic_script_at_the_given_sizes_and_refuses_bad_ones(tmp_
                       "mod = tvm.IRModule({'main': main})\n")
     assert main(["simt", str(script), "--sizes", "n=3,5"]) == 0
     out = capsys.readouterr().out
-    # the (n, 64) softmax is compiled as size variants (fusion/variants.py): each size runs the one it chooses
+    # the (n, 64) softmax is compiled as size variants (kernels/variants.py): each size runs the one it chooses
     assert "each run where it is chosen (n=3; n=5)" in out and "output elements match" in out, out
     assert "1 of symbolic shape" in out and "0 not ok" in out, out
     assert main(["simt", str(script), "--sizes", "n=three"]) == 2
@@ -406,7 +406,7 @@ def test_math_without_an_opencl_rule_runs_under_oclgrind():
 
 def test_vectorised_tan_builds_for_opencl():
     """TVM's OpenCL lowering leaves a vectorised tan unresolved; the checker builds it as sin / cos."""
-    from tvm_stitch.check.opencl_build import build_opencl
+    from tvm_stitch.simt.opencl_build import build_opencl
 
     x = tvm.te.placeholder((64,), "float32", name="x")
     y = tvm.te.compute((64,), lambda i: tvm.tirx.tan(x[i]), name="y")

@@ -8,10 +8,10 @@ import tvm
 from tvm import tirx
 
 from tvm_stitch import stitch_pass
-from tvm_stitch.check.kernel_geometry import kernel_geometries
-from tvm_stitch.check.modeled_time import cuda_target
-from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion.variants import ATTR, least_us, branch_at, launches_at
+from tvm_stitch.pricing.kernel_geometry import kernel_geometries
+from tvm_stitch.pricing.modeled_time import cuda_target
+from tvm_stitch.pricing.traffic import modeled_traffic
+from tvm_stitch.kernels.variants import ATTR, least_us, branch_at, launches_at
 from tvm_stitch.planning.plan import StitchPlan, ThreadMapping
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import KernelGeometry, kernel_time

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from tvm import relax, tirx
 
-from tvm_stitch.fusion import outline
+from tvm_stitch.kernels import outline
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches
 

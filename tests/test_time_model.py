@@ -11,12 +11,12 @@ import tvm
 
 from conftest import CUDA, LLVM
 from tvm_stitch import StitchFusion
-from tvm_stitch.check.kernel_geometry import kernel_geometries
-from tvm_stitch.check.modeled_time import modeled_times
+from tvm_stitch.pricing.kernel_geometry import kernel_geometries
+from tvm_stitch.pricing.modeled_time import modeled_times
 from tvm_stitch.planning import time_fit
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec, time_constants, _arch_facts
-from tvm_stitch.fusion.timed_packing import pack_in_time
+from tvm_stitch.kernels.timed_packing import pack_in_time
 from tvm_stitch.planning.time_model import (KernelGeometry, geometry_from_dict, kernel_time, peak_bytes_per_us,
                                             resident_blocks)
 from tvm_stitch.report import StitchReport

@@ -66,7 +66,7 @@ def test_select_folded_into_matmul_compiles_with_nvcc(graph, tmp_path):
 @pytest.mark.parametrize("graph", [_row_scatter_matmul, _relu_of_scatter_matmul])
 def test_rewritten_matmul_kernel_matches_on_pocl(graph):
     pytest.importorskip("pyopencl")
-    from tvm_stitch.check.simt_kernel import Reference, check_kernel
+    from tvm_stitch.simt.simt_kernel import Reference, check_kernel
 
     device = opencl_device(False)
     target = as_target(CUDA)

@@ -1,28 +1,28 @@
 """The Relax pipeline per target: TVM's default passes with the stitch pass inside.
 
-    CUDA only: FoldHostConstants (fusion/host_constants: bindings that read
+    CUDA only: FoldHostConstants (rewrites/host_constants: bindings that read
         no parameter evaluated once on the host, before library dispatch
         makes a cumsum a scan kernel FoldConstant cannot run)
-    FuseAttention (fusion/attention: Q K^T, scale, mask, softmax, P V as one
+    FuseAttention (rewrites/attention: Q K^T, scale, mask, softmax, P V as one
         planned kernel per chain)
-    CUDA only: ScatterAddsAtomically (fusion/scatter_add: an accumulating
+    CUDA only: ScatterAddsAtomically (rewrites/scatter_add: an accumulating
         scatter_nd, an embedding's gradient, as a kernel of atomic adds)
-    ComputeClosedForms (fusion/closed_forms: what depends on symbolic sizes
+    ComputeClosedForms (rewrites/closed_forms: what depends on symbolic sizes
         alone, e.g. a decoder's causal mask, as kernels with no input that
         the stitched kernels reading them recompute)
     library dispatch (TVM)
     AccumulateInFloat32 (fp16/bf16 sums and transcendentals in fp32; on llvm
         all arithmetic),
-    FastMath on llvm (fusion/fast_math: vectorisable exp, erf, tanh, softmax,
+    FastMath on llvm (rewrites/fast_math: vectorisable exp, erf, tanh, softmax,
         gelu, gelu_tanh, sigmoid, silu, softplus)
-    llvm only: PatchifyAsMatmul (fusion/patchify: a convolution whose stride
+    llvm only: PatchifyAsMatmul (rewrites/patchify: a convolution whose stride
         is its kernel as a matmul of patches)
     LegalizeOps, AnnotateTIROpPattern (TVM)
     CUDA only: FoldProloguesIntoMatmuls (a cheap spatial op feeding only
         matmuls becomes part of them), RelabelMatmulEpilogues (the copies
         after a matmul join its epilogue where the time model says it pays);
         dlight's Matmul rule inlines both; llvm: RelabelMatmulEpilogues with
-        fusion/cpu_epilogue's policy (a reshape read by light element-wise
+        rewrites/cpu_epilogue's policy (a reshape read by light element-wise
         ops joins the matmul)
     FoldConstant, FuseOps (TVM)
     CanonicalizeBindings, DeadCodeElimination (TVM, guarded): tuple
@@ -55,17 +55,17 @@ from schedules.cuda import per_block
 from schedules.cuda.dlight_default import first_dlight_schedule
 from schedules.cuda.vector_selects import selects_as_branches
 
-from tvm_stitch.fusion.attention import FuseAttention
-from tvm_stitch.fusion.closed_forms import ComputeClosedForms
-from tvm_stitch.fusion.cpu_epilogue import ReshapesJoin
-from tvm_stitch.fusion.fast_math import FastMath
-from tvm_stitch.fusion.host_constants import FoldHostConstants
-from tvm_stitch.fusion.epilogue_price import EpiloguePricer
-from tvm_stitch.fusion.matmul_epilogue import RelabelMatmulEpilogues
-from tvm_stitch.fusion.matmul_prologue import FoldProloguesIntoMatmuls
-from tvm_stitch.fusion.patchify import PatchifyAsMatmul
-from tvm_stitch.fusion.precision import AccumulateInFloat32
-from tvm_stitch.fusion.scatter_add import ScatterAddsAtomically
+from tvm_stitch.rewrites.attention import FuseAttention
+from tvm_stitch.rewrites.closed_forms import ComputeClosedForms
+from tvm_stitch.rewrites.cpu_epilogue import ReshapesJoin
+from tvm_stitch.rewrites.fast_math import FastMath
+from tvm_stitch.rewrites.host_constants import FoldHostConstants
+from tvm_stitch.rewrites.epilogue_price import EpiloguePricer
+from tvm_stitch.rewrites.matmul_epilogue import RelabelMatmulEpilogues
+from tvm_stitch.rewrites.matmul_prologue import FoldProloguesIntoMatmuls
+from tvm_stitch.rewrites.patchify import PatchifyAsMatmul
+from tvm_stitch.rewrites.precision import AccumulateInFloat32
+from tvm_stitch.rewrites.scatter_add import ScatterAddsAtomically
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch_pass import DEFAULT_FUSION, StitchFusion
@@ -244,7 +244,7 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     `emulate="cuda"` (llvm targets only) builds the CUDA schedules without
     thread bindings, to run and check them on the CPU. `fast_math` replaces
     exp, erf, tanh, softmax, gelu, gelu_tanh, sigmoid, silu and softplus by
-    vectorisable approximations (fusion/fast_math.py; max relative error
+    vectorisable approximations (rewrites/fast_math.py; max relative error
     measured in tests/test_fast_math.py); the default is on for llvm
     targets, where libm's versions do not vectorise, and off for CUDA.
     `cost_model=True` (the default) lets the learned model

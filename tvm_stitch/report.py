@@ -45,8 +45,8 @@ class StitchReport:
     packs: list = field(default_factory=list)  # (packed kernel, member kernels): one launch each
     notes: list = field(default_factory=list)
     searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block searched
-    attention: list = field(default_factory=list)  # fusion/attention.AttentionRecord per attention chain
-    scatters: list = field(default_factory=list)  # fusion/scatter_add.ScatterRecord per scatter_nd (CUDA)
+    attention: list = field(default_factory=list)  # rewrites/attention.AttentionRecord per attention chain
+    scatters: list = field(default_factory=list)  # rewrites/scatter_add.ScatterRecord per scatter_nd (CUDA)
 
     @property
     def plans(self) -> list:

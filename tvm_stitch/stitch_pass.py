@@ -29,20 +29,20 @@ from tvm.target import Target
 from schedules import schedule_for
 from tvm_stitch.analysis.graph import Graph, analyses_for, build_graph
 from tvm_stitch.analysis.size_bounds import at_upper_bounds, function_bounds, with_size_bounds
-from tvm_stitch.check.builds import check_builds
-from tvm_stitch.check.modeled_time import plan_us, scheduled_us
-from tvm_stitch.check.plan_prices import PlanPrices
-from tvm_stitch.check.timed_choice import choose_in_time
-from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion.group_pricing import estimated_plan, plan_cost
-from tvm_stitch.fusion.fusion_search import SEARCH_SECONDS, greedy_groups, greedy_price, search_block, settled
-from tvm_stitch.fusion.outline import Outlined, outline_group
-from tvm_stitch.fusion.unfuse import opened_block
-from tvm_stitch.fusion.packing import pack_block, pack_groups, packable
-from tvm_stitch.fusion.timed_packing import pack_in_time, walk_in_time
-from tvm_stitch.fusion.partition import partition, recomputed_in, recomputed_producers
-from tvm_stitch.fusion.cpu_variants import cpu_row_size, cpu_size_variants
-from tvm_stitch.fusion.variants import Planner, dispatching, row_size, size_variants
+from tvm_stitch.kernels.builds import check_builds
+from tvm_stitch.pricing.modeled_time import plan_us, scheduled_us
+from tvm_stitch.pricing.plan_prices import PlanPrices
+from tvm_stitch.pricing.timed_choice import choose_in_time
+from tvm_stitch.pricing.traffic import modeled_traffic
+from tvm_stitch.grouping.group_pricing import estimated_plan, plan_cost
+from tvm_stitch.grouping.fusion_search import SEARCH_SECONDS, greedy_groups, greedy_price, search_block, settled
+from tvm_stitch.kernels.outline import Outlined, outline_group
+from tvm_stitch.grouping.unfuse import opened_block
+from tvm_stitch.kernels.packing import pack_block, pack_groups, packable
+from tvm_stitch.kernels.timed_packing import pack_in_time, walk_in_time
+from tvm_stitch.grouping.partition import partition, recomputed_in, recomputed_producers
+from tvm_stitch.kernels.cpu_variants import cpu_row_size, cpu_size_variants
+from tvm_stitch.kernels.variants import Planner, dispatching, row_size, size_variants
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.plan import StitchPlan
@@ -190,7 +190,7 @@ class Kernel:
     plan: StitchPlan
     func: tvm.tirx.PrimFunc  # scheduled, with its plan attached
     notes: tuple = ()  # what the report says of how it was made
-    variants: tuple = ()  # planning.variants.Variant chosen at run time before `plan` (fusion/variants.py)
+    variants: tuple = ()  # planning.variants.Variant chosen at run time before `plan` (kernels/variants.py)
 
 
 OUTLINED, PLANNED, SCHEDULED = "outlined", "planned", "scheduled"
@@ -403,7 +403,7 @@ class _Stitcher:
 
     def _size_variants(self, fused: tvm.tirx.PrimFunc, kernel: Kernel, prices: PlanPrices) -> Kernel:
         """`kernel` choosing at run time among the plans its symbolic row count calls for, where one
-        plan does not serve every size best (fusion/variants.py); `prices`: the kernel's plans priced."""
+        plan does not serve every size best (kernels/variants.py); `prices`: the kernel's plans priced."""
         planner = Planner(rule=lambda static: plan_kernel(static, self.spec, kernel.name, rows_first=False),
                           choose=lambda static, rule: (self._choice(static, rule, prices) if self.choose is not None
                                                        else _priced(static, rule, self.spec)),
@@ -732,7 +732,7 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
     instead of "cuda" plans for that GPU. With `cost_model=True` (the
     default) each kernel's configuration is picked among the rule plan's
     variants: on CUDA by the time model (each variant scheduled and priced,
-    check/timed_choice.py), on the CPU by the family's shipped learned model
+    pricing/timed_choice.py), on the CPU by the family's shipped learned model
     (cost_model.SHIPPED); a model given (a `cost_model.Model`,
     or any object whose `costs(feature rows)` ranks candidates, lowest
     first) is used as given; `False` uses the rules only. `spec` plans for
@@ -740,8 +740,8 @@ def StitchFusion(target: Target | dict | str | StitchTarget | None = None, *, st
     SM count no target attribute sets); its family must be the one planned
     for. `fusion="search"` (the default) chooses the groups by the fusion
     search (an integer program over the groups' modeled times,
-    fusion/fusion_search.py; greedy's plan where the search finds nothing
-    cheaper); "greedy" by the greedy partition (fusion/partition.py).
+    grouping/fusion_search.py; greedy's plan where the search finds nothing
+    cheaper); "greedy" by the greedy partition (grouping/partition.py).
     """
     if fusion not in FUSION_METHODS:
         raise ValueError(f"fusion must be one of {', '.join(FUSION_METHODS)}, not {fusion!r}")
@@ -779,7 +779,7 @@ def _priced(fused: tvm.tirx.PrimFunc, plan: StitchPlan, spec: TargetSpec) -> Sti
 
 def _chooser(model, family: str):
     """choose(fused, rule, spec) for the model asked for, or None where the rules decide; on CUDA
-    the default (True) is the time model (check/timed_choice.py)."""
+    the default (True) is the time model (pricing/timed_choice.py)."""
     if model is False:
         return None
     if model is True and family == "cuda":

@@ -180,7 +180,7 @@ def classify_views(views: list) -> OpClass:
 
 def is_compute_kernel(func: tirx.PrimFunc) -> bool:
     """Whether a (possibly scheduled) PrimFunc contracts two tensors somewhere (matmul, conv; a fused
-    attention kernel, fusion/attention.py, contracts two pairs)."""
+    attention kernel, rewrites/attention.py, contracts two pairs)."""
     from tvm_stitch.analysis.tir_view import all_block_views
 
     if func.attrs is not None and "tvm_stitch.attention" in func.attrs:

@@ -1,6 +1,6 @@
 """What an attention plan moves and how long the CUDA time model says it takes (plain numbers).
 
-Traffic, as check/traffic.py models a kernel: Q read once, O written once;
+Traffic, as pricing/traffic.py models a kernel: Q read once, O written once;
 K and V of one (batch, KV head) are read by every query tile of its query
 heads (CPU: by every query tile, the heads of a KV head sharing its tiles), counted once where they fit the cache's resident share (the query
 tiles of a head run at about the same time, the later ones find them in L2;

@@ -10,7 +10,7 @@ variants listed here, over the knobs the schedules honour:
   memory limits, scalar accesses instead of vectors, and each on-chip
   intermediate recomputed in its consumers instead of kept in shared memory
   (the planner's demotion, asked for), and for row-split plans other chunk
-  counts per row (SPLIT_FACTORS of the rule's); check/timed_choice.py prices them.
+  counts per row (SPLIT_FACTORS of the rule's); pricing/timed_choice.py prices them.
 Every variant keeps the rule plan's outputs, so it computes the same values;
 the first candidate is always the rule plan.
 """

@@ -1,7 +1,7 @@
 """What a group may become on the target: the partition's limits.
 
 Made from the TargetSpec and the planners' thresholds, so that the
-partition (fusion/partition.py) never joins what the planners cannot
+partition (grouping/partition.py) never joins what the planners cannot
 stitch: a row's intermediates within what a row task keeps on chip, and
 unions of few long rows (rows the planners split) exempt from that limit.
 """
@@ -20,7 +20,7 @@ CPU_PARTITION_ROWS = 16  # row tasks that keep the cores busy, for the partition
 
 @dataclass(frozen=True)
 class PartitionLimits:
-    """What a group may become (see fusion/partition.py); made for a target by `partition_limits`."""
+    """What a group may become (see grouping/partition.py); made for a target by `partition_limits`."""
 
     row_bytes_limit: int  # per-row intermediates kept on chip (CUDA: a block's shared memory)
     parallel_rows: int = 128  # row tasks that fill the machine (about one wave on a GPU)

@@ -81,7 +81,7 @@ CUDA_REGISTERS_PER_SM = 64 << 10
 CUDA_REGISTER_GRANULE = 256  # registers are allocated per warp in units of this
 CUDA_VECTOR_BYTES = 16  # the widest global load and store: 128 bits
 # The share of the last-level cache a re-read buffer keeps while a kernel streams the rest through it
-# (check/traffic.py, planning/attention_cost.py).
+# (pricing/traffic.py, planning/attention_cost.py).
 CUDA_RESIDENT_PER_MILLE = 80  # 4 MB of an H100's 50 MB L2
 CPU_RESIDENT_PER_MILLE = 125  # 4 MB of a 32 MB L3
 CPU_L1_BYTES = 32 << 10  # a core's level-1 data cache, where the OS does not report one

@@ -51,7 +51,7 @@ class KernelGeometry:
     the count multiplied by the loops around it. `load_sites`: global load instructions a
     thread may have in flight at once (unrolled copies count; a serial loop's body counts
     SERIAL_UNROLL times). `dram_bytes`: the bytes device memory moves (L2 reuse counted, as
-    check/traffic.py models it); -1 for every access from device memory.
+    pricing/traffic.py models it); -1 for every access from device memory.
     """
 
     name: str

@@ -6,7 +6,7 @@ few long rows split over blocks, many short rows packed into a block. Here the
 rules are evaluated at sample sizes within the size's bounds (SAMPLE_STEP
 apart), consecutive samples whose plans agree (up to the row count) form a
 range, and the plan made for the top of each range serves every size in it.
-Plain data only: the ranges and their conditions; fusion/variants.py builds
+Plain data only: the ranges and their conditions; kernels/variants.py builds
 and dispatches them.
 """
 

@@ -131,7 +131,7 @@ def _sizes(texts: list) -> dict | None:
 
 def _simt(args) -> int:
     from tvm_stitch import simt
-    from tvm_stitch.check.opencl_run import NoOpenclDevice, UnusableOpenclDevice
+    from tvm_stitch.simt.opencl_run import NoOpenclDevice, UnusableOpenclDevice
 
     loaded = _load(args)
     if loaded is None:

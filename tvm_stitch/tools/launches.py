@@ -15,8 +15,8 @@ from tvm import relax, tirx
 
 from tvm_stitch.analysis.size_bounds import size_bounds
 from tvm_stitch.analysis.tir_view import static_product
-from tvm_stitch.check.traffic import modeled_traffic
-from tvm_stitch.fusion.variants import launches_at
+from tvm_stitch.pricing.traffic import modeled_traffic
+from tvm_stitch.kernels.variants import launches_at
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import as_target
 
@@ -82,7 +82,7 @@ def primfunc_calls(lowered: tvm.IRModule) -> Counter:
 
 def launches_per_call(lowered: tvm.IRModule, executable, calls) -> dict:
     """Kernels per call of each PrimFunc named in `calls`: those TVM generated for it, or, for one
-    choosing among size variants (fusion/variants.py), those of the variant that runs at the upper
+    choosing among size variants (kernels/variants.py), those of the variant that runs at the upper
     bound of its size (of the variant for every size where it has none)."""
     per_func = kernels_per_primfunc(cuda_source(executable), calls)
     for name in calls:

@@ -112,9 +112,9 @@ def torch_forward(name: str, size: str, dtype: str = "float32"):
 
 def _baseline_module(mod, dtype: str):
     """The module TVM's default pipeline builds: a bfloat16 one with its reductions and transcendentals
-    widened to float32 first (fusion/precision's AccumulateInFloat32; TOPI's layer_norm refuses
+    widened to float32 first (rewrites/precision's AccumulateInFloat32; TOPI's layer_norm refuses
     bfloat16), any other as it is."""
-    from tvm_stitch.fusion.precision import AccumulateInFloat32
+    from tvm_stitch.rewrites.precision import AccumulateInFloat32
 
     return AccumulateInFloat32()(mod) if dtype == "bfloat16" else mod
 

@@ -2,7 +2,7 @@
 
 `lowered` is a module after a Relax pipeline (ours, or TVM's default one:
 every PrimFunc scheduled, nothing built yet). Every PrimFunc a Relax
-function calls is priced as scheduled (check/modeled_time.py), once per
+function calls is priced as scheduled (pricing/modeled_time.py), once per
 call; a stitched kernel uses its plan's register estimate, others
 time_model.DEFAULT_REGISTERS.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import tvm
 
 from tvm_stitch.analysis.classify import is_compute_kernel
-from tvm_stitch.check.modeled_time import modeled_times
+from tvm_stitch.pricing.modeled_time import modeled_times
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.stitch_pass import DEFAULT_FUSION

@@ -15,7 +15,7 @@ count (the most chunks, each of CPU_SPLIT_MIN_CHUNK elements or more). One
 variant, not one per chunk count: each variant compiles in about the time of
 the kernel for every size (its lowering and code generation), and the build
 with variants stays within twice the one-plan build. Plain data only:
-fusion/cpu_variants.py plans the counts and builds the dispatch.
+kernels/cpu_variants.py plans the counts and builds the dispatch.
 """
 
 from __future__ import annotations

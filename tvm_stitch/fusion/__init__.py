@@ -1,1 +1,0 @@
-"""Convex memory-bound groups, their outlining into one PrimFunc, precision widening, packing of independent kernels."""
