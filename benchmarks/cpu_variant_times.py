@@ -17,7 +17,7 @@ from unittest import mock
 import numpy as np
 from tvm import tirx
 
-from tvm_stitch import stitch_pass
+from tvm_stitch.stitch import kernel_maker
 from tvm_stitch.target import host_target
 from tvm_stitch.tools.build import alternating_times, build, vm_round
 
@@ -33,7 +33,7 @@ def softmax(length: int, rows=N):
 
 def one_plan():
     """The stitch pass without its CPU size-variant step: every kernel keeps the plan for every size."""
-    return mock.patch.object(stitch_pass, "cpu_size_variants", lambda *_args: ())
+    return mock.patch.object(kernel_maker, "cpu_size_variants", lambda *_args: ())
 
 
 def built(mod, variants: bool):

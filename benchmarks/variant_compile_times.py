@@ -25,7 +25,7 @@ from unittest import mock
 import tvm
 from tvm import tirx
 
-from tvm_stitch import stitch_pass
+from tvm_stitch.stitch import kernel_maker
 from tvm_stitch.tools import device_code
 from tvm_stitch.tools.build import build
 
@@ -39,7 +39,7 @@ CASES = {"n32": ((N, 32), 1 << 20), "m30000": ((N, 30000), 4096), "n768": ((N, 7
 
 def one_plan():
     """The stitch pass without its size-variant step: every kernel keeps the plan for every size."""
-    return mock.patch.object(stitch_pass, "size_variants", lambda *_args: ())
+    return mock.patch.object(kernel_maker, "size_variants", lambda *_args: ())
 
 
 def seconds(mod, variants: bool) -> tuple:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tvm_stitch
-from tvm_stitch import stitch_pass
+from tvm_stitch.stitch import block_rewriter, kernel_maker
 from tvm_stitch.planning import cost_model
 from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.tools.build import build, run_cpu
@@ -148,14 +148,14 @@ def test_cuda_chooses_in_time_where_no_learned_model_is_shipped():
 
 
 def test_rule_plan_is_built_when_the_models_choice_does_not_build(monkeypatch, rng):
-    original = stitch_pass.schedule_for
+    original = kernel_maker.schedule_for
 
     def refuse_choices(func, plan, target):
         if any(note.startswith("cost model:") for note in plan.notes):
             raise RuntimeError("injected: the chosen schedule does not build")
         return original(func, plan, target)
 
-    monkeypatch.setattr(stitch_pass, "schedule_for", refuse_choices)
+    monkeypatch.setattr(kernel_maker, "schedule_for", refuse_choices)
     graph = SUITE["softmax"]
     model = _Forcing(1)
     built = build(graph.build("float32", dims("test")), LLVM, stitched=True, strict=True, cost_model=model)
@@ -173,15 +173,16 @@ def test_rule_plan_is_built_when_the_models_choice_does_not_build(monkeypatch, r
 def test_the_model_adds_no_builds_at_compile_time(monkeypatch):
     """Candidates are ranked from features: compiling with the model builds the same kernels as without."""
     calls = []
-    original = stitch_pass.check_builds
-    monkeypatch.setattr(stitch_pass, "check_builds", lambda f, t: (calls.append(1), original(f, t)))
+    original = kernel_maker.check_builds
+    for module in (kernel_maker, block_rewriter):  # a kernel's check, a pack's check
+        monkeypatch.setattr(module, "check_builds", lambda f, t: (calls.append(1), original(f, t)))
     mod = SUITE["layernorm_backward"].build("float32", dims("test"))
     build(mod, LLVM, stitched=True, cost_model=False)
     without = len(calls)
     build(mod, LLVM, stitched=True, cost_model=True)
     assert len(calls) - without == without
     with pytest.raises(TypeError, match="cost_model"):
-        stitch_pass.StitchFusion(LLVM, cost_model="yes")
+        tvm_stitch.StitchFusion(LLVM, cost_model="yes")
 
 
 def test_tune_writes_records_and_resumes(tmp_path):

@@ -80,16 +80,16 @@ def test_no_variant_where_the_rules_cut_no_rows(shape, bounds, rng):
 
 
 def test_a_variant_that_does_not_build_falls_back_to_the_plan_for_every_size(monkeypatch, rng):
-    from tvm_stitch import stitch_pass
+    from tvm_stitch.stitch import kernel_maker
 
-    checked = stitch_pass.check_builds
+    checked = kernel_maker.check_builds
 
     def refusing_dispatches(func, target):
         if func.attrs is not None and ATTR in func.attrs:
             raise RuntimeError("no dispatch")
         checked(func, target)
 
-    monkeypatch.setattr(stitch_pass, "check_builds", refusing_dispatches)
+    monkeypatch.setattr(kernel_maker, "check_builds", refusing_dispatches)
     built = build(symbolic_softmax((N, LONG)), host_target(), stitched=True, spec=_two_cores())
     (group,) = built.report.groups
     assert group.stitched and group.variants == () and group.plan.mapping.split == 1

@@ -9,7 +9,7 @@ from tvm import relax, tirx
 
 from schedules import schedule_for
 from tvm_stitch.analysis.size_bounds import at_sizes
-from tvm_stitch import stitch_pass
+from tvm_stitch.stitch import kernel_maker
 from tvm_stitch.pricing import derived_geometry, plan_prices
 from tvm_stitch.pricing.derived_geometry import derivable, derived
 from tvm_stitch.pricing.modeled_time import cuda_target, lowered_geometries
@@ -148,8 +148,8 @@ def test_every_candidate_at_other_row_counts_is_derived_as_lowered(op, length):
 def test_size_variants_are_those_chosen_with_every_sample_planned_and_every_plan_lowered(monkeypatch, length, upper,
                                                                                        planned):
     rule_plans = []
-    rule = stitch_pass.plan_kernel
-    monkeypatch.setattr(stitch_pass, "plan_kernel", lambda *args, **kw: rule_plans.append(args) or rule(*args, **kw))
+    rule = kernel_maker.plan_kernel
+    monkeypatch.setattr(kernel_maker, "plan_kernel", lambda *args, **kw: rule_plans.append(args) or rule(*args, **kw))
 
     def variants():
         mod = make_module([tensor("x", (N, length))], lambda bb, x: relax.op.nn.softmax(x, axis=-1))

@@ -6,6 +6,7 @@ import tvm
 from tvm import relax, tirx
 
 import tvm_stitch
+from tvm_stitch.stitch import block_rewriter, kernel_maker
 from tvm_stitch.tools.build import build, cuda_launches, run_cpu
 
 from conftest import CUDA, LLVM, make_module, tensor
@@ -82,7 +83,7 @@ def test_group_whose_schedule_fails_to_build_falls_back(monkeypatch):
     def failing_build(func, target):
         raise tvm.error.InternalError("Cannot insert syncs inside condition")
 
-    monkeypatch.setattr(tvm_stitch.stitch_pass, "check_builds", failing_build)
+    monkeypatch.setattr(kernel_maker, "check_builds", failing_build)
     mod = _row_sums_then_middle_axis_sum()
     report = tvm_stitch.StitchReport()
     tvm.compile(mod, target=CUDA, relax_pipeline=tvm_stitch.pipeline(CUDA, report=report))
@@ -139,21 +140,20 @@ def test_split_group_that_cannot_be_stitched_is_retried_in_parts(rng):
 
 
 def test_kernels_stay_apart_when_their_packed_kernel_does_not_build(monkeypatch, rng):
-    from tvm_stitch import stitch_pass
     from tvm_stitch.tools.workloads import SUITE, dims, reference
 
     graph = SUITE["adam_update"]
     mod = graph.build("float32", dims("test"))
     packed = build(mod, LLVM, stitched=True, strict=True)
     assert packed.report.packs
-    original = stitch_pass.check_builds
+    original = block_rewriter.check_builds
 
     def refuse_packs(func, target):
         if "tvm_stitch.packed" in func.attrs:
             raise RuntimeError("injected: the packed kernel does not build")
         original(func, target)
 
-    monkeypatch.setattr(stitch_pass, "check_builds", refuse_packs)
+    monkeypatch.setattr(block_rewriter, "check_builds", refuse_packs)
     apart = build(mod, LLVM, stitched=True)
     assert not apart.report.packs and len(apart.report.plans) == len(packed.report.plans)
     assert any("left unpacked" in n and "injected" in n for n in apart.report.notes)

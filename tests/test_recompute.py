@@ -7,6 +7,7 @@ A mask of the sizes alone reaches the partition as one kernel of no input, `clos
 import numpy as np
 from tvm import relax, tirx
 
+import tvm_stitch
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches
 
@@ -91,16 +92,16 @@ def test_a_producer_reading_a_large_tensor_is_not_recomputed():
 
 
 def test_a_mask_whose_readers_fall_back_is_stitched_on_its_own(monkeypatch, rng):
-    from tvm_stitch import stitch_pass
+    from tvm_stitch.stitch import kernel_maker
 
-    plan_kernel = stitch_pass.plan_kernel
+    plan_kernel = kernel_maker.plan_kernel
 
     def refuse_softmax(func, spec, name):
         if "softmax" in func.script():
-            raise stitch_pass.StitchError("refused for the test")
+            raise tvm_stitch.StitchError("refused for the test")
         return plan_kernel(func, spec, name)
 
-    monkeypatch.setattr(stitch_pass, "plan_kernel", refuse_softmax)
+    monkeypatch.setattr(kernel_maker, "plan_kernel", refuse_softmax)
     mod = make_module([tensor("x", [4, S, S]), tensor("y", [2, S, S])], _two_masked_softmaxes)
     cpu = build(mod, {"kind": "llvm"}, stitched=True)
     stitched = [g for g in cpu.report.groups if g.stitched]

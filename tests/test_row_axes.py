@@ -5,7 +5,7 @@ import pytest
 from tvm import relax, s_tir
 
 import tvm_stitch
-from tvm_stitch import stitch_pass
+from tvm_stitch.stitch import kernel_maker
 from tvm_stitch.analysis.row_alignment import analyze_rows
 from tvm_stitch.analysis.row_axes import find_row_axes, rows_first
 from tvm_stitch.analysis.tir_view import block_views, static_int
@@ -92,8 +92,8 @@ def test_plan_with_row_axes_round_trips_through_json():
 def _planned_funcs(mod, monkeypatch) -> list:
     """The fused PrimFuncs the stitcher plans for `mod` on CUDA."""
     seen = []
-    original = stitch_pass.plan_kernel
-    monkeypatch.setattr(stitch_pass, "plan_kernel",
+    original = kernel_maker.plan_kernel
+    monkeypatch.setattr(kernel_maker, "plan_kernel",
                         lambda func, spec, name: seen.append(func) or original(func, spec, name))
     tvm_stitch.explain(mod, CUDA, strict=True)
     return seen

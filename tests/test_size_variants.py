@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import tirx
 
-from tvm_stitch import stitch_pass
+from tvm_stitch.stitch import kernel_maker, module_pass
 from tvm_stitch.pricing.kernel_geometry import kernel_geometries
 from tvm_stitch.pricing.modeled_time import cuda_target
 from tvm_stitch.pricing.traffic import modeled_traffic
@@ -91,8 +91,8 @@ def test_no_kernel_is_modeled_below_one_launch_and_one_dram_round_trip():
 
 def test_short_rows_run_packed_at_many_rows_and_one_per_block_at_few(monkeypatch):
     chosen_at = []
-    timed = stitch_pass.choose_in_time
-    monkeypatch.setattr("tvm_stitch.stitch_pass.choose_in_time",
+    timed = module_pass.choose_in_time
+    monkeypatch.setattr("tvm_stitch.stitch.module_pass.choose_in_time",
                         lambda func, rule, spec, *prices: chosen_at.append(rule.mapping.rows)
                         or timed(func, rule, spec, *prices))
     symbolic = build(_softmax([N, 32], upper=1 << 20), CUDA, stitched=True)
@@ -147,7 +147,7 @@ def test_variants_that_do_not_build_fall_back_to_the_plan_for_every_size(monkeyp
     def broken(*_args):
         raise ValueError("no dispatch")
 
-    monkeypatch.setattr("tvm_stitch.stitch_pass.dispatching", broken)
+    monkeypatch.setattr("tvm_stitch.stitch.kernel_maker.dispatching", broken)
     built = build(_softmax([N, 32], upper=1 << 16), {"kind": "llvm"}, stitched=True, emulate="cuda")
     assert built.report.groups[0].variants == () and built.report.groups[0].plan.mapping.rows_per_task == 1
     assert any("size variants not built" in note for note in built.report.notes)

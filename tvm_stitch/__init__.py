@@ -19,7 +19,7 @@ from tvm_stitch.pipeline import pipeline
 from tvm_stitch.planning.plan import Intermediate, Phase, PhaseRole, StitchPlan, ThreadMapping
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
-from tvm_stitch.stitch_pass import StitchError, StitchFusion
+from tvm_stitch.stitch import StitchError, StitchFusion
 
 
 def __getattr__(name):

@@ -6,7 +6,7 @@ import tvm
 
 from tvm_stitch.pipeline import grouping_passes, guarded
 from tvm_stitch.report import StitchReport
-from tvm_stitch.stitch_pass import DEFAULT_FUSION, StitchFusion
+from tvm_stitch.stitch import DEFAULT_FUSION, StitchFusion
 from tvm_stitch.stitch_target import StitchTarget
 from tvm_stitch.target import warn_if_generic_cpu
 

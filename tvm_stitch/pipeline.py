@@ -68,7 +68,7 @@ from tvm_stitch.rewrites.precision import AccumulateInFloat32
 from tvm_stitch.rewrites.scatter_add import ScatterAddsAtomically
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
-from tvm_stitch.stitch_pass import DEFAULT_FUSION, StitchFusion
+from tvm_stitch.stitch import DEFAULT_FUSION, StitchFusion
 from tvm_stitch.stitch_target import StitchTarget
 from tvm_stitch.target import backend_passes, warn_if_generic_cpu
 

@@ -20,6 +20,16 @@ class StitchTarget:
     spec: TargetSpec
     target_spec: TargetSpec
 
+    @property
+    def family(self) -> str:
+        """The family the plans are made for: "cuda" (built for a GPU, or emulated on llvm) or "cpu"."""
+        return self.spec.family
+
+    @property
+    def builds_cuda(self) -> bool:
+        """Whether kernels are built for a GPU (False on llvm, where CUDA plans may be emulated)."""
+        return self.target.kind.name == "cuda"
+
     @staticmethod
     def make(target, emulate=None, spec: TargetSpec | None = None) -> "StitchTarget":
         """From a Target, dict or string; `emulate` ("cuda" or a cuda target, llvm targets only) plans

@@ -105,6 +105,27 @@ def pack_groups(bindings: list, kernels: dict) -> list:
     return [g["members"] for g in packs if len(g["members"]) > 1]
 
 
+def _saved(packs: list) -> int:
+    """Launches that packs save: one fewer than its members, per pack."""
+    return sum(len(members) - 1 for members in packs)
+
+
+def packed_kernels(bindings: list, kernels: dict, walks: dict) -> tuple:
+    """(name -> (PrimFunc, plan) of the kernels to pack, names of the kernels replaced by their walk).
+
+    `kernels` and `walks`: name -> (PrimFunc, plan), a walk being the thread-per-column plan of a
+    one-launch column-split kernel. Where packing the walks saves more launches than packing the
+    column-split kernels (with those of their block shape), each column-split kernel that the walks'
+    packs take is replaced by its walk: launch counts never rise for the threads gained."""
+    trial = {name: walks.get(name, kernel) for name, kernel in kernels.items()}
+    walk_packs = pack_groups(bindings, trial)
+    if _saved(walk_packs) <= _saved(pack_groups(bindings, kernels)):
+        return kernels, ()
+    packed = {bindings[i].value.args[0].name_hint for members in walk_packs for i in members}
+    taken = tuple(sorted(packed & set(walks)))
+    return {name: walks[name] if name in taken else kernel for name, kernel in kernels.items()}, taken
+
+
 def pack_block(bindings: list, kernels: dict, calls, recorded: list, verify, keep=None) -> list:
     """`bindings` with independent packable kernel calls merged into packed calls.
 

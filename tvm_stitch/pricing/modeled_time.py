@@ -8,6 +8,8 @@ bounds of its sizes where all have one (as its traffic is), else not at all.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tvm import tirx
 from tvm.target import Target
 
@@ -70,3 +72,13 @@ def scheduled_us(scheduled: tirx.PrimFunc, plan: StitchPlan, spec: TargetSpec) -
     """Modeled microseconds of a PrimFunc scheduled for CUDA by `plan`; -1.0 where not priced."""
     times = modeled_times(scheduled, spec, plan.registers, plan.kernel)
     return total_us(times) if times else -1.0
+
+
+def with_modeled_time(plan: StitchPlan, fused: tirx.PrimFunc, spec: TargetSpec,
+                      scheduled: tirx.PrimFunc | None = None) -> StitchPlan:
+    """`plan` with its modeled time where it is a CUDA plan not yet priced: from `scheduled` (its kernel
+    built for CUDA) where given, else from `fused` scheduled for the spec's arch (plan_us)."""
+    if spec.family != "cuda" or plan.modeled_us >= 0:
+        return plan
+    us = scheduled_us(scheduled, plan, spec) if scheduled is not None else plan_us(fused, plan, spec)
+    return dataclasses.replace(plan, modeled_us=us)

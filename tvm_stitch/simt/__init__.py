@@ -42,7 +42,7 @@ from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning import cost_model
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.report import StitchReport
-from tvm_stitch.stitch_pass import DEFAULT_FUSION, stitch_module
+from tvm_stitch.stitch import DEFAULT_FUSION, stitch_module
 from tvm_stitch.target import as_target
 
 DEFAULT_TARGET = MappingProxyType({"kind": "cuda", "arch": "sm_90"})
@@ -82,9 +82,10 @@ def stitched_kernels(mod: tvm.IRModule, target, fusion: str = DEFAULT_FUSION) ->
     fused = {}
     model = cost_model.SHIPPED.get("cuda")
 
-    def choose(func, rule, spec):
+    def choose(func, rule, spec, prices):
         fused.setdefault(rule.kernel, func)  # the group's own PrimFunc: size variants choose at static sizes after it
-        return cost_model.choose(model, func, rule, spec) if model is not None else choose_in_time(func, rule, spec)
+        return (cost_model.choose(model, func, rule, spec) if model is not None
+                else choose_in_time(func, rule, spec, prices))
 
     report = StitchReport()
     with target:

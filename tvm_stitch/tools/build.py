@@ -12,7 +12,7 @@ from tvm import relax
 from tvm_stitch.tools.launches import count_launches
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.report import StitchReport
-from tvm_stitch.stitch_pass import DEFAULT_FUSION
+from tvm_stitch.stitch import DEFAULT_FUSION
 from tvm_stitch.target import as_target, default_pipeline
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from tvm_stitch.stitch_pass import DEFAULT_FUSION
+from tvm_stitch.stitch import DEFAULT_FUSION
 from tvm_stitch.tools import op_sweep
 from tvm_stitch.tools.tolerance import close, tolerance
 

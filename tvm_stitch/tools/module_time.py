@@ -17,7 +17,7 @@ from tvm_stitch.analysis.classify import is_compute_kernel
 from tvm_stitch.pricing.modeled_time import modeled_times
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
-from tvm_stitch.stitch_pass import DEFAULT_FUSION
+from tvm_stitch.stitch import DEFAULT_FUSION
 from tvm_stitch.target import as_target, default_pipeline
 from tvm_stitch.tools.launches import primfunc_calls
 

@@ -28,7 +28,7 @@ from tvm_stitch.planning.candidates import candidates, knobs
 from tvm_stitch.planning.features import features, group_facts
 from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning.spec import TargetSpec
-from tvm_stitch.stitch_pass import stitch_module
+from tvm_stitch.stitch import stitch_module
 from tvm_stitch.tools.workloads import SUITE, VARIANTS
 from tvm_stitch.tools.tolerance import tolerance
 from tvm_stitch.threads import cpu_threads
@@ -66,7 +66,7 @@ def fused_groups(mod: tvm.IRModule, target: tvm.target.Target) -> list:
         lowered = tvm.transform.Sequential(grouping_passes(target))(mod)
     groups = []
 
-    def collect(fused, rule, _spec):
+    def collect(fused, rule, _spec, _prices):
         groups.append((fused, rule))
         return rule
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import tvm
 
-from tvm_stitch.stitch_pass import DEFAULT_FUSION, FUSION_METHODS
+from tvm_stitch.stitch import DEFAULT_FUSION, FUSION_METHODS
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
