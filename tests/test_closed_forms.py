@@ -7,7 +7,8 @@ import tvm
 from tvm import relax, tirx
 
 from tvm_stitch import pipeline
-from tvm_stitch.analysis.closed_form import Facts, derive
+from tvm_stitch.analysis.closed_form import Facts
+from tvm_stitch.analysis.closed_form_rules import derive
 from tvm_stitch.rewrites.closed_forms import ComputeClosedForms, closed_forms
 from tvm_stitch.rewrites.host_constants import FoldHostConstants
 from tvm_stitch.target import default_pipeline, host_target

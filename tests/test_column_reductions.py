@@ -10,7 +10,6 @@ import re
 
 import numpy as np
 import pytest
-import tvm
 import tvm_ffi
 from tvm import relax, tirx
 

@@ -13,7 +13,7 @@ from tvm import relax
 
 import tvm_stitch
 from tvm_stitch import PhaseRole, StitchPlan, TargetSpec
-from tvm_stitch.planning.row_split import MAX_CHOSEN_KERNELS, SplitError, choose_split, plan_row_split
+from tvm_stitch.planning.row_split import MAX_CHOSEN_KERNELS, choose_split, plan_row_split
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import count_launches, cuda_source
 from tvm_stitch.tools.workloads import SUITE, reference

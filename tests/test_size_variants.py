@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import tirx
 
-from tvm_stitch.stitch import kernel_maker, module_pass
+from tvm_stitch.stitch import module_pass
 from tvm_stitch.pricing.kernel_geometry import kernel_geometries
 from tvm_stitch.pricing.modeled_time import cuda_target
 from tvm_stitch.pricing.traffic import modeled_traffic

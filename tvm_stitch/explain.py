@@ -21,7 +21,7 @@ def explain_with_graph(mod: tvm.IRModule, target, *, strict: bool = False,
     warn_if_generic_cpu(target)
     report = StitchReport()
     with target:
-        grouped = tvm.transform.Sequential(grouping_passes(target, fast_math=fast_math, report=report))(
+        grouped = tvm.transform.Sequential(grouping_passes(made, fast_math=fast_math, report=report))(
             tvm.IRModule(mod.functions, attrs=mod.attrs))
         stitch = StitchFusion(made, strict=strict, report=report, cost_model=cost_model, fusion=fusion)
         (stitch if strict else guarded(stitch, report))(tvm.IRModule(grouped.functions, attrs=grouped.attrs))

@@ -179,36 +179,39 @@ def guarded(inner: tvm.transform.Pass, report: StitchReport | None = None) -> tv
     return _guarded
 
 
-def grouping_passes(target: Target, *, fast_math: bool | None = None, report: StitchReport | None = None) -> list:
+def grouping_passes(target, *, fast_math: bool | None = None, report: StitchReport | None = None) -> list:
     """The passes before StitchFusion: the graph it groups (FuseOps' output); the passes added to
     TVM's own are guarded (a failure skips them, noted in `report`, and so does a matmul boundary
-    left in place: a producer dlight's Matmul rule would not schedule inside the matmul's kernel)."""
+    left in place: a producer dlight's Matmul rule would not schedule inside the matmul's kernel).
+    `target`: a StitchTarget (or a target it is made from), given whole to every pass of the project's."""
+    made = StitchTarget.of(target)
+    target, gpu = made.target, made.builds_cuda
     if fast_math is None:
-        fast_math = target.kind.name == "llvm"
+        fast_math = not gpu
     if not isinstance(fast_math, bool):
         raise TypeError(f"fast_math must be True, False or None, not {fast_math!r}")
     return (
         # Before the GPU's library dispatch, which makes a cumsum a scan kernel FoldConstant cannot run;
         # on llvm, FoldConstant after LegalizeOps already evaluates what this folds.
-        ([guarded(FoldHostConstants(report=report), report)] if target.kind.name == "cuda" else [])
+        ([guarded(FoldHostConstants(report=report), report)] if gpu else [])
         # What a symbolic size leaves of those: each read binding one kernel of no input (recomputed
         # by its readers' stitched kernels), before the dispatch makes a cumsum a scan.
         # attention chains as one kernel each, while softmax is still a Relax op (FastMath rewrites it)
         # and a mask of constants is still Relax ops (ComputeClosedForms makes kernels of them)
-        + [guarded(FuseAttention(target, report=report, fast_math=fast_math), report)]
-        + ([guarded(ScatterAddsAtomically(target, report=report), report)] if target.kind.name == "cuda" else [])
+        + [guarded(FuseAttention(made, report=report, fast_math=fast_math), report)]
+        + ([guarded(ScatterAddsAtomically(made, report=report), report)] if gpu else [])
         + [guarded(ComputeClosedForms(report=report), report)]
         + backend_passes(target).library_dispatch_passes(target)
-        + [guarded(AccumulateInFloat32(arithmetic=target.kind.name == "llvm"), report)]
+        + [guarded(AccumulateInFloat32(arithmetic=not gpu), report)]
         + ([guarded(FastMath(), report)] if fast_math else [])
-        + ([guarded(PatchifyAsMatmul(), report)] if target.kind.name == "llvm" else [])
+        + ([guarded(PatchifyAsMatmul(), report)] if not gpu else [])
         + [
             relax.transform.LegalizeOps(),
             relax.transform.AnnotateTIROpPattern(),
         ]
-        + ([guarded(FoldProloguesIntoMatmuls(target, report), report),
-            guarded(RelabelMatmulEpilogues(EpiloguePricer(target, report)), report)]
-           if target.kind.name == "cuda" else [guarded(RelabelMatmulEpilogues(ReshapesJoin()), report)])
+        + ([guarded(FoldProloguesIntoMatmuls(made, report), report),
+            guarded(RelabelMatmulEpilogues(EpiloguePricer(made, report)), report)]
+           if gpu else [guarded(RelabelMatmulEpilogues(ReshapesJoin()), report)])
         + [
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),
@@ -229,7 +232,7 @@ def stitch_passes(target, *, strict: bool = False, report: StitchReport | None =
         target = StitchTarget.make(target, emulate, spec)
     stitch = StitchFusion(target, strict=strict, report=report, cost_model=cost_model, fusion=fusion)
     # Groups fall back one by one; a failure of the pass as a whole (a bug) leaves TVM's path.
-    return (grouping_passes(target.target, fast_math=fast_math, report=report)
+    return (grouping_passes(target, fast_math=fast_math, report=report)
             + [stitch if strict else guarded(stitch, report)])
 
 
@@ -262,7 +265,7 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
         stitch_passes(made, strict=strict, report=report, fast_math=fast_math, cost_model=cost_model, fusion=fusion)
         + [relax.transform.FuseTIR()]
         + ([GuardedDefaultSchedule(made.target_spec), guarded(VectorSelectsAsBranches(), report)]
-           if target.kind.name == "cuda" else [GuardedCpuSchedule(made.target_spec)])
+           if made.builds_cuda else [GuardedCpuSchedule(made.target_spec)])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)
     )

@@ -30,6 +30,18 @@ class StitchTarget:
         """Whether kernels are built for a GPU (False on llvm, where CUDA plans may be emulated)."""
         return self.target.kind.name == "cuda"
 
+    @property
+    def kernel_spec(self) -> TargetSpec:
+        """The spec of the kernels a Relax rewrite builds whole (attention, scatters): `spec`, unless the
+        plans are emulated (CUDA plans on llvm, whose thread-free schedules only the stitch pass makes):
+        then the target's own."""
+        return self.target_spec if self.family == "cuda" and not self.builds_cuda else self.spec
+
+    @staticmethod
+    def of(target) -> "StitchTarget":
+        """`target` if it is a StitchTarget, else one made from it (a Target, dict or string)."""
+        return target if isinstance(target, StitchTarget) else StitchTarget.make(target)
+
     @staticmethod
     def make(target, emulate=None, spec: TargetSpec | None = None) -> "StitchTarget":
         """From a Target, dict or string; `emulate` ("cuda" or a cuda target, llvm targets only) plans

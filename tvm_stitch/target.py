@@ -7,6 +7,8 @@ import warnings
 import tvm
 from tvm.target import Target
 
+from schedules.tensorize_guard import NoTensorize
+
 SUPPORTED_KINDS = ("cuda", "llvm")
 
 
@@ -75,8 +77,6 @@ def default_pipeline(target: Target) -> tvm.transform.Pass:
     """
     if target.kind.name != "cuda":
         return backend_passes(target).get_default_pipeline(target)
-    from schedules.tensorize_guard import NoTensorize
-
     backend = backend_passes(target)
     legalize = backend.legalize_passes(target)  # ends with dlight's ApplyDefaultSchedule
     passes = (backend.library_dispatch_passes(target) + legalize[:-1] + [NoTensorize(), legalize[-1]]

@@ -26,7 +26,7 @@ from enum import Enum
 import tvm_ffi
 from tvm import tirx
 
-from tvm_stitch.analysis.tir_view import REGION, BlockView, function_views, static_product, vars_in
+from tvm_stitch.analysis.tir_view import REGION, BlockView, all_block_views, function_views, static_product, vars_in
 
 
 # A contraction whose one operand has fewer rows (or columns) per batch than the narrow side of the
@@ -181,8 +181,6 @@ def classify_views(views: list) -> OpClass:
 def is_compute_kernel(func: tirx.PrimFunc) -> bool:
     """Whether a (possibly scheduled) PrimFunc contracts two tensors somewhere (matmul, conv; a fused
     attention kernel, rewrites/attention.py, contracts two pairs)."""
-    from tvm_stitch.analysis.tir_view import all_block_views
-
     if func.attrs is not None and "tvm_stitch.attention" in func.attrs:
         return True
     return any(_is_large_contraction(view) for view in all_block_views(func))

@@ -2,7 +2,7 @@
 
 `ClosedForm` is plain data: a shape, a dtype, one index variable per axis,
 and the element at those indices as a TIR expression of them and of the
-function's symbolic sizes. `derive(value, forms, facts)` gives the closed
+function's symbolic sizes. `derive(value, forms, facts)` (closed_form_rules.py) gives the closed
 form of a binding's value — a Relax operator call whose tensor arguments
 have closed forms (`forms`: Relax var -> ClosedForm) or are constants, or a
 constant — or None where the operator is not one of `RULES` or a fact it
@@ -61,7 +61,7 @@ class ClosedForm:
 
     @property
     def computable(self) -> bool:
-        """Whether a kernel can compute the element (it reads no constant tensor, see `_const_form`)."""
+        """Whether a kernel can compute the element (it reads no constant tensor, see `const_form`)."""
         return not any(name.startswith(_TABLE) for name in _called(self.element))
 
     @property
@@ -170,7 +170,7 @@ def make(shape, dtype: str, facts: Facts, element_at) -> ClosedForm | None:
     return ClosedForm(tuple(shape), str(dtype), axes, element)
 
 
-def _const_form(expr) -> ClosedForm | None:
+def const_form(expr) -> ClosedForm | None:
     """A constant: one value, an affine function of the indices (integers), or else a placeholder
     call reading its elements (named by the constant's address: distinct constants never compare
     equal), a closed form no kernel computes but whose dependence on the sizes is known. Constants
@@ -189,7 +189,7 @@ def _const_form(expr) -> ClosedForm | None:
     first = array.reshape(-1)[0]
     if np.all(array == first):
         return ClosedForm(shape, dtype, axes, tirx.const(first.item(), dtype))
-    if not _is_integer(dtype) or dtype == "bool":
+    if not is_integer(dtype) or dtype == "bool":
         return table
     wide = array.astype(np.int64)
     steps = [int(wide[tuple(1 if j == k else 0 for j in range(wide.ndim))] - wide.reshape(-1)[0])
@@ -208,11 +208,11 @@ def operand(arg, forms: dict) -> ClosedForm | None:
     if isinstance(arg, relax.Var):
         return forms.get(arg)
     if isinstance(arg, tvm.ir.Constant):
-        return _const_form(arg)
+        return const_form(arg)
     return None
 
 
-def _result(call):
+def result_of(call):
     ty = call.ty
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
@@ -236,41 +236,41 @@ def _broadcast(form: ClosedForm, shape, facts: Facts):
     return lambda idx: [zero if p is None else idx[p] for p in picks]
 
 
-class _NotClosed(Exception):
+class NotClosed(Exception):
     """A rule's operand or fact is missing: the call has no closed form."""
 
 
-def _need(arg, forms: dict) -> ClosedForm:
+def need(arg, forms: dict) -> ClosedForm:
     form = operand(arg, forms)
     if form is None:
-        raise _NotClosed
+        raise NotClosed
     return form
 
 
-def _mapped(form: ClosedForm, shape, facts: Facts):
+def mapped(form: ClosedForm, shape, facts: Facts):
     mapping = _broadcast(form, shape, facts)
     if mapping is None:
-        raise _NotClosed
+        raise NotClosed
     return lambda idx: form.at(mapping(idx))
 
 
-def _axis(axis, rank: int) -> int:
+def axis_index(axis, rank: int) -> int:
     axis = int(axis)
     if not -rank <= axis < rank:
-        raise _NotClosed
+        raise NotClosed
     return axis % rank
 
 
-def _int64(value):
+def as_int64(value):
     return value if str(value.ty) == "int64" else tirx.Cast("int64", value)
 
 
-def _in_bounds(facts: Facts, index, extent) -> None:
+def in_bounds(facts: Facts, index, extent) -> None:
     if not facts.proves(tirx.all(index >= 0, index < extent)):
-        raise _NotClosed
+        raise NotClosed
 
 
-def _is_integer(dtype: str) -> bool:
+def is_integer(dtype: str) -> bool:
     return dtype == "bool" or dtype.startswith(("int", "uint"))
 
 
@@ -279,12 +279,12 @@ def _bitwise(logical, integral):
 
 
 def _floor_divide(a, b, dtype):
-    return tirx.floordiv(a, b) if _is_integer(dtype) else tirx.floor(a / b)
+    return tirx.floordiv(a, b) if is_integer(dtype) else tirx.floor(a / b)
 
 
 def _divide(a, b, dtype):
-    if _is_integer(dtype):
-        raise _NotClosed  # TVM's integer division rounds as its own legalization says
+    if is_integer(dtype):
+        raise NotClosed  # TVM's integer division rounds as its own legalization says
     return a / b
 
 
@@ -310,16 +310,16 @@ _BINARY = MappingProxyType({
 
 
 def _binary(call, forms, facts, shape, dtype):
-    a, b = (_need(arg, forms) for arg in call.args)
+    a, b = (need(arg, forms) for arg in call.args)
     if a.dtype != b.dtype:
-        raise _NotClosed
-    fa, fb = _mapped(a, shape, facts), _mapped(b, shape, facts)
+        raise NotClosed
+    fa, fb = mapped(a, shape, facts), mapped(b, shape, facts)
     op = _BINARY[call.op.name]
     return make(shape, dtype, facts, lambda idx: op(fa(idx), fb(idx), a.dtype))
 
 
 def _unary(call, forms, facts, shape, dtype):
-    x = _need(call.args[0], forms)
+    x = need(call.args[0], forms)
     name = call.op.name
     if name == "relax.astype":
         return make(shape, dtype, facts, lambda idx: tirx.Cast(dtype, x.at(idx)))
@@ -335,14 +335,14 @@ _INTRINSICS = MappingProxyType({f"relax.{f.__name__}": f for f in (
 
 
 def _where(call, forms, facts, shape, dtype):
-    cond, a, b = (_mapped(_need(arg, forms), shape, facts) for arg in call.args)
+    cond, a, b = (mapped(need(arg, forms), shape, facts) for arg in call.args)
     return make(shape, dtype, facts, lambda idx: tirx.Select(cond(idx), a(idx), b(idx)))
 
 
 def _arange(call, _forms, facts, shape, dtype):
     start, _end, step = call.args
-    if not all(tvm.ir.is_prim_expr(v) and _is_integer(str(v.ty)) for v in (start, step)):
-        raise _NotClosed
+    if not all(tvm.ir.is_prim_expr(v) and is_integer(str(v.ty)) for v in (start, step)):
+        raise NotClosed
     return make(shape, dtype, facts, lambda idx: tirx.Cast(dtype, start + step * idx[0]))
 
 
@@ -352,192 +352,15 @@ def _full(call, _forms, facts, shape, dtype):
     else:
         fill = call.args[1]
         if not isinstance(fill, tvm.ir.Constant) or fill.value.numpy().size != 1:
-            raise _NotClosed
+            raise NotClosed
         value = tirx.Cast(dtype, tirx.const(fill.value.numpy().reshape(()).item(), str(fill.ty.dtype)))
     return make(shape, dtype, facts, lambda _idx: value)
 
 
-def _broadcast_to(call, forms, facts, shape, dtype):
-    x = _mapped(_need(call.args[0], forms), shape, facts)
-    return make(shape, dtype, facts, x)
-
-
-def _expand_dims(call, forms, facts, shape, dtype):
-    x = _need(call.args[0], forms)
-    added = {_axis(a, len(shape)) for a in call.attrs.axis}
-    kept = [k for k in range(len(shape)) if k not in added]
-    return make(shape, dtype, facts, lambda idx: x.at([idx[k] for k in kept]))
-
-
-def _squeeze(call, forms, facts, shape, dtype):
-    x = _need(call.args[0], forms)
-    rank = len(x.shape)
-    if call.attrs.axis is None:
-        dropped = {k for k, d in enumerate(x.shape) if static_int(d) == 1}
-    else:
-        dropped = {_axis(a, rank) for a in call.attrs.axis}
-    zero = tirx.IntImm("int64", 0)
-
-    def element(idx):
-        rest = iter(idx)
-        return x.at([zero if k in dropped else next(rest) for k in range(rank)])
-
-    return make(shape, dtype, facts, element)
-
-
-def _reshape(call, forms, facts, shape, dtype):
-    x = _need(call.args[0], forms)
-
-    def element(idx):
-        flat = tirx.IntImm("int64", 0)
-        for index, extent in zip(idx, shape):
-            flat = flat * extent + index
-        inner, source = tirx.IntImm("int64", 1), []
-        for extent in reversed(x.shape):
-            quotient = flat if facts.proves(inner == 1) else tirx.floordiv(flat, inner)
-            source.append(quotient if facts.proves(quotient < extent) else tirx.floormod(quotient, extent))
-            inner = inner * extent
-        return x.at(source[::-1])
-
-    return make(shape, dtype, facts, element)
-
-
-def _permute_dims(call, forms, facts, shape, dtype):
-    x = _need(call.args[0], forms)
-    rank = len(x.shape)
-    axes = list(range(rank))[::-1] if call.attrs.axes is None else [_axis(a, rank) for a in call.attrs.axes]
-
-    def element(idx):
-        source = [None] * rank
-        for k, a in enumerate(axes):
-            source[a] = idx[k]
-        return x.at(source)
-
-    return make(shape, dtype, facts, element)
-
-
-def _strided_slice(call, forms, facts, shape, dtype):
-    x = _need(call.args[0], forms)
-    axes, begins = list(call.args[1].fields), list(call.args[2].fields)
-    strides = list(call.args[4].fields) if len(call.args) > 4 and len(call.args[4].fields) else \
-        [tirx.IntImm("int64", 1)] * len(axes)
-    if not len(axes) == len(begins) == len(strides):
-        raise _NotClosed
-    starts = {}
-    for axis, begin, stride in zip(axes, begins, strides):
-        axis = _axis(axis.value if isinstance(axis, tirx.IntImm) else axis, len(x.shape))
-        if not isinstance(stride, tirx.IntImm) or stride.value <= 0:
-            raise _NotClosed
-        if isinstance(begin, tirx.IntImm) and begin.value < 0:
-            begin = begin + x.shape[axis]
-        with facts.over((), ()):
-            if not facts.proves(tirx.all(begin >= 0, begin <= x.shape[axis])):
-                raise _NotClosed
-        starts[axis] = (_int64(begin), stride)
-
-    def element(idx):
-        return x.at([starts[k][0] + idx[k] * starts[k][1] if k in starts else idx[k] for k in range(len(idx))])
-
-    return make(shape, dtype, facts, element)
-
-
-def _concat(call, forms, facts, shape, dtype):
-    parts = [_need(f, forms) for f in call.args[0].fields]
-    axis = _axis(call.attrs.axis, len(shape))
-
-    def element(idx):
-        offsets, end = [], tirx.IntImm("int64", 0)
-        for part in parts:
-            offsets.append(end)
-            end = end + part.shape[axis]
-        value = None
-        for part, offset in reversed(list(zip(parts, offsets))):
-            here = part.at([index - offset if k == axis else index for k, index in enumerate(idx)])
-            value = here if value is None else tirx.Select(idx[axis] < offset + part.shape[axis], here, value)
-        return value
-
-    return make(shape, dtype, facts, element)
-
-
-def _take(call, forms, facts, shape, dtype):
-    data, indices = (_need(arg, forms) for arg in call.args)
-    if call.attrs.axis is None:
-        raise _NotClosed
-    axis = _axis(call.attrs.axis, len(data.shape))
-    width = len(indices.shape)
-
-    def element(idx):
-        position = _int64(indices.at(idx[axis:axis + width]))
-        _in_bounds(facts, position, data.shape[axis])
-        return data.at(list(idx[:axis]) + [position] + list(idx[axis + width:]))
-
-    return make(shape, dtype, facts, element)
-
-
-def _index_tensor(call, forms, facts, shape, dtype):
-    data = _need(call.args[0], forms)
-    indices = [_need(f, forms) for f in call.args[1].fields]
-    lead = len(shape) - (len(data.shape) - len(indices))
-    maps = [_mapped(i, shape[:lead], facts) for i in indices]
-
-    def element(idx):
-        positions = [_int64(m(idx[:lead])) for m in maps]
-        for position, extent in zip(positions, data.shape):
-            _in_bounds(facts, position, extent)
-        return data.at(positions + list(idx[lead:]))
-
-    return make(shape, dtype, facts, element)
-
-
-def _cumsum(call, forms, facts, shape, dtype):
-    x = _need(call.args[0], forms)
-    if call.attrs.axis is None or not _is_integer(x.dtype) or not _is_integer(dtype) or dtype == "bool":
-        raise _NotClosed  # a float sum's rounding depends on its order
-    axis = _axis(call.attrs.axis, len(shape))
-    zero = tirx.IntImm("int64", 0)
-
-    def element(idx):
-        summand = tirx.Cast(dtype, x.at(idx))
-        first = tirx.Cast(dtype, x.at([zero if k == axis else index for k, index in enumerate(idx)]))
-        if not facts.equal(summand, first):
-            raise _NotClosed
-        count = idx[axis] if bool(call.attrs.exclusive) else idx[axis] + 1
-        return first * tirx.Cast(dtype, count)
-
-    return make(shape, dtype, facts, element)
-
-
-RULES = MappingProxyType({
+ELEMENTWISE_RULES = MappingProxyType({
     **{name: _binary for name in _BINARY},
     **{name: _unary for name in ("relax.astype", "relax.negative", "relax.logical_not", *_INTRINSICS)},
     "relax.where": _where,
     "relax.arange": _arange,
     **{name: _full for name in ("relax.full", "relax.zeros", "relax.ones")},
-    "relax.broadcast_to": _broadcast_to,
-    "relax.expand_dims": _expand_dims,
-    "relax.squeeze": _squeeze,
-    "relax.reshape": _reshape,
-    "relax.permute_dims": _permute_dims,
-    "relax.strided_slice": _strided_slice,
-    "relax.concat": _concat,
-    "relax.take": _take,
-    "relax.index_tensor": _index_tensor,
-    "relax.cumsum": _cumsum,
 })
-
-
-def derive(call, forms: dict, facts: Facts) -> ClosedForm | None:
-    """The closed form of a binding's value `call` (module docstring), or None."""
-    if isinstance(call, tvm.ir.Constant):
-        return _const_form(call)
-    if isinstance(call, relax.Var):
-        return forms.get(call)
-    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op) or call.op.name not in RULES:
-        return None
-    result = _result(call)
-    if result is None:
-        return None
-    try:
-        return RULES[call.op.name](call, forms, facts, *result)
-    except _NotClosed:
-        return None

@@ -67,7 +67,6 @@ def _rows(problem: Problem) -> tuple:
     cands = problem.candidates
     nodes = sorted(problem.free)
     m_index = {u: len(cands) + k for k, u in enumerate(nodes)}
-    width = len(cands) + len(nodes)
     rows, lower, upper = [], [], []
     for u in nodes:
         row = {c: 1.0 for c, cand in enumerate(cands) if u in cand.owned}

@@ -41,6 +41,7 @@ from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_at
 from tvm_stitch.planning.attention_cost import modeled_us, traffic
 from tvm_stitch.planning.reasons import PlanError, Reason
 from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.stitch_target import StitchTarget
 
 @dataclass(frozen=True)
 class AttentionRecord:
@@ -91,16 +92,17 @@ def kernel_for(plan: AttentionPlan):
 
 @tvm.transform.module_pass(opt_level=0, name="FuseAttention")
 class FuseAttention:
-    """Attention chains -> one planned kernel each (module docstring). `report`: a StitchReport
-    (its `attention` list receives an AttentionRecord per chain); `spec`: the TargetSpec to plan for
-    (default: the target's); `fast_math`: CPU kernels take exp as a vectorisable polynomial (the
-    pipeline's option; default on, as the pipeline's on llvm)."""
+    """Attention chains -> one planned kernel each (module docstring). `target`: a StitchTarget (or a
+    target one is made from), planned for its `kernel_spec`; `report`: a StitchReport (its `attention`
+    list receives an AttentionRecord per chain); `fast_math`: CPU kernels take exp as a vectorisable
+    polynomial (the pipeline's option; default on, as the pipeline's on llvm)."""
 
-    def __init__(self, target, report=None, spec: TargetSpec | None = None, fast_math: bool = True):
-        self.target, self.report, self.spec, self.fast_math = target, report, spec, fast_math
+    def __init__(self, target, report=None, fast_math: bool = True):
+        made = StitchTarget.of(target)
+        self.target, self.spec, self.report, self.fast_math = made.target, made.kernel_spec, report, fast_math
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        spec = self.spec if self.spec is not None else TargetSpec.from_target(self.target)
+        spec = self.spec
         builder = relax.BlockBuilder(tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs))
         replaced, records = {}, []
         for gv, func in mod.functions_items():

@@ -38,7 +38,8 @@ import math
 import tvm
 from tvm import relax, te, tirx
 
-from tvm_stitch.analysis.closed_form import Facts, derive
+from tvm_stitch.analysis.closed_form import Facts
+from tvm_stitch.analysis.closed_form_rules import derive
 from tvm_stitch.analysis.tir_view import substitute
 from tvm_stitch.rewrites.host_constants import MAX_BYTES, evaluate_bindings, read_outside, with_values
 

@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.target import Target
 
 from tvm_stitch.pricing.fold_price import FoldPrice, fold_price
 from tvm_stitch.rewrites.host_constants import static_tensor_bytes
-from tvm_stitch.rewrites.matmul_prologue import compose_calls, composition_wiring
-from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.rewrites.matmul_composition import compose_calls, composition_wiring
+from tvm_stitch.stitch_target import StitchTarget
 
 
 class EpiloguePricer:
     """Whether each relabelled epilogue pays; one pricing per distinct composition (the layers of a
     model share them), each refusal a note in `report` (a StitchReport) once."""
 
-    def __init__(self, target: Target, report=None):
-        self.target = target
-        self.spec = TargetSpec.from_target(target) if target.kind.name == "cuda" else None
+    def __init__(self, target, report=None):
+        made = StitchTarget.of(target)
+        self.target = made.target
+        self.spec = made.spec if made.builds_cuda else None
         self.report = report
         self.prices: dict = {}  # composition wiring key -> FoldPrice
 

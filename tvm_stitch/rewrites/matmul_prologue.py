@@ -44,17 +44,12 @@ from schedules.tensorize_guard import tensorize_faults, without_tensorize
 from tvm_stitch.pricing.fold_price import fold_price
 from tvm_stitch.rewrites.host_constants import static_tensor_bytes
 from tvm_stitch.analysis.op_patterns import OUT_EWISE_FUSABLE
+from tvm_stitch.rewrites.matmul_composition import call_tir_bindings, compose_calls, composition_wiring
 from tvm_stitch.rewrites.matmul_epilogue import copy_kind
-from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.stitch_target import StitchTarget
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
-
-
-def _call_tir_bindings(func: relax.Function) -> dict:
-    """Var -> its call_tir call, over the function's dataflow blocks."""
-    return {b.var: b.value for block in func.body.blocks for b in block.bindings
-            if isinstance(b.value, relax.Call) and b.value.op.same_as(_CALL_TIR)}
 
 
 def _users(func: relax.Function) -> dict:
@@ -113,7 +108,7 @@ def gather_regions(kinds: _Kinds, func: relax.Function) -> set:
     epilogue, so the set would be a launch of its own. A set of element-wise ops alone is left to
     the epilogue of the matmul before it (SwiGLU's product) or to the reduction's kernel (a norm's
     scaling)."""
-    calls = _call_tir_bindings(func)
+    calls = call_tir_bindings(func)
     uses = _users(func)
     region = {v for v, c in calls.items() if not kinds.is_matmul(c) and kinds.spatial_kind(c) is not None}
     changed = True
@@ -144,7 +139,7 @@ def _fold_sites(kinds: _Kinds, func: relax.Function, output_call, gathered: set)
 
     A producer is a call_tir of a pure copy, one in `gathered` (see `gather_regions`), or an output of a multi-output copy (a split), which
     `output_call(split call, index)` turns into a call of that output's own copy (or None)."""
-    calls = _call_tir_bindings(func)
+    calls = call_tir_bindings(func)
     items = {b.var: b.value for block in func.body.blocks for b in block.bindings
              if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in calls}
     uses = _users(func)
@@ -159,60 +154,6 @@ def _fold_sites(kinds: _Kinds, func: relax.Function, output_call, gathered: set)
                 producer = output_call(calls[items[arg].tuple_value], items[arg].index)
             if producer is not None and (arg in gathered or kinds.is_copy(producer)):
                 yield var, position, producer
-
-
-def composition_wiring(matmul: relax.Call, chain: list):
-    """(key, leaves) of folding `chain` ([(var, producer call)] in binding order) into `matmul`:
-    `leaves` are the inputs from outside the chain, each once, in order of first use; `key` is the
-    same for two sites exactly when their compositions are (the same PrimFuncs, wired alike, on
-    arguments of the same types)."""
-    position = {var: j for j, (var, _) in enumerate(chain)}
-    leaves, leaf_index = [], {}
-
-    def ref(arg):
-        if arg in position:
-            return ("chain", position[arg])
-        if arg not in leaf_index:
-            leaf_index[arg] = len(leaves)
-            leaves.append(arg)
-        return ("leaf", leaf_index[arg])
-
-    def call_key(call):
-        return (call.args[0], tuple(ref(a) for a in call.args[1].fields),
-                tuple(tvm_ffi.structural_hash(t) for t in call.ty_args))
-
-    key = (tuple(call_key(producer) for _, producer in chain), call_key(matmul))
-    return key + (tuple(tvm_ffi.structural_hash(leaf.ty) for leaf in leaves),), leaves
-
-
-def compose_calls(mod: tvm.IRModule, matmul: relax.Call, chain: list, leaves: list):
-    """(PrimFunc, order): the blocks of the chain's producers, in order, then the matmul's reading
-    their results; its parameters are `leaves[i]` for i in `order` (FuseTIR merges repeated
-    arguments)."""
-    mini = tvm.IRModule({gv: mod[gv] for gv in {matmul.args[0], *(p.args[0] for _, p in chain)}})
-    builder = relax.BlockBuilder(mini)
-    params = [relax.Var(f"p{i}", leaf.ty) for i, leaf in enumerate(leaves)]
-    inner = dict(zip(leaves, params))
-
-    def call(c: relax.Call) -> relax.Call:
-        return relax.Call(c.op, [c.args[0], relax.Tuple([inner[a] for a in c.args[1].fields])], c.attrs, c.ty_args)
-
-    with builder.function("group", params, attrs={"Primitive": True}, private=True):
-        with builder.dataflow():
-            for var, producer in chain:
-                inner[var] = builder.emit(call(producer))
-            out = builder.emit_output(call(matmul))
-        group = builder.emit_func_output(out)
-    main_params = [relax.Var(f"a{i}", p.ty) for i, p in enumerate(params)]
-    with builder.function("main", main_params):
-        with builder.dataflow():
-            out = builder.emit_output(relax.Call(group, main_params))
-        builder.emit_func_output(out)
-    fused = relax.transform.FuseTIR()(builder.get())
-    (fused_call,) = _call_tir_bindings(fused["main"]).values()
-    index = {p: i for i, p in enumerate(main_params)}
-    func = fused[fused_call.args[0]].with_attr("op_pattern", OUT_EWISE_FUSABLE)
-    return func, [index[a] for a in fused_call.args[1].fields]
 
 
 def _producer_bytes(matmul: relax.Call, chain: list) -> int:
@@ -259,7 +200,7 @@ def _chains(kinds: _Kinds, func: relax.Function, output_call, gathered: set) -> 
     round's fold is scheduled. A var feeding two matmuls is in both chains."""
     bindings = [b for block in func.body.blocks for b in block.bindings]
     order = {b.var: i for i, b in enumerate(bindings)}
-    calls = _call_tir_bindings(func)
+    calls = call_tir_bindings(func)
     items = {b.var: b.value for b in bindings
              if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in calls}
     uses = _users(func)
@@ -301,8 +242,8 @@ class FoldProloguesIntoMatmuls:
     distinct composition: the layers of a model share them); where dlight's Matmul rule refuses a
     chain, its matmuls fold one producer per round instead, keeping what it schedules."""
 
-    def __init__(self, target: Target, report=None):
-        self.target = target
+    def __init__(self, target, report=None):
+        self.target = StitchTarget.of(target)
         self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -318,10 +259,11 @@ class PrologueFolder:
     split output's own copy) and takes each rewritten function; the caches make each composition,
     trial and split output once."""
 
-    def __init__(self, mod: tvm.IRModule, target: Target, report=None):
+    def __init__(self, mod: tvm.IRModule, target, report=None):
+        made = StitchTarget.of(target)
         self.mod = mod
-        self.target = target
-        self.spec = TargetSpec.from_target(target) if target.kind.name == "cuda" else None  # prices folds
+        self.target = made.target
+        self.spec = made.spec if made.builds_cuda else None  # prices folds
         self.report = report  # a StitchReport: each boundary left because dlight would not schedule it
         self.kinds = _Kinds(mod)
         self.composed: dict = {}  # wiring key -> (GlobalVar, argument order), or why it does not fold
@@ -396,7 +338,7 @@ class PrologueFolder:
         """(func with every matmul's whole chain folded where dlight schedules it, whether some chain
         was refused). A chain sharing a var with a refused one waits for `fold_round`: that var may stay."""
         chains = _chains(self.kinds, func, self.output_call, gathered)
-        calls = _call_tir_bindings(func)
+        calls = call_tir_bindings(func)
         folds = {var: self.fold(calls[var], chain, note=False) for var, chain in chains.items()}
         refused = {v for var, chain in chains.items() if folds[var] is None for v, _ in chain}
         new_values = {var: call for var, call in folds.items()
@@ -409,7 +351,7 @@ class PrologueFolder:
 
     def fold_round(self, func: relax.Function, gathered: set) -> relax.Function | None:
         """`func` with at most one more producer folded into each matmul (None when nothing folds)."""
-        calls = _call_tir_bindings(func)
+        calls = call_tir_bindings(func)
         new_values, old_args = {}, []
         for var, position, producer in list(_fold_sites(self.kinds, func, self.output_call, gathered)):
             arg = calls[var].args[1].fields[position]
@@ -437,7 +379,7 @@ class PrologueFolder:
         """The module, less the split outputs' copies no call uses."""
         mod = self.mod
         called = {call.args[0] for f in mod.functions.values() if isinstance(f, relax.Function)
-                  for call in _call_tir_bindings(f).values()}
+                  for call in call_tir_bindings(f).values()}
         unused = [gv for gv in self.outputs.values() if gv is not None and gv not in called]
         return tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv not in unused}, attrs=mod.attrs) \
             if unused else mod

@@ -32,6 +32,7 @@ from tvm_stitch.planning.reasons import PlanError, Reason, reason_of
 from tvm_stitch.planning.scatter_add import ScatterAddPlan, plan_scatter_add
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import total_us
+from tvm_stitch.stitch_target import StitchTarget
 
 
 @dataclass(frozen=True)
@@ -84,11 +85,12 @@ class ScatterAddsAtomically:
     `scatters` list receives a ScatterRecord per scatter_nd); `spec`: the TargetSpec to plan for (default:
     the target's)."""
 
-    def __init__(self, target, report=None, spec: TargetSpec | None = None):
-        self.target, self.report, self.spec = target, report, spec
+    def __init__(self, target, report=None):
+        made = StitchTarget.of(target)
+        self.target, self.spec, self.report = made.target, made.kernel_spec, report
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        spec = self.spec if self.spec is not None else TargetSpec.from_target(self.target)
+        spec = self.spec
         builder = relax.BlockBuilder(tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs))
         replaced, records = {}, []
         for gv, func in mod.functions_items():

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
-from tvm import relax
 
 from tvm_stitch.analysis.graph import Graph
 from tvm_stitch.kernels.outline import Outlined

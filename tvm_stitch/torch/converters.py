@@ -1,6 +1,6 @@
 """Converters for ATen ops of aot_autograd's graphs that TVM 0.27's exported-program importer gets wrong.
 
-`frontend.converters()` (bool cumsum, slices under symbolic sizes) apply
+`exported_program.converters()` (bool cumsum, slices under symbolic sizes) apply
 as they are. One more trap is met in training graphs: the importer maps
 all three outputs of `aten.native_layer_norm` to the normalised output,
 while the forward saves its mean and rstd for the backward. Here the
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from tvm import relax, tirx
 
-from tvm_stitch.frontend import converters as frontend_converters
+from tvm_stitch.torch.exported_program import converters as frontend_converters
 from tvm_stitch.torch.foreach import converters as foreach_converters
 from tvm_stitch.torch.gradient_ops import converters as gradient_converters
 

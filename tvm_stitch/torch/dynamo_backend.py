@@ -20,14 +20,17 @@ from dataclasses import dataclass
 
 import tvm
 
+from tvm_stitch.pipeline import pipeline
 from tvm_stitch.stitch import DEFAULT_FUSION, FUSION_METHODS
+from tvm_stitch.target import as_target, default_pipeline
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
 from tvm_stitch.torch.eager import EagerFallback, split_unsupported, warn_eager
 from tvm_stitch.torch.foreach import foreach_as_loops
 from tvm_stitch.torch.errors import BuildFailed, CannotBuild, UnsupportedGraph
-from tvm_stitch.torch.graph_import import NOT_OPS, graph_module_path, import_graph, op_name, unsupported_nodes
+from tvm_stitch.torch.graph_import import NOT_OPS, import_graph, unsupported_nodes
+from tvm_stitch.torch.nodes import graph_module_path, op_name
 from tvm_stitch.torch.runner import BuiltGraph
 
 CACHE_DIR_VARIABLE = "TVM_STITCH_CACHE_DIR"
@@ -65,8 +68,6 @@ class Backend:
     def __init__(self, **options):
         self.options = Options(**options)
         if self.options.target is not None:
-            from tvm_stitch.target import as_target
-
             as_target(self.options.target)  # a bad target is refused here, not at the first call
         cache = self.options.cache
         directory = cache if isinstance(cache, str) else os.environ.get(CACHE_DIR_VARIABLE)
@@ -148,9 +149,6 @@ class Backend:
 
 
 def _compile(mod, target, options: Options):
-    from tvm_stitch.pipeline import pipeline
-    from tvm_stitch.target import default_pipeline
-
     try:
         passes = (pipeline(target, strict=options.strict, fast_math=options.fast_math, fusion=options.fusion)
                   if options.fusion else default_pipeline(target))

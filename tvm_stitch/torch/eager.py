@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 from tvm_stitch.torch.errors import CannotBuild
+from tvm_stitch.torch.nodes import module_path, op_name
 
 
 class EagerFallbackWarning(UserWarning):
@@ -58,8 +59,6 @@ def split_unsupported(gm, example_inputs, eager_ops: set, build, fallback):
 
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
-
-    from tvm_stitch.torch.graph_import import module_path, op_name
 
     class Importable(OperatorSupportBase):
         def is_node_supported(self, submodules, node) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from tvm import relax, tirx
 
 from tvm_stitch.torch.errors import UnsupportedGraph
+from tvm_stitch.torch.nodes import module_path, op_name
 
 
 def converters() -> dict:
@@ -34,8 +35,6 @@ def _static(expr, what: str, node, dims: int | None = None) -> list:
     """The static sizes of `expr` (its first `dims`); UnsupportedGraph where one is symbolic."""
     sizes = list(expr.ty.shape.values)[:dims] if isinstance(expr.ty.shape, relax.ShapeExpr) else None
     if sizes is None or not all(isinstance(s, tirx.IntImm) for s in sizes):
-        from tvm_stitch.torch.graph_import import module_path, op_name
-
         raise UnsupportedGraph(f"{op_name(node)} needs static sizes of its {what}", op_name(node), module_path(node))
     return [int(s.value) for s in sizes]
 
@@ -49,8 +48,6 @@ def _index_put(node, importer):
     data, values = env[args[0]], env[args[2]]
     indices = [env[i] if i is not None else None for i in args[1]]
     if accumulate and any(i is None for i in indices):
-        from tvm_stitch.torch.graph_import import module_path, op_name
-
         raise UnsupportedGraph("index_put accumulating under a full slice: TVM's index_put adds from parallel "
                                "iterations, which repeated indices would race", op_name(node), module_path(node))
     if any(i is None or str(i.ty.dtype) == "bool" for i in indices):
@@ -75,7 +72,6 @@ def _index_put(node, importer):
 
 def _convolution_backward(node, importer) -> tuple:
     """(input's gradient, weight's gradient, bias's gradient), None where output_mask says it is not needed."""
-    from tvm_stitch.torch.graph_import import module_path, op_name
 
     env, emit = importer.env, importer.block_builder.emit
     grad, x, weight = (env[a] for a in node.args[:3])

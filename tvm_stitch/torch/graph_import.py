@@ -19,7 +19,6 @@ would give the importer is made here from the example inputs instead:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import tvm
@@ -28,6 +27,7 @@ from tvm import relax
 from tvm_stitch.torch import symbols
 from tvm_stitch.torch.converters import converters
 from tvm_stitch.torch.errors import UnsupportedGraph
+from tvm_stitch.torch.nodes import module_path, op_name
 
 
 @dataclass(frozen=True)
@@ -48,26 +48,6 @@ class ImportedGraph:
 
 
 NOT_OPS = frozenset({"", "placeholder", "get_attr", "call_module", "call_method", "output"})  # no op to leave on eager
-
-
-def op_name(node) -> str:
-    return getattr(node.target, "__name__", str(node.target))
-
-
-def module_path(node) -> str:
-    """The module a node came from, as the user names it (dynamo's `L['self']` prefix removed)."""
-    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
-    if not stack:
-        return "the model's forward"
-    path, kind = list(stack.values())[-1]
-    path = re.sub(r"^L\[[^\]]*\](\[\d+\])?\.?", "", path)  # dynamo's source of the module: L['self'], L['args'][0]
-    kind = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
-    return f"{path or 'the top module'} ({kind})"
-
-
-def graph_module_path(gm) -> str:
-    """The module path of a graph's first node that records one."""
-    return next((module_path(n) for n in gm.graph.nodes if n.meta.get("nn_module_stack")), "the model's forward")
 
 
 def _importer():
