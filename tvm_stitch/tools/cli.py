@@ -448,7 +448,7 @@ def _add_cache(sub) -> None:
     """The `cache` command's arguments."""
     ca = sub.add_parser("cache", help="the disk compile cache of backend='tvm_stitch': show its entries, verify "
                                       "them as loading does, or clear them")
-    ca.add_argument("action", help="show, verify or clear")
+    ca.add_argument("action", nargs="?", default="show", help="show (the default), verify or clear")
     ca.add_argument("--dir", default="", help="the cache directory (default: $TVM_STITCH_CACHE_DIR)")
     ca.add_argument("--invalid", action="store_true", help="with clear: only the entries that fail verify")
     ca.set_defaults(func=_cache)
