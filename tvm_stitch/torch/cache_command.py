@@ -36,7 +36,11 @@ def cache_command(action: str, directory: str, invalid: bool = False) -> int:
         print(f"the compile cache {directory} {problem}: not {'cleared' if action == 'clear' else 'read'}",
               file=sys.stderr)
         return 2
-    return {"show": _show, "verify": _verify, "clear": _clear}[action](directory, problem, invalid)
+    try:
+        return {"show": _show, "verify": _verify, "clear": _clear}[action](directory, problem, invalid)
+    except OSError as err:
+        print(f"the compile cache {directory} cannot be read ({err.strerror})", file=sys.stderr)
+        return 2
 
 
 def _usage_problem(action: str, directory: str, invalid: bool) -> str | None:
