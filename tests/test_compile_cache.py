@@ -1,11 +1,14 @@
 """The disk compile cache as a trusted store: what is planted, damaged, swapped, stale or foreign is never loaded."""
 
+import ctypes
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 
 import pytest
 
@@ -87,8 +90,6 @@ def _planted_library(tmp_path):
 def _plant(entry, library):
     """`library` as the entry's lib.so, with a manifest rewritten to match it (as a forger would)."""
     shutil.copy(library, entry / LIBRARY)
-    import hashlib
-
     manifest = json.loads((entry / MANIFEST).read_text())
     data = (entry / LIBRARY).read_bytes()
     manifest.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
@@ -149,8 +150,6 @@ def test_a_planted_entry_is_never_loaded(cache, tmp_path, how):
         assert "refused" in warning and (entry / LIBRARY).read_bytes() == library.read_bytes()
     else:  # failed its check: rebuilt in place
         assert "rebuilt" in warning and entry_problem(str(entry), keys["softmax"], current_versions()) is None
-    import ctypes
-
     ctypes.CDLL(str(library))  # the marker works: loading the planted library would have written it
     assert marker.exists()
 
@@ -239,9 +238,7 @@ def test_swapped_entries_are_rebuilt_and_the_answers_are_right(cache, swap):
     assert (backend.counters.compiles, backend.counters.disk_hits) == (2, 0), backend.counters
 
 
-def test_the_versions_are_in_the_key(cache, monkeypatch):
-    from dataclasses import replace
-
+def test_the_versions_are_in_the_key(cache):
     directory, keys = cache
     backend = _fresh(directory)
     backend.cache.versions = replace(backend.cache.versions, tvm="0.28.0")

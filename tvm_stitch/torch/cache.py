@@ -1,4 +1,4 @@
-"""The compile cache: built executables keyed by the graph's structure, the input specs, the target, options and versions.
+"""The compile cache: built executables keyed by the graph, the input specs, the target, options and versions.
 
 The key is a SHA-256 of the graph's code (its ops, their arguments and
 order; aot_autograd names nodes deterministically), the bytes of the
