@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from dataclasses import replace
 
@@ -268,25 +269,34 @@ def test_an_unusable_cache_path_keeps_the_build_on_tvm(tmp_path, where):
 
 
 CHILD = """
-import sys, torch, tvm_stitch.torch as ts
+import os, sys, time, torch, tvm_stitch.torch as ts
 backend = ts.backend(cache=sys.argv[1])
+open(os.path.join(sys.argv[2], str(os.getpid())), "w").close()
+while not os.path.exists(os.path.join(sys.argv[2], "go")):  # both processes imported: they build at once
+    time.sleep(0.01)
 with torch.no_grad():
     model = torch.nn.Softmax(dim=-1)
     x = torch.randn(4, 8)
     torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x))
-print(backend.counters.compiles + backend.counters.disk_hits)
+print(backend.counters.compiles, backend.counters.disk_hits)
 """
 
 
-def test_two_processes_filling_one_cache_end_with_one_valid_entry(tmp_path):
-    directory = tmp_path / "cache"
+def test_two_processes_filling_one_cache_at_once_end_with_one_valid_entry(tmp_path):
+    directory, barrier = tmp_path / "cache", tmp_path / "barrier"
+    barrier.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    children = [subprocess.Popen([sys.executable, "-c", CHILD, str(directory)], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, str(directory), str(barrier)], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    while len(os.listdir(barrier)) < 2 and all(c.poll() is None for c in children):
+        time.sleep(0.01)
+    (barrier / "go").touch()
+    counts = []
     for child in children:
         out, err = child.communicate(timeout=300)
         assert child.returncode == 0, err[-2000:]
-        assert out.split()[-1] == "1"
+        counts.append(tuple(int(n) for n in out.split()[-2:]))
+    assert all(sum(c) == 1 for c in counts), counts  # each built or loaded once
     (key,) = os.listdir(directory)  # one entry, no staging left behind
     assert entry_problem(str(directory / key), key, current_versions()) is None
     later = _fresh(directory)
