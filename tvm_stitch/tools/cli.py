@@ -292,6 +292,12 @@ def _torch_compile(args) -> int:
     return 0
 
 
+def _cache(args) -> int:
+    from tvm_stitch.torch.cache_command import cache_command
+
+    return cache_command(args.action, args.dir, invalid=args.invalid)
+
+
 def _add_bench(sub) -> None:
     """The `bench` command's arguments."""
     bench = sub.add_parser("bench", help="run the graph suite with TVM's default pipeline and with tvm-stitch")
@@ -438,6 +444,16 @@ def _add_calibrate(sub) -> None:
     cal.set_defaults(func=_calibrate)
 
 
+def _add_cache(sub) -> None:
+    """The `cache` command's arguments."""
+    ca = sub.add_parser("cache", help="the disk compile cache of backend='tvm_stitch': show its entries, verify "
+                                      "them as loading does, or clear them")
+    ca.add_argument("action", nargs="?", default="show", help="show (the default), verify or clear")
+    ca.add_argument("--dir", default="", help="the cache directory (default: $TVM_STITCH_CACHE_DIR)")
+    ca.add_argument("--invalid", action="store_true", help="with clear: only the entries that fail verify")
+    ca.set_defaults(func=_cache)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -451,6 +467,7 @@ def main(argv=None) -> int:
     _add_evaluate(sub)
     _add_torch_compile(sub)
     _add_calibrate(sub)
+    _add_cache(sub)
     args = parser.parse_args(argv)
     args.argv = argv
     known = ("float32", "float16", "bfloat16") if getattr(args, "func", None) is _bench else ("float32", "float16")

@@ -14,6 +14,7 @@ import functools
 
 from tvm_stitch.torch.dynamo_backend import Backend, Options
 from tvm_stitch.torch.cache import Counters
+from tvm_stitch.torch.cache_store import CacheWarning
 from tvm_stitch.torch.eager import EagerFallbackWarning
 
 
@@ -38,5 +39,5 @@ def counters() -> Counters:
     return default_backend().counters
 
 
-__all__ = ["backend", "Backend", "Options", "Counters", "EagerFallbackWarning", "default_backend",
+__all__ = ["backend", "Backend", "Options", "Counters", "CacheWarning", "EagerFallbackWarning", "default_backend",
            "compile_graph", "counters"]

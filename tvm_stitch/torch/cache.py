@@ -1,26 +1,26 @@
-"""The compile cache: built executables keyed by the graph's structure, the input specs, the target and options.
+"""The compile cache: built executables keyed by the graph, the input specs, the target, options and versions.
 
 The key is a SHA-256 of the graph's code (its ops, their arguments and
 order; aot_autograd names nodes deterministically), the bytes of the
 tensors the graph holds as attributes (they are built into the module),
 each input's dtype, device and shape (symbolic sizes by name, with their
-bounds), the target and the build options. Weights are inputs of
+bounds), the target, the build options and the versions of tvm-stitch
+(with a digest of its files), TVM and tvm-ffi. Weights are inputs of
 aot_autograd's graphs, so two models of one architecture share a build.
 
 In memory per Backend; on disk too where a directory is given
-(`TVM_STITCH_CACHE_DIR`): `<key>.so`, written by `export_library`, read
-back with `tvm.runtime.load_module`.
+(`TVM_STITCH_CACHE_DIR`): a trusted store of verified entries
+(cache_store, cache_manifest, cache_trust).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 
-import tvm
-
 from tvm_stitch.torch import symbols
+from tvm_stitch.torch.cache_manifest import Versions, current_versions
+from tvm_stitch.torch.cache_store import DiskStore
 
 
 @dataclass
@@ -33,8 +33,8 @@ class Counters:
     eager_fallbacks: int = 0
 
 
-def graph_key(gm, example_inputs, target, options) -> str:
-    """The cache key of a graph built for `target` with `options` (a hashable description)."""
+def graph_key(gm, example_inputs, target, options, versions: Versions) -> str:
+    """The cache key of a graph built for `target` with `options` (a hashable description) by `versions`."""
     import torch
 
     digest = hashlib.sha256(gm.code.encode())
@@ -52,6 +52,7 @@ def graph_key(gm, example_inputs, target, options) -> str:
                               .encode())
     digest.update(str(target).encode())
     digest.update(repr(options).encode())
+    digest.update(repr(versions).encode())
     return digest.hexdigest()
 
 
@@ -62,30 +63,24 @@ def _spec(value) -> str:
 
 
 class CompileCache:
-    """Executables by key, in memory and (where `directory` is set) on disk."""
+    """Executables by key, in memory and (where `directory` is set) in a DiskStore there."""
 
     def __init__(self, directory: str | None = None):
-        self.directory = directory
+        self.versions = current_versions()
         self.memory = {}
+        self.disk = DiskStore(directory, self.versions) if directory else None
 
-    def get(self, key: str):
+    def get(self, key: str, target):
         """(executable, "memory" | "disk") or (None, None)."""
         if key in self.memory:
             return self.memory[key], "memory"
-        path = self._path(key)
-        if path is not None and os.path.exists(path):
-            self.memory[key] = tvm.runtime.load_module(path)
-            return self.memory[key], "disk"
-        return None, None
-
-    def put(self, key: str, executable) -> None:
+        executable = self.disk.load(key, str(target)) if self.disk is not None else None
+        if executable is None:
+            return None, None
         self.memory[key] = executable
-        path = self._path(key)
-        if path is not None:
-            os.makedirs(self.directory, exist_ok=True)
-            partial = f"{path}.{os.getpid()}.tmp.so"
-            executable.export_library(partial)
-            os.replace(partial, path)  # readers never see a half-written library
+        return executable, "disk"
 
-    def _path(self, key: str) -> str | None:
-        return os.path.join(self.directory, f"{key}.so") if self.directory else None
+    def put(self, key: str, target, executable) -> None:
+        self.memory[key] = executable
+        if self.disk is not None:
+            self.disk.save(key, str(target), executable)

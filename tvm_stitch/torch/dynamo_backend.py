@@ -24,6 +24,7 @@ from tvm_stitch.pipeline import pipeline
 from tvm_stitch.stitch import DEFAULT_FUSION, FUSION_METHODS
 from tvm_stitch.target import as_target, default_pipeline
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
+from tvm_stitch.torch.cache_store import CACHE_DIR_VARIABLE
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
 from tvm_stitch.torch.eager import EagerFallback, split_unsupported, warn_eager
@@ -32,8 +33,6 @@ from tvm_stitch.torch.errors import BuildFailed, CannotBuild, UnsupportedGraph
 from tvm_stitch.torch.graph_import import NOT_OPS, import_graph, unsupported_nodes
 from tvm_stitch.torch.nodes import graph_module_path, op_name
 from tvm_stitch.torch.runner import BuiltGraph
-
-CACHE_DIR_VARIABLE = "TVM_STITCH_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -60,6 +59,10 @@ class Options:
             raise TypeError(f"fast_math must be True, False or None, not {self.fast_math!r}")
         if not isinstance(self.cache, (bool, str)):
             raise TypeError(f"cache must be True, False or a directory, not {self.cache!r}")
+
+    def build_options(self) -> tuple:
+        """What a build depends on, for the cache key: every option but where the cache is."""
+        return self.target, self.strict, self.fast_math, self.fusion
 
 
 class Backend:
@@ -131,13 +134,15 @@ class Backend:
         imported = import_graph(gm, example_inputs)
         if imported.mod is None:
             return BuiltGraph(None, None, imported)
-        key = graph_key(gm, example_inputs, target, self.options)
-        executable, where = self.cache.get(key) if self.cache is not None else (None, None)
+        executable, where, key = None, None, None
+        if self.cache is not None:
+            key = graph_key(gm, example_inputs, target, self.options.build_options(), self.cache.versions)
+            executable, where = self.cache.get(key, target)
         if executable is None:
             executable = _compile(imported.mod, target, self.options)
             self.counters.compiles += 1
             if self.cache is not None:
-                self.cache.put(key, executable)
+                self.cache.put(key, target, executable)
         else:
             self.counters.cache_hits += 1
             self.counters.disk_hits += where == "disk"
