@@ -2,7 +2,8 @@
 
 from tvm import relax
 
-from tvm_stitch.rewrites.matmul_prologue import PrologueFolder, _call_tir_bindings
+from tvm_stitch.rewrites.matmul_composition import call_tir_bindings
+from tvm_stitch.rewrites.matmul_prologue import PrologueFolder
 from tvm_stitch.report import StitchReport
 
 from conftest import CUDA, legalized, make_module, tensor
@@ -14,7 +15,7 @@ op = relax.op
 
 def _calls(mod, name_start: str) -> list:
     """The call_tir calls of main whose callee's name starts with `name_start`, in binding order."""
-    return [c for c in _call_tir_bindings(mod["main"]).values() if c.args[0].name_hint.startswith(name_start)]
+    return [c for c in call_tir_bindings(mod["main"]).values() if c.args[0].name_hint.startswith(name_start)]
 
 
 def _qkv_split():
@@ -47,7 +48,7 @@ def test_a_refused_composition_is_tried_once_and_noted_once():
     mod = legalized(make_module([x, w], lambda bb, x, w: bb.emit(op.matmul(op.expand_dims(x, 0), w))))
     report = StitchReport()
     folder = PrologueFolder(mod, CUDA, report)
-    calls = _call_tir_bindings(mod["main"])
+    calls = call_tir_bindings(mod["main"])
     ((var, matmul),) = [(v, c) for v, c in calls.items() if c.args[0].name_hint.startswith("matmul")]
     (copy_var,) = [v for v, c in calls.items() if c.args[0].name_hint.startswith("expand_dims")]
     chain = [(copy_var, calls[copy_var])]
@@ -70,7 +71,7 @@ def test_identical_compositions_share_one_trial_and_one_function():
     folder = PrologueFolder(mod, CUDA)
     folded, refused = folder.fold_chains(mod["main"], set())
     assert not refused
-    callees = [c.args[0] for c in _call_tir_bindings(folded).values()]
+    callees = [c.args[0] for c in call_tir_bindings(folded).values()]
     prologues = [gv for gv in callees if gv.name_hint.endswith("_prologue")]
     assert len(prologues) == 2 and prologues[0].same_as(prologues[1])  # one function for both matmuls
     assert not [gv for gv in callees if gv.name_hint.startswith("transpose")]
@@ -90,5 +91,5 @@ def test_fold_function_gives_the_module_the_rewritten_function():
     folder = PrologueFolder(mod, CUDA)
     folder.fold_function(mod.get_global_var("main"), mod["main"])
     out = folder.module()
-    names = [c.args[0].name_hint for c in _call_tir_bindings(out["main"]).values()]
+    names = [c.args[0].name_hint for c in call_tir_bindings(out["main"]).values()]
     assert not [n for n in names if n.startswith(("split", "transpose"))], names
