@@ -149,6 +149,20 @@ def test_output_paths_are_checked_before_the_work(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == [blocker]
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["explain", "softmax", "--target", "foo"], "invalid choice: 'foo'"),
+    (["fuzz", "--n", "x"], "invalid int value: 'x'"),
+    (["explain", "softmax", "--dtype", "int8"], "'int8'"),
+    ([], "required: command"),
+])
+def test_argument_errors_are_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err
+
+
 def test_simt_names_a_malformed_arch(capsys):
     assert "'sm_x'" in _one_line_exit_2(capsys, ["simt", "softmax", "--arch", "sm_x"])
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tvm_stitch.tools.cli_errors import at_least, one_line, run_command
+from tvm_stitch.tools.cli_errors import OneLineParser, at_least, one_line, run_command
 from tvm_stitch.tools.paths import check_writable_file, check_writable_folder
 
 
@@ -461,7 +461,7 @@ def _add_calibrate(sub) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
+    parser = OneLineParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
     _add_explain(sub)

@@ -6,12 +6,21 @@ tvm-stitch and keeps its traceback."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from tvm_stitch.errors import UserInputError
 
 USER_ERRORS = (UserInputError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError)
 USAGE_STATUS = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too) with its errors on one line: the message and where
+    the usage is, not the usage itself."""
+
+    def error(self, message: str):
+        self.exit(USAGE_STATUS, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def run_command(command: str, func, args) -> int:
