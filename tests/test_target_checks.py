@@ -10,8 +10,8 @@ from tvm.target import codegen
 
 import tvm_stitch
 from tvm_stitch import TargetSpec
-from tvm_stitch.errors import TargetError
-from tvm_stitch.planning.spec import UnknownArchWarning, known_archs
+from tvm_stitch import TargetError, UnknownArchWarning
+from tvm_stitch.planning.spec import known_archs
 from tvm_stitch.target import as_target
 
 
@@ -65,3 +65,8 @@ def test_a_known_arch_plans_without_a_warning(arch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert TargetSpec.from_target(as_target({"kind": "cuda", "arch": arch})).arch == arch
+
+
+def test_an_emulated_gpu_with_a_malformed_arch_says_why():
+    with pytest.raises(ValueError, match="emulate must be .*unknown CUDA arch 'sm_x'"):
+        tvm_stitch.pipeline({"kind": "llvm"}, emulate={"kind": "cuda", "arch": "sm_x"})
