@@ -13,11 +13,12 @@ from tvm_stitch.threads import use_all_cores
 
 use_all_cores()
 
+from tvm_stitch.errors import TargetError
 from tvm_stitch.explain import explain
 from tvm_stitch.frontend import UnsupportedModelError, from_torch
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.planning.plan import Intermediate, Phase, PhaseRole, StitchPlan, ThreadMapping
-from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.spec import TargetSpec, UnknownArchWarning
 from tvm_stitch.report import StitchReport
 from tvm_stitch.stitch import StitchError, StitchFusion
 
@@ -36,6 +37,8 @@ __all__ = [
     "StitchFusion",
     "explain",
     "TargetSpec",
+    "TargetError",
+    "UnknownArchWarning",
     "from_torch",
     "UnsupportedModelError",
     "StitchPlan",

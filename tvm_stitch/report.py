@@ -65,20 +65,7 @@ class StitchReport:
             if plan is None:
                 rows.append(("-", ops, "fallback", "-", "-", _short(group.fallback, 60), "-", "-"))
                 continue
-            m = plan.mapping
-            if plan.scheme == "row-split":
-                mapping = f"{m.grid} blocks ({m.split} blocks/row) x {m.threads} thr, {plan.kernels} kernels"
-            elif plan.scheme == "column-split":
-                mapping = (f"{m.grid} blocks ({m.split} row chunks) x {m.threads}x{m.rows_per_task} thr "
-                           f"(columns x rows), vec {m.vector}, {plan.kernels} kernels")
-            elif plan.target == "cuda":
-                grid = m.grid if m.grid >= 0 else "x".join(plan.row_shape) + (
-                    f"/{m.rows_per_task}" if m.rows_per_task > 1 else "")
-                mapping = f"{grid} blocks x {m.threads} thr, {m.rows_per_task} row/blk" + "".join(
-                    f", for {name} <= {upper}" for name, upper in plan.bounds)
-            else:
-                row_count = m.rows if m.rows >= 0 else "x".join(plan.row_shape)
-                mapping = f"{row_count} rows / {m.threads} cores, vec {m.vector}{' across rows' if m.across else ''}"
+            mapping = _mapping(plan)
             levels = {"register": [], "shared": [], "global": []}
             for inter in plan.intermediates:
                 levels[inter.level].append(inter.name)
@@ -143,6 +130,37 @@ class StitchReport:
         return self.table()
 
 
+def _mapping(plan: StitchPlan) -> str:
+    """The table's mapping column: what the kernel's launches do (blocks, threads per block, what a
+    block and a thread take; cores and vector lanes on the CPU)."""
+    m = plan.mapping
+    if plan.scheme == "row-split":
+        per_thread = f", {m.rows_per_task} rows/blk, 1 row/thr" if m.threads == 1 else ""
+        return (f"{m.grid} blocks ({m.split} blocks/row) x {plan.threads_per_block} thr{per_thread}, "
+                f"{plan.kernels} kernels")
+    if plan.scheme == "column-split":
+        return (f"{m.grid} blocks ({m.split} row chunks) x {m.threads}x{m.rows_per_task} thr "
+                f"(columns x rows), vec {m.vector}, {plan.kernels} kernels")
+    if plan.target == "cuda":
+        grid = m.grid if m.grid >= 0 else "x".join(plan.row_shape) + (
+            f"/{m.rows_per_task}" if m.rows_per_task > 1 else "")
+        return f"{grid} blocks x {_cuda_block(m)}" + "".join(f", for {name} <= {upper}" for name, upper in plan.bounds)
+    row_count = m.rows if m.rows >= 0 else "x".join(plan.row_shape)
+    return f"{row_count} rows / {m.threads} cores, vec {m.vector}{' across rows' if m.across else ''}"
+
+
+def _cuda_block(m) -> str:
+    """A CUDA row-resident block: its threads and rows; with a thread per row (element-wise: an
+    element per thread), what each thread takes."""
+    if m.threads > 1:
+        spread = f" ({m.threads} thr/row)" if m.rows_per_task > 1 else ""
+        return f"{m.threads * m.rows_per_task} thr, {m.rows_per_task} row/blk{spread}"
+    if m.row_elements == 1:
+        return f"{m.rows_per_task} thr, 1 elem/thr"
+    length = f" ({m.row_elements} elem)" if m.row_elements > 1 else ""
+    return f"{m.rows_per_task} thr, 1 row/thr{length}"
+
+
 def _search_line(r) -> str:
     """One block's fusion search: the plan used, its modeled time and greedy's, proven or not, time taken."""
     times = (f"{r.chosen_us:.1f} us against greedy's {r.greedy_us:.1f} us" if r.greedy_us >= 0
@@ -170,6 +188,8 @@ def _variant_shape(plan: StitchPlan) -> str:
     if plan.target == "cpu":
         rows = f"{m.split} chunks/row" if m.split > 1 else "rows"
         return f"{rows} over {m.threads} cores, vector {m.vector}{' across rows' if m.across else ''}"
+    if m.threads == 1:
+        return _cuda_block(m)
     return f"{m.rows_per_task} row/blk x {m.threads} thr"
 
 

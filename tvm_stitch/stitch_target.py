@@ -76,7 +76,7 @@ def emulated(emulate) -> Target | None:
     try:
         target = as_target(emulate)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"emulate must be None, 'cuda' or a cuda target, not {emulate!r}") from err
+        raise ValueError(f"emulate must be None, 'cuda' or a cuda target, not {emulate!r} ({err})") from err
     if target.kind.name != "cuda":
         raise ValueError(f"emulate must be None, 'cuda' or a cuda target, not {emulate!r}")
     return target

@@ -5,7 +5,10 @@ from __future__ import annotations
 import warnings
 
 import tvm
-from tvm.target import Target
+from tvm.target import Target, codegen
+
+from tvm_stitch.errors import TargetError
+from tvm_stitch.planning.spec import check_cuda_arch
 
 from schedules.tensorize_guard import NoTensorize
 
@@ -13,21 +16,48 @@ SUPPORTED_KINDS = ("cuda", "llvm")
 
 
 def as_target(target) -> Target:
-    """A Target from a Target, a dict or a string; a clear error for anything else."""
+    """A Target from a Target, a dict or a string; a TargetError (a ValueError) naming what is wrong
+    for an unsupported kind, a malformed CUDA arch or a CPU name LLVM does not know, before TVM
+    parses it; TypeError for anything else."""
     if isinstance(target, Target):
         result = target
     elif isinstance(target, (dict, str)):
+        if isinstance(target, dict):
+            _check_given(target)
         try:
             result = Target(target)
         except (RuntimeError, ValueError, TypeError, KeyError) as err:
-            raise ValueError(f"invalid target {target!r}: {str(err).strip().splitlines()[-1]}") from err
+            raise TargetError(f"invalid target {target!r}: {str(err).strip().splitlines()[-1]}") from err
     else:
         raise TypeError(f"target must be a tvm.target.Target, a dict or a string, not {type(target).__name__}")
     if result.kind.name not in SUPPORTED_KINDS:
-        raise ValueError(
+        raise TargetError(
             f"tvm-stitch supports target kinds {', '.join(SUPPORTED_KINDS)}; got {result.kind.name!r}"
         )
+    _check_given({"kind": result.kind.name, **{k: result.attrs[k] for k in ("arch", "mcpu", "mtriple")
+                                                 if k in result.attrs}})
     return result
+
+
+def _check_given(attrs: dict) -> None:
+    """The CUDA arch or the CPU of a target's attributes checked (before TVM parses them)."""
+    if attrs.get("kind") == "cuda" and "arch" in attrs:
+        check_cuda_arch(str(attrs["arch"]))
+    if attrs.get("kind") == "llvm" and attrs.get("mcpu"):
+        check_cpu(str(attrs["mcpu"]), str(attrs.get("mtriple", "") or ""))
+
+
+def check_cpu(mcpu: str, triple: str = "") -> None:
+    """TargetError listing LLVM's CPU names for `triple` (default: this machine's) unless LLVM knows
+    `mcpu` (asked before anything reads the target: LLVM would print an error at each use and
+    compile for the generic CPU)."""
+    triple = triple or codegen.llvm_get_system_triple()
+    if codegen.llvm_is_valid_cpu(mcpu, triple):
+        return
+    known = codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple}))
+    raise TargetError(f"unknown CPU {mcpu!r} for {triple} (this machine's is {codegen.llvm_get_system_cpu()!r}: "
+                      f"tvm_stitch.target.host_target()); LLVM {codegen.llvm_version_major()} knows "
+                      f"{', '.join(sorted(str(name) for name in known))}")
 
 
 def host_target() -> Target:
@@ -37,7 +67,7 @@ def host_target() -> Target:
     vectors, and no vector rounding instruction (SSE4.1) for the `floor`
     of fast `exp`, which then calls libm once per lane.
     """
-    return Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    return Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
 
 
 class GenericCpuWarning(UserWarning):

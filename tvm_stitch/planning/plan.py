@@ -52,6 +52,8 @@ class ThreadMapping:
     in parallel, then combined. With `across`, short rows go across the
     `vector` lanes instead (a lane per row, each row's loops unrolled).
     Row-split (CUDA): `split` blocks per row, `grid` = rows x split.
+    With one thread per row (CUDA `threads` 1: element-wise, or rows walking columns), a block's
+    `rows_per_task` threads take a row each, `row_elements` elements long (1: an element each).
     """
 
     rows: int  # row tasks in total (product of the row extents)
@@ -61,6 +63,7 @@ class ThreadMapping:
     grid: int  # CUDA blocks, or CPU parallel iterations
     split: int = 1  # chunks per row: one thread block each (CUDA row-split), parallel partials (CPU)
     across: bool = False  # CPU: vector lanes across rows (a lane per row), not along each row
+    row_elements: int = -1  # CUDA row-resident: the most elements a block has in one row (-1: not static)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ CUDA: the SM count and the SM limits come from the arch (TVM 0.27's cuda
 target has no attribute for them); shared memory per block, threads per
 block, the warp size, registers and the L2 size come from the target's
 attributes where set (a tag such as "nvidia/nvidia-a100" sets them), else
-from the arch. An arch missing from the table takes the facts of the
-nearest older one listed (below sm_70: sm_70's). TVM fills in the arch of
-a cuda target that names none (sm_50 where it finds no GPU), so name it:
+from the arch. An arch missing from the table (a well-formed sm_NN[a-z])
+takes the facts of the nearest older one listed (below sm_70: sm_70's),
+with an UnknownArchWarning naming them; a malformed arch is a TargetError
+listing the known ones. TVM fills in the arch of a cuda target that names
+none (sm_50 where it finds no GPU), so name it:
 `{"kind": "cuda", "arch": "sm_80"}`.
 llvm: the cores are the runtime's thread count, read once when the spec is
 made; the vector width and F16C (half-vector conversion) come from the
@@ -19,6 +21,7 @@ Every plan records the spec it was made for (`StitchPlan.spec`).
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -26,6 +29,7 @@ from types import MappingProxyType
 import tvm
 from tvm.target import Target
 
+from tvm_stitch.errors import TargetError
 from tvm_stitch.planning.time_fit import fitted_constants
 
 
@@ -147,22 +151,52 @@ class TargetSpec:
         return TargetSpec(**dict(data, atomic_add_dtypes=tuple(data.get("atomic_add_dtypes", ()))))
 
 
-def _arch_number(arch: str) -> int:
+class UnknownArchWarning(UserWarning):
+    """A CUDA arch tvm-stitch has no facts for, planned with those of the nearest one it knows."""
+
+
+def known_archs() -> tuple:
+    """The CUDA archs whose facts tvm-stitch knows: ('sm_70', ..., 'sm_100')."""
+    return tuple(f"sm_{n}" for n in _ARCHS)
+
+
+def check_cuda_arch(arch: str) -> int:
+    """The number of a CUDA arch `sm_NN[a-z]` (sm_90a: 90); TargetError listing the known archs
+    for anything else."""
     match = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
     if match is None:
-        raise ValueError(f"cannot read a CUDA arch from {arch!r} (expected e.g. 'sm_80')")
+        raise TargetError(f"unknown CUDA arch {arch!r}: expected sm_NN (an optional letter after it, as in "
+                          f"sm_90a); archs tvm-stitch has facts for: {', '.join(known_archs())}")
     return int(match.group(1))
 
 
 def _arch_facts(number: int) -> _Arch:
+    """The facts of arch `number`, or of the nearest older one listed (the oldest's below them)."""
+    return _ARCHS[_nearest_arch(number)]
+
+
+def _nearest_arch(number: int) -> int:
     older = [n for n in _ARCHS if n <= number]
-    return _ARCHS[max(older) if older else min(_ARCHS)]
+    return max(older) if older else min(_ARCHS)
+
+
+def _warn_if_unknown(arch: str, number: int) -> None:
+    """UnknownArchWarning naming the facts used for an arch missing from the table."""
+    if number in _ARCHS:
+        return
+    used = _nearest_arch(number)
+    facts = _ARCHS[used]
+    warnings.warn(f"CUDA arch {arch} is not among those tvm-stitch has facts for ({', '.join(known_archs())}): "
+                  f"planned with sm_{used}'s ({facts.sms} SMs, L2 {facts.l2_bytes >> 20} MB, "
+                  f"{facts.hbm_gbps:.0f} GB/s)", UnknownArchWarning)
 
 
 def _cuda_spec(target: Target) -> TargetSpec:
     attrs = target.attrs
     arch = str(attrs["arch"]) if "arch" in attrs else DEFAULT_ARCH
-    facts = _arch_facts(_arch_number(arch))
+    number = check_cuda_arch(arch)
+    _warn_if_unknown(arch, number)
+    facts = _arch_facts(number)
 
     def attr(name: str, default: int) -> int:
         return int(attrs[name]) if name in attrs else default
@@ -181,7 +215,7 @@ def _cuda_spec(target: Target) -> TargetSpec:
         sm_blocks=facts.sm_blocks,
         sm_shared_bytes=facts.sm_shared_bytes,
         register_granule=CUDA_REGISTER_GRANULE,
-        atomic_add_dtypes=tuple(d for d, first in ATOMIC_ADD_SINCE.items() if _arch_number(arch) >= first),
+        atomic_add_dtypes=tuple(d for d, first in ATOMIC_ADD_SINCE.items() if number >= first),
         **time_constants(arch, facts),
     )
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tvm_stitch.tools.cli_errors import OneLineParser, at_least, one_line, run_command
+from tvm_stitch.tools.paths import check_writable_file, check_writable_folder
+
 
 def _bench(args) -> int:
     from tvm_stitch.tools.bench import bench_metadata, copy_bandwidth, format_table, results_folder, run_bench, save_results, write_json
@@ -28,6 +31,10 @@ def _bench(args) -> int:
     if bad_steps:
         print(f"unknown step(s): {', '.join(bad_steps)}; steps: {', '.join(STEPS)}", file=sys.stderr)
         return 2
+    if args.json:
+        check_writable_file(args.json, "--json", makes_folders=True)
+    if args.results != "none":
+        check_writable_folder(results_folder(args.results, args.machine), "--results")
     copy_gbps = copy_bandwidth()
     print(f"copy bandwidth: {copy_gbps:.1f} GB/s", file=sys.stderr, flush=True)
     rows = []
@@ -82,20 +89,21 @@ def _load(args):
     try:
         return load_module(args.graph, dtype=args.dtype, size=args.size)
     except SourceError as err:
-        print(str(err), file=sys.stderr)
+        print(one_line(err), file=sys.stderr)
         return None
 
 
 def _explain(args) -> int:
     from tvm_stitch.explain import explain_with_graph
+    from tvm_stitch.target import as_target, host_target
 
+    target = as_target({"kind": "cuda", "arch": args.arch} if args.target == "cuda" else host_target())
+    if args.dot:
+        check_writable_file(args.dot, "--dot")
     loaded = _load(args)
     if loaded is None:
         return 2
     mod, description = loaded
-    from tvm_stitch.target import host_target
-
-    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else host_target()
     report, grouped = explain_with_graph(mod, target, fusion=args.fusion)
     print(f"{description}, target {args.target}")
     print(report.table())
@@ -132,7 +140,9 @@ def _sizes(texts: list) -> dict | None:
 def _simt(args) -> int:
     from tvm_stitch import simt
     from tvm_stitch.simt.opencl_run import NoOpenclDevice, UnusableOpenclDevice
+    from tvm_stitch.target import as_target
 
+    as_target({"kind": "cuda", "arch": args.arch})
     loaded = _load(args)
     if loaded is None:
         return 2
@@ -160,6 +170,9 @@ def _fuzz(args) -> int:
     if args.n < 1:
         print("--n must be at least 1", file=sys.stderr)
         return 2
+    at_least(args.nvcc_every, 0, "--nvcc-every")
+    if args.save:
+        check_writable_folder(args.save, "--save")
 
     def progress(done, total, summary):
         if done % 10 == 0 or done == total:
@@ -218,6 +231,8 @@ def _tune(args) -> int:
     target = host_target()
     sets = {"train": (TRAIN_SHAPES, args.records), "held-out": (HELD_OUT_SHAPES, args.held_out)}
     wanted = ["train", "held-out"] if args.shapes == "all" else [args.shapes]
+    for which in wanted:
+        check_writable_file(sets[which][1], "--records" if which == "train" else "--held-out", makes_folders=True)
     failures = 0
     for which in wanted:
         shapes, path = sets[which]
@@ -256,6 +271,7 @@ def _evaluate(args) -> int:
 
     from tvm_stitch.tools.evaluate import evaluate
 
+    check_writable_folder(args.out, "--out")
     result = evaluate(Path(args.held_out), Path(args.out), compile_graphs=not args.no_compile,
                       bench_graphs=not args.no_bench, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(result["markdown"])
@@ -282,6 +298,12 @@ def _torch_compile(args) -> int:
     if bad:
         print(f"unknown: {', '.join(bad)}; models: {', '.join(MODELS)}; steps: {', '.join(STEPS)}", file=sys.stderr)
         return 2
+    from tvm_stitch.tools.models import SIZES
+
+    if args.size not in SIZES:
+        print(f"--size must be one of {', '.join(SIZES)}, not {args.size!r}", file=sys.stderr)
+        return 2
+    at_least(args.rounds, 1, "--rounds")
     print(f"torch.compile on {machine_name()}, size {args.size}, {args.rounds} alternating rounds", flush=True)
     rows = run(models, steps, size=args.size, rounds=args.rounds, round_ms=args.round_ms,
                progress=lambda text: print(text, file=sys.stderr, flush=True))
@@ -455,7 +477,7 @@ def _add_cache(sub) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="tvm-stitch", description=__doc__)
+    parser = OneLineParser(prog="tvm-stitch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
     _add_explain(sub)
@@ -474,7 +496,7 @@ def main(argv=None) -> int:
     for dtype in getattr(args, "dtype", "float32").split(","):
         if dtype not in known:
             parser.error(f"--dtype must be {' or '.join(known)}, not {dtype!r}")
-    return args.func(args)
+    return run_command(args.command, args.func, args)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 
+from tvm_stitch.errors import UserInputError
+
 LIMIT_BYTES = 40 << 20
 ARCH = "sm_90a"
 PLAN_TARGET = {"kind": "cuda", "arch": "sm_90"}
@@ -70,7 +72,7 @@ def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = 
     names = graphs or list(SUITE) + list(MODEL_STEPS)
     unknown = [n for n in names if n not in SUITE and n not in MODEL_STEPS]
     if unknown:
-        raise ValueError(f"unknown suite graphs: {', '.join(unknown)} "
+        raise UserInputError(f"unknown suite graphs: {', '.join(unknown)} "
                          f"(known graphs and model steps: {', '.join(list(SUITE) + list(MODEL_STEPS))})")
     work = [{"name": n, "graph": n, "dtype": dt, "dims": dict(dims(size)), "seed": 0}
             for n in names if n in SUITE for dt in dtypes if dt in SUITE[n].dtypes]

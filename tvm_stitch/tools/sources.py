@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import runpy
 
+from tvm_stitch.errors import UserInputError
 
-class SourceError(ValueError):
+
+class SourceError(UserInputError):
     """The name or file given to explain does not name a Relax module."""
 
 
@@ -23,12 +25,9 @@ def _from_script(path: str):
         raise SourceError(f"no such file: {path}")
     import tvm
 
-    try:
-        namespace = runpy.run_path(path, run_name="tvm_stitch_script")
-    except Exception as err:  # noqa: BLE001 - any failure of the user's script is reported with its cause
-        raise SourceError(f"{path} failed to run: {type(err).__name__}: {err}") from err
+    namespace = _run(path, lambda: runpy.run_path(path, run_name="tvm_stitch_script"), "failed to run")
     if callable(namespace.get("module")):
-        mod, where = namespace["module"](), "module()"
+        mod, where = _run(path, namespace["module"], "module() failed"), "module()"
     elif "mod" in namespace:
         mod, where = namespace["mod"], "mod"
     else:
@@ -36,6 +35,16 @@ def _from_script(path: str):
     if not isinstance(mod, tvm.IRModule):
         raise SourceError(f"{path}: {where} is a {type(mod).__name__}, not a tvm.IRModule")
     return mod
+
+
+def _run(path: str, call, what: str):
+    """`call()`; SourceError naming `path` when the user's code raises or exits."""
+    try:
+        return call()
+    except SystemExit as err:
+        raise SourceError(f"{path} {what}: it called sys.exit({err.code!r})") from err
+    except Exception as err:  # noqa: BLE001 - any failure of the user's script is reported with its cause
+        raise SourceError(f"{path} {what}: {type(err).__name__}: {err}") from err
 
 
 def load_module(spec: str, dtype: str = "float32", size: str = "bench"):

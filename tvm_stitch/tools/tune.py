@@ -23,6 +23,7 @@ from tvm import s_tir, tirx
 
 from schedules import schedule_for
 
+from tvm_stitch.errors import UserInputError
 from tvm_stitch.tools.build import alternating_times
 from tvm_stitch.planning.candidates import candidates, knobs
 from tvm_stitch.planning.features import features, group_facts
@@ -157,9 +158,12 @@ def read_records(path: Path) -> list:
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            records.append(json.loads(line))
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserInputError(f"{path}, line {number}: not a JSON record ({err.msg})") from err
     return records
 
 

@@ -219,6 +219,7 @@ def mapping(analysis: Analysis, rows: Rows, inter: list, shared_rows: list, symb
     if per_block > 1 and threads > 1:
         notes.append(f"short rows: {per_block} rows packed per block of {threads * per_block} threads")
     grid = rows.rows // per_block if rows.rows is not None else -1
-    threads_of = ThreadMapping(rows.rows if rows.rows is not None else -1, per_block, threads, vector, grid)
+    threads_of = ThreadMapping(rows.rows if rows.rows is not None else -1, per_block, threads, vector, grid,
+                               row_elements=rows.within_max if rows.within_max is not None else -1)
     return CudaRowMapping(threads_of, shared_at(per_block, shared_rows), tuple(cached_inputs), tuple(shared_rows),
                           reductions, tuple(notes))
