@@ -5,7 +5,6 @@ GPU timings)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from tvm_stitch.tools.cli_errors import OneLineParser, at_least, one_line, run_command
