@@ -22,6 +22,7 @@ import tvm
 
 from tvm_stitch.stitch_pass import DEFAULT_FUSION, FUSION_METHODS
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
+from tvm_stitch.torch.collectives import has_collectives, split_at_collectives
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
 from tvm_stitch.torch.eager import EagerFallback, split_unsupported, warn_eager
@@ -99,6 +100,8 @@ class Backend:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         foreach_as_loops(gm)
+        if has_collectives(gm.graph):  # torch runs the collectives, TVM the parts between them
+            return split_at_collectives(gm, self.compile_graph)
         with unset_fake_temporarily():  # aot_autograd calls compilers under its fake mode; constants are real
             return self._compile_graph(gm, example_inputs)
 
