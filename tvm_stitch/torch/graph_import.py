@@ -47,6 +47,7 @@ class ImportedGraph:
     binders: dict = field(default_factory=dict)  # size symbol -> (input index, dim or None)
 
 
+NO_MODULE = "a graph that records no module"  # a backward of compiled autograd, a compiled function
 NOT_OPS = frozenset({"", "placeholder", "get_attr", "call_module", "call_method", "output"})  # no op to leave on eager
 
 
@@ -58,7 +59,7 @@ def module_path(node) -> str:
     """The module a node came from, as the user names it (dynamo's `L['self']` prefix removed)."""
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
     if not stack:
-        return "the model's forward"
+        return NO_MODULE
     path, kind = list(stack.values())[-1]
     path = re.sub(r"^L\[[^\]]*\](\[\d+\])?\.?", "", path)  # dynamo's source of the module: L['self'], L['args'][0]
     kind = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
@@ -67,7 +68,7 @@ def module_path(node) -> str:
 
 def graph_module_path(gm) -> str:
     """The module path of a graph's first node that records one."""
-    return next((module_path(n) for n in gm.graph.nodes if n.meta.get("nn_module_stack")), "the model's forward")
+    return next((module_path(n) for n in gm.graph.nodes if n.meta.get("nn_module_stack")), NO_MODULE)
 
 
 def _importer():
