@@ -28,12 +28,20 @@ def _check_parity(records, case, graphs):
     assert records[0]["losses"] != records[1]["losses"]  # each rank trained on its own batches
 
 
-def test_ddp_with_buckets_under_one_megabyte_trains_like_eager_ddp():
+def test_ddp_with_buckets_under_one_megabyte_trains_like_eager_ddp_and_builds_each_graph_once(tmp_path):
     """bucket_cap_mb=0.001: dynamo's DDP splitter cuts the tiny model's graph into one graph per bucket of
     at most 1048 bytes (5 of its 11 parameters' gradients in reverse order), each with a forward and a
-    backward; without DDP's own first bucket size it fails before the backend runs."""
+    backward; without DDP's own first bucket size it fails before the backend runs. The ranks share a
+    disk cache: each graph is built by one rank and loaded from the disk by the other."""
     case = CASES["ddp-small-buckets"]
-    _check_parity(launch(case), case, graphs=10)
+    records = launch(case, env={"TVM_STITCH_CACHE_DIR": str(tmp_path)})
+    _check_parity(records, case, graphs=10)
+    counters = [r["counters"] for r in records]
+    distinct = counters[0]["compiles"] + counters[0]["disk_hits"]  # what rank 0 did not find in its memory
+    assert distinct >= 5
+    assert sum(c["compiles"] for c in counters) == distinct  # each built once,
+    assert sum(c["disk_hits"] for c in counters) == distinct  # and loaded by the rank that did not build it
+    assert not list(tmp_path.glob("*.building"))
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ started (from torch.profiler: each part runs under a
 127.0.0.1 (a free port) and returns each rank's record.
 
     python -m tvm_stitch.tools.dist_parity ddp            # 2 processes, gloo on the CPU
-    torchrun --nproc-per-node 8 -m tvm_stitch.tools.dist_parity fsdp2 --device cuda   # NCCL, one GPU a rank
+    torchrun --nproc-per-node 8 -m tvm_stitch.tools.dist_parity fsdp2 --device cuda   # NCCL, a GPU a rank
 """
 
 from __future__ import annotations
@@ -144,12 +144,15 @@ def _eager_step(model, x):
     return loss.detach()
 
 
-def _train(step, optimizer, batches, profile_last: bool) -> tuple[list, list]:
-    """(losses, order of the last step's TVM parts and all-reduces as (name, start in µs))."""
+def _train(step, optimizer, batches, profile_last: bool) -> tuple[list, list, list]:
+    """(losses, order of the last step's TVM parts and all-reduces as (name, start in µs), seconds a step)."""
+    import time
+
     import torch
 
-    losses, order = [], []
+    losses, order, seconds = [], [], []
     for index, batch in enumerate(batches):
+        start = time.perf_counter()
         profiled = profile_last and index == len(batches) - 1
         if profiled:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
@@ -160,7 +163,8 @@ def _train(step, optimizer, batches, profile_last: bool) -> tuple[list, list]:
             losses.append(float(step(batch)))
         optimizer.step()
         optimizer.zero_grad()
-    return losses, [(name, start) for start, name in order]
+        seconds.append(time.perf_counter() - start)
+    return losses, [(name, start) for start, name in order], seconds
 
 
 def _parameters(model) -> dict:
@@ -197,13 +201,14 @@ def _run_rank(case: Case, rank: int, device, backend) -> dict:
     compiled = _wrap(model.to(device), case, device)
     torch.manual_seed(1 + rank)
     batches = [batch().to(device) for _ in range(case.steps)]
-    eager_losses, _ = _train(lambda x: _eager_step(eager, x), _optimizer(case, eager.parameters()), batches, False)
+    eager_losses, _, eager_seconds = _train(lambda x: _eager_step(eager, x), _optimizer(case, eager.parameters()), batches, False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        losses, order = _train(_compiled_step(compiled, case, backend), _optimizer(case, compiled.parameters()),
+        losses, order, seconds = _train(_compiled_step(compiled, case, backend), _optimizer(case, compiled.parameters()),
                                batches, case.record_order)
     return {"losses": losses, "eager_losses": eager_losses, "parameters": _parameters(compiled),
             "eager_parameters": _parameters(eager), "counters": asdict(backend.counters), "order": order,
+            "seconds": seconds, "eager_seconds": eager_seconds,
             "fallback_warnings": [str(w.message) for w in caught if issubclass(w.category, EagerFallbackWarning)]}
 
 
@@ -236,3 +241,47 @@ def launch(case: Case, world: int = 2, env: dict | None = None) -> list:
 def largest_difference(a: dict, b: dict) -> float:
     """The largest absolute difference between two parameter dicts (same names)."""
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def summary(record: dict) -> str:
+    """One rank's record in a line: the largest loss and parameter differences to eager, the counters."""
+    loss = max(abs(a - b) for a, b in zip(record["losses"], record["eager_losses"]))
+    parameters = largest_difference(record["parameters"], record["eager_parameters"])
+    steps = ", ".join(f"{s:.3g}" for s in record["seconds"])
+    return (f"loss diff {loss:.3g}, parameter diff {parameters:.3g}, {record['counters']}, "
+            f"{len(record['fallback_warnings'])} eager-fallback warning(s), steps {steps} s")
+
+
+def main(argv=None) -> None:
+    """`python -m tvm_stitch.tools.dist_parity CASE`: 2 ranks spawned on this CPU (gloo); under torchrun
+    (RANK set), this process is one rank, on GPU LOCAL_RANK with NCCL for `--device cuda`."""
+    import argparse
+
+    import torch
+    import torch.distributed as dist
+
+    import tvm_stitch.torch as stitch_torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--world", type=int, default=2, help="processes to spawn without torchrun")
+    args = parser.parse_args(argv)
+    case = CASES[args.case]
+    if "RANK" not in os.environ:
+        for rank, record in enumerate(launch(case, args.world)):
+            print(f"rank {rank}: {summary(record)}")
+        return
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        print(f"rank {dist.get_rank()}: {summary(_run_rank(case, dist.get_rank(), device, stitch_torch.backend()))}")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import tvm
 
 from tvm_stitch.stitch_pass import DEFAULT_FUSION, FUSION_METHODS
+from tvm_stitch.torch.build_claim import BuildClaim
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
 from tvm_stitch.torch.collectives import has_collectives, split_at_collectives
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
@@ -134,15 +135,16 @@ class Backend:
         if imported.mod is None:
             return BuiltGraph(None, None, imported)
         key = graph_key(gm, example_inputs, target, self.options)
-        executable, where = self.cache.get(key) if self.cache is not None else (None, None)
-        if executable is None:
-            executable = _compile(imported.mod, target, self.options)
-            self.counters.compiles += 1
-            if self.cache is not None:
-                self.cache.put(key, executable)
-        else:
-            self.counters.cache_hits += 1
-            self.counters.disk_hits += where == "disk"
+        with BuildClaim(self.cache, key) as claim:  # with a shared disk cache, one process builds, others load
+            executable, where = claim.found
+            if executable is None:
+                executable = _compile(imported.mod, target, self.options)
+                self.counters.compiles += 1
+                if self.cache is not None:
+                    self.cache.put(key, executable)
+            else:
+                self.counters.cache_hits += 1
+                self.counters.disk_hits += where == "disk"
         return BuiltGraph(executable, tvm_device(device), imported)
 
     def _fallback(self, gm, err):
