@@ -201,11 +201,12 @@ def _run_rank(case: Case, rank: int, device, backend) -> dict:
     compiled = _wrap(model.to(device), case, device)
     torch.manual_seed(1 + rank)
     batches = [batch().to(device) for _ in range(case.steps)]
-    eager_losses, _, eager_seconds = _train(lambda x: _eager_step(eager, x), _optimizer(case, eager.parameters()), batches, False)
+    eager_losses, _, eager_seconds = _train(lambda x: _eager_step(eager, x), _optimizer(case, eager.parameters()),
+                                            batches, False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        losses, order, seconds = _train(_compiled_step(compiled, case, backend), _optimizer(case, compiled.parameters()),
-                               batches, case.record_order)
+        losses, order, seconds = _train(_compiled_step(compiled, case, backend),
+                                        _optimizer(case, compiled.parameters()), batches, case.record_order)
     return {"losses": losses, "eager_losses": eager_losses, "parameters": _parameters(compiled),
             "eager_parameters": _parameters(eager), "counters": asdict(backend.counters), "order": order,
             "seconds": seconds, "eager_seconds": eager_seconds,
