@@ -84,7 +84,7 @@ def reference(block: dict, size: BlockSize) -> tuple:
     return y, norm(y, block["norm3"])
 
 
-def shard_module(size: BlockSize, world: int):
+def shard_module(size: BlockSize, world: int, dtype: str = "float32"):
     """The Relax module of one shard: main(x, norm1, wq, wk, wv, wo, norm2, gate, up, down, norm3)."""
     from tvm import relax
 
@@ -93,26 +93,26 @@ def shard_module(size: BlockSize, world: int):
     shapes = {"x": (t, d), "norm1": (d,), "wq": (d, d // world), "wk": (d, d // world), "wv": (d, d // world),
               "wo": (d // world, d), "norm2": (d,), "gate": (d, size.ffn // world), "up": (d, size.ffn // world),
               "down": (size.ffn // world, d), "norm3": (d,)}
-    params = {name: relax.Var(name, relax.TensorType(shapes[name], "float32")) for name in PARAMS}
+    params = {name: relax.Var(name, relax.TensorType(shapes[name], dtype)) for name in PARAMS}
     builder = relax.BlockBuilder()
     with builder.function("main", list(params.values())):
         with builder.dataflow():
-            out = _emit_block(builder, params, t, local_heads, head, world)
+            out = _emit_block(builder, params, (t, local_heads, head), world, dtype)
             result = builder.emit_output(out)
         builder.emit_func_output(result)
     return builder.get()
 
 
-def _emit_block(builder, p, t, local_heads, head, world):
+def _emit_block(builder, p, sizes, world, dtype):
     from tvm import relax
 
-    op, emit = relax.op, builder.emit
-    mask = relax.const(np.triu(np.full((t, t), -1e4, "float32"), 1))
+    (t, local_heads, head), op, emit = sizes, relax.op, builder.emit
+    mask = relax.const(np.triu(np.full((t, t), -1e4, dtype), 1))
     n = emit(op.nn.rms_norm(p["x"], p["norm1"], axes=[-1], epsilon=EPS))
     q, k, v = (emit(op.permute_dims(op.reshape(op.matmul(n, p[w]), (t, local_heads, head)), [1, 0, 2]))
                for w in ("wq", "wk", "wv"))
     scores = emit(op.add(op.divide(op.matmul(q, op.permute_dims(k, [0, 2, 1])),
-                                   relax.const(math.sqrt(head), "float32")), mask))
+                                   relax.const(math.sqrt(head), dtype)), mask))
     attention = emit(op.matmul(op.nn.softmax(scores, axis=-1), v))
     merged = emit(op.reshape(op.permute_dims(attention, [1, 0, 2]), (t, local_heads * head)))
     h = emit(op.add(p["x"], _all_reduce(emit, op.matmul(merged, p["wo"]), world)))
