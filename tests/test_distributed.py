@@ -7,9 +7,84 @@ if not (torch.distributed.is_available() and torch.distributed.is_gloo_available
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 
 from tvm_stitch.tools.dist_parity import CASES, launch, largest_difference  # noqa: E402
+from tvm_stitch.torch.build_claim import CLAIM_SUFFIX, BuildClaim  # noqa: E402
 
 PART, ALL_REDUCE = "tvm_stitch: part", "_c10d_functional::all_reduce"
 TOLERANCE = {"sgd": 1e-6, "adamw": 1e-4}
+
+
+def _two_reductions(a, b):
+    import torch.distributed._functional_collectives as funcol
+
+    group = torch.distributed.group.WORLD
+    first = funcol.all_reduce(a * 2, "sum", group)
+    second = funcol.all_reduce(torch.sin(b) * b, "sum", group)
+    return first + 1, second * 3
+
+
+def _sequence(split) -> list:
+    """The split graph's calls in order: "part" for a TVM part, else the collective's name."""
+    return ["part" if n.op == "call_module" else n.target._opname for n in split.graph.nodes
+            if n.op == "call_module" or getattr(n.target, "namespace", None) == "_c10d_functional"]
+
+
+@pytest.mark.parametrize("fused, expected", [
+    (False, ["part", "all_reduce", "part", "all_reduce", "wait_tensor", "wait_tensor", "part"]),
+    (True, ["part", "all_reduce", "wait_tensor", "part"])])
+def test_collectives_are_issued_early_waited_late_and_run_by_torch_between_tvm_parts(one_rank, monkeypatch,
+                                                                                     fused, expected):
+    """The traced graph waits for each all-reduce at once; split, each is issued as soon as its input is
+    computed and waited for after all other work (fused into one bucket where DDP asks for fusion)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import tvm_stitch.torch
+
+    monkeypatch.setattr(torch._inductor.config, "_fuse_ddp_communication", fused)
+    a, b = torch.randn(4, 3), torch.randn(5)
+    gm = make_fx(_two_reductions, tracing_mode="fake")(a, b)
+    assert [n.target._opname for n in gm.graph.nodes if getattr(n.target, "namespace", "") == "_c10d_functional"] \
+        == ["all_reduce", "wait_tensor", "all_reduce", "wait_tensor"]
+    backend = tvm_stitch.torch.backend()
+    compiled = backend.compile_graph(gm, [a, b])
+    assert _sequence(compiled.gm) == expected
+    assert backend.counters.compiles == expected.count("part") and backend.counters.eager_fallbacks == 0
+    for out, ref in zip(compiled([a, b]), _two_reductions(a, b)):
+        torch.testing.assert_close(out, ref)
+
+
+class _Cache:
+    """A disk cache's interface over a dict, standing in for another process's."""
+
+    def __init__(self, directory):
+        self.directory, self.entries = str(directory), {}
+
+    def get(self, key):
+        return (self.entries[key], "disk") if key in self.entries else (None, None)
+
+
+def _wait_for(cache, key, into: dict) -> None:
+    with BuildClaim(cache, key) as claim:
+        into["found"] = claim.found
+
+
+def test_a_claimed_build_is_waited_for_and_a_dead_claimants_claim_is_taken_over(tmp_path):
+    import socket
+    import threading
+
+    cache = _Cache(tmp_path)
+    with BuildClaim(cache, "k") as first:
+        assert first.found == (None, None) and (tmp_path / f"k{CLAIM_SUFFIX}").exists()
+        waiter = {}
+        thread = threading.Thread(target=_wait_for, args=(cache, "k", waiter))
+        thread.start()
+        thread.join(0.3)
+        assert thread.is_alive()  # waits while the key is claimed and not built
+        cache.entries["k"] = "built"
+    thread.join(5)
+    assert waiter["found"] == ("built", "disk") and not (tmp_path / f"k{CLAIM_SUFFIX}").exists()
+    (tmp_path / f"j{CLAIM_SUFFIX}").write_text(f"{socket.gethostname()} 999999999")
+    with BuildClaim(cache, "j") as taken:  # no such process: the claim is stale
+        assert taken.found == (None, None) and taken.path is not None
 
 
 def _check_parity(records, case, graphs):
