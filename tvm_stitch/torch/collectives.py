@@ -122,7 +122,7 @@ def _fuse(graph, bucket: list) -> None:
     shapes = [list(n.args[0].meta["val"].shape) for n in bucket]
     sizes = [n.args[0].meta["val"].numel() for n in bucket]
     with graph.inserting_after(bucket[-1]):
-        flat = [_call(graph, aten.view.default, (n.args[0], [-1])) for n in bucket]
+        flat = [_call(graph, aten.reshape.default, (n.args[0], [-1])) for n in bucket]  # any layout
         joined = _call(graph, aten.cat.default, (flat,))
         reduced = _call(graph, bucket[-1].target, (joined, *bucket[-1].args[1:]))
     first_wait = min(waits, key=_position(graph))
