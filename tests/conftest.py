@@ -158,3 +158,17 @@ def fused(mod: tvm.IRModule) -> tvm.IRModule:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """A torch.distributed world of this process alone (gloo on 127.0.0.1, a free port)."""
+    import torch.distributed as dist
+
+    from tvm_stitch.tools.dist_parity import free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -14,6 +14,10 @@ from tvm_stitch.threads import use_all_cores
 use_all_cores()
 
 from tvm_stitch.errors import TargetError
+from tvm_stitch.disco import import_disco
+
+import_disco()
+
 from tvm_stitch.explain import explain
 from tvm_stitch.frontend import UnsupportedModelError, from_torch
 from tvm_stitch.pipeline import pipeline

@@ -15,7 +15,10 @@ import functools
 from tvm_stitch.torch.dynamo_backend import Backend, Options
 from tvm_stitch.torch.cache import Counters
 from tvm_stitch.torch.cache_store import CacheWarning
+from tvm_stitch.torch.ddp_buckets import follow_ddp_first_bucket
 from tvm_stitch.torch.eager import EagerFallbackWarning
+
+follow_ddp_first_bucket()  # DDP with buckets under 1 MiB (docs/distributed.md)
 
 
 def backend(target=None, **options) -> Backend:

@@ -27,13 +27,14 @@ from __future__ import annotations
 from tvm import relax, tirx
 
 from tvm_stitch.torch.exported_program import converters as frontend_converters
+from tvm_stitch.torch.allocations import converters as allocation_converters
 from tvm_stitch.torch.foreach import converters as foreach_converters
 from tvm_stitch.torch.gradient_ops import converters as gradient_converters
 
 
 def converters() -> dict:
     """The importer's converters replaced for aot_autograd's graphs (ExportedProgram op names)."""
-    return {**frontend_converters(), **foreach_converters(), **gradient_converters(),
+    return {**frontend_converters(), **foreach_converters(), **gradient_converters(), **allocation_converters(),
             "native_layer_norm.default": _native_layer_norm,
             "cat.default": _cat, "convert_element_type.default": _convert_element_type,
             "true_divide.Tensor": _true_divide, "pow.Tensor_Scalar": _pow}

@@ -23,8 +23,10 @@ import tvm
 from tvm_stitch.pipeline import pipeline
 from tvm_stitch.stitch import DEFAULT_FUSION, FUSION_METHODS
 from tvm_stitch.target import as_target, default_pipeline
+from tvm_stitch.torch.build_claim import BuildClaim
 from tvm_stitch.torch.cache import CompileCache, Counters, graph_key
 from tvm_stitch.torch.cache_store import CACHE_DIR_VARIABLE
+from tvm_stitch.torch.collectives import has_collectives, split_at_collectives
 from tvm_stitch.torch.decompositions import attention_as_math, decompositions
 from tvm_stitch.torch.device import check_target_matches, input_device, target_for, tvm_device
 from tvm_stitch.torch.eager import EagerFallback, split_unsupported, warn_eager
@@ -103,6 +105,8 @@ class Backend:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         foreach_as_loops(gm)
+        if has_collectives(gm.graph):  # torch runs the collectives, TVM the parts between them
+            return split_at_collectives(gm, self.compile_graph)
         with unset_fake_temporarily():  # aot_autograd calls compilers under its fake mode; constants are real
             return self._compile_graph(gm, example_inputs)
 
@@ -134,18 +138,18 @@ class Backend:
         imported = import_graph(gm, example_inputs)
         if imported.mod is None:
             return BuiltGraph(None, None, imported)
-        executable, where, key = None, None, None
-        if self.cache is not None:
-            key = graph_key(gm, example_inputs, target, self.options.build_options(), self.cache.versions)
-            executable, where = self.cache.get(key, target)
-        if executable is None:
-            executable = _compile(imported.mod, target, self.options)
-            self.counters.compiles += 1
-            if self.cache is not None:
-                self.cache.put(key, target, executable)
-        else:
-            self.counters.cache_hits += 1
-            self.counters.disk_hits += where == "disk"
+        key = (graph_key(gm, example_inputs, target, self.options.build_options(), self.cache.versions)
+               if self.cache is not None else None)
+        with BuildClaim(self.cache, key, target) as claim:  # with a shared disk cache, one process builds, others load
+            executable, where = claim.found
+            if executable is None:
+                executable = _compile(imported.mod, target, self.options)
+                self.counters.compiles += 1
+                if self.cache is not None:
+                    self.cache.put(key, target, executable)
+            else:
+                self.counters.cache_hits += 1
+                self.counters.disk_hits += where == "disk"
         return BuiltGraph(executable, tvm_device(device), imported)
 
     def _fallback(self, gm, err):
