@@ -1,5 +1,7 @@
 """DDP and FSDP2 training with backend="tvm_stitch" in 2 processes (gloo on 127.0.0.1) against eager."""
 
+from types import SimpleNamespace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -53,17 +55,18 @@ def test_collectives_are_issued_early_waited_late_and_run_by_torch_between_tvm_p
 
 
 class _Cache:
-    """A disk cache's interface over a dict, standing in for another process's."""
+    """A compile cache's interface over a dict, standing in for another process's, its disk usable."""
 
     def __init__(self, directory):
-        self.directory, self.entries = str(directory), {}
+        self.disk = SimpleNamespace(directory=str(directory), problem="")
+        self.entries = {}
 
-    def get(self, key):
+    def get(self, key, _target):
         return (self.entries[key], "disk") if key in self.entries else (None, None)
 
 
 def _wait_for(cache, key, into: dict) -> None:
-    with BuildClaim(cache, key) as claim:
+    with BuildClaim(cache, key, "llvm") as claim:
         into["found"] = claim.found
 
 
@@ -72,7 +75,7 @@ def test_a_claimed_build_is_waited_for_and_a_dead_claimants_claim_is_taken_over(
     import threading
 
     cache = _Cache(tmp_path)
-    with BuildClaim(cache, "k") as first:
+    with BuildClaim(cache, "k", "llvm") as first:
         assert first.found == (None, None) and (tmp_path / f"k{CLAIM_SUFFIX}").exists()
         waiter = {}
         thread = threading.Thread(target=_wait_for, args=(cache, "k", waiter))
@@ -83,7 +86,7 @@ def test_a_claimed_build_is_waited_for_and_a_dead_claimants_claim_is_taken_over(
     thread.join(5)
     assert waiter["found"] == ("built", "disk") and not (tmp_path / f"k{CLAIM_SUFFIX}").exists()
     (tmp_path / f"j{CLAIM_SUFFIX}").write_text(f"{socket.gethostname()} 999999999")
-    with BuildClaim(cache, "j") as taken:  # no such process: the claim is stale
+    with BuildClaim(cache, "j", "llvm") as taken:  # no such process: the claim is stale
         assert taken.found == (None, None) and taken.path is not None
 
 

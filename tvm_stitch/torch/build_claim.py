@@ -48,7 +48,10 @@ class BuildClaim:
 
     def _claim_or_wait(self, path: str) -> tuple:
         while True:
-            if _create(path):
+            claimed = _create(path)
+            if claimed is None:
+                return None, None
+            if claimed:
                 self.path = path
                 return self.cache.get(self.key, self.target)  # built by another process between the look-up and the claim
             if _stale(path):
@@ -64,11 +67,15 @@ def _owner() -> str:
     return f"{socket.gethostname()} {os.getpid()}"
 
 
-def _create(path: str) -> bool:
+def _create(path: str) -> bool | None:
+    """True: claimed; False: another process holds the claim; None: no claim can be made there (a directory
+    this process cannot write: the build goes on unclaimed, and the cache says why it keeps it in memory)."""
     try:
         descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
+    except OSError:
+        return None
     with os.fdopen(descriptor, "w") as claim:
         claim.write(_owner())
     return True

@@ -63,6 +63,7 @@ class DiskStore:
         self.versions = versions
         self.problem = None  # None: not looked at yet; "": usable; else why the disk is skipped
         self.refused = set()  # keys whose entries are not trusted: built in memory, never replaced
+        self.warned = set()  # keys whose entry this process has warned of: one warning per entry
 
     def load(self, key: str, target: str):
         """The executable of `key`'s entry where it is trusted and passes its check; else None."""
@@ -74,17 +75,17 @@ class DiskStore:
         problem = entry_trust_problem(entry_paths(entry))
         if problem is not None:
             self.refused.add(key)
-            self._warn(f"entry {key[:16]} of the compile cache {self.directory} is refused: {problem}; "
+            self._warn_entry(key, f"entry {key[:16]} of the compile cache {self.directory} is refused: {problem}; "
                        "built in memory")
             return None
         problem = entry_problem(entry, key, self.versions, target)
         if problem is not None:
-            self._warn(f"entry {key[:16]} of the compile cache {self.directory} is rebuilt: {problem}")
+            self._warn_entry(key, f"entry {key[:16]} of the compile cache {self.directory} is rebuilt: {problem}")
             return None
         try:
             return tvm.runtime.load_module(os.path.join(entry, LIBRARY))
         except Exception as err:  # noqa: BLE001 - a library the loader refuses is rebuilt, the process goes on
-            self._warn(f"entry {key[:16]} of the compile cache {self.directory} is rebuilt: it did not load "
+            self._warn_entry(key, f"entry {key[:16]} of the compile cache {self.directory} is rebuilt: it did not load "
                        f"({type(err).__name__})")
             return None
 
@@ -133,6 +134,12 @@ class DiskStore:
             if self.problem:
                 self._warn(f"the compile cache {self.directory} {self.problem}: builds are kept in memory only")
         return self.problem == ""
+
+    def _warn_entry(self, key: str, text: str) -> None:
+        """One warning per entry and process (a key looked up again, as a build claim does, says nothing more)."""
+        if key not in self.warned:
+            self.warned.add(key)
+            self._warn(text)
 
     @staticmethod
     def _warn(text: str) -> None:
