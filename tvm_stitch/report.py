@@ -86,6 +86,7 @@ class StitchReport:
             lines.append(f"independent: {packed} launches {len(members)} kernels at once: {', '.join(members)}")
         for group in self.fallbacks:
             lines.append(f"fallback [{','.join(group.ops)}]: {group.fallback}")
+        lines.extend(f"idle {plan.kernel} [{plan.idle.code}]: {plan.idle.text}" for plan in self.plans if plan.idle)
         lines.extend(_search_line(record) for record in self.searches)
         for group in self.groups:
             lines.extend(_variant_lines(group))
@@ -118,6 +119,8 @@ class StitchReport:
             if plan.registers >= 0:
                 out.append(f"  resources: ~{plan.registers} registers/thread (estimate), {plan.shared_bytes} B shared, "
                            f"{plan.threads_per_block} threads/block, occupancy {plan.occupancy:.0%}")
+            if plan.idle is not None:
+                out.append(f"  idle [{plan.idle.code}]: {plan.idle.text}")
             for inter in plan.intermediates:
                 out.append(f"  {inter.name:28s} {inter.level:8s} {inter.bytes_per_row:7d} B/row  {inter.why}")
             for note in plan.notes:

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from tvm_stitch.planning.reasons import Reason
 from tvm_stitch.planning.spec import TargetSpec
 
 REGISTER = "register"  # in the thread that uses it: inlined (recomputed per use) or computed once
@@ -103,6 +104,8 @@ class StitchPlan:
     # row's loops to the bound under a guard. () for static or streamed row lengths.
     bounds: tuple = ()
     spec: TargetSpec | None = None  # the hardware the plan was made for
+    # CUDA: why a kernel that moves much is modeled far under the peak bandwidth (pricing/idle_guard.py)
+    idle: Reason | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -122,6 +125,8 @@ class StitchPlan:
                                  for block, positions, factors in data.get("row_axes", ()))
         data["bounds"] = tuple(tuple(pair) for pair in data.get("bounds", ()))
         data["phases"] = tuple(Phase(p["block"], p["kernel"], PhaseRole(p["role"])) for p in data.get("phases", ()))
+        if data.get("idle") is not None:
+            data["idle"] = Reason(**data["idle"])
         if data.get("spec") is not None:
             data["spec"] = TargetSpec.from_dict(data["spec"])
         return StitchPlan(**data)

@@ -22,6 +22,11 @@ def _rows_end(rank: int, limit: str) -> str:
     return f" (rows end at axis {rank}: {limit})" if limit else ""
 
 
+def _idle_grid(p: dict, rows: str) -> str:
+    return (f"{rows}: {p['blocks']} blocks, {p['threads']} threads launched where one wave holds "
+            f"{p['resident']}; {p['candidates']} candidate plans for the time model; row-split: {p['split']}")
+
+
 # code -> the prose of its parameters
 MESSAGES = MappingProxyType({
     # what every scheme needs of a block
@@ -66,6 +71,13 @@ MESSAGES = MappingProxyType({
     "column-cuda-only": lambda p: "column-split is a CUDA scheme",
     "column-no-row-divisor": lambda p: f"{p['rows']} rows have no divisor that gives a warp of threads per column tile",
     "column-no-chunks": lambda p: f"{p['elements']} elements: no split into 2..{p['most']} chunks",
+    # idle kernels (pricing/idle_guard.py): why a kernel that moves much leaves bandwidth idle
+    "idle-few-rows": lambda p: _idle_grid(p, f"{p['rows']} rows of {p['length']} elements"),
+    "idle-middle-axis": lambda p: _idle_grid(p, f"{p['rows']} rows of {p['length']} elements reduced over an axis "
+                                                "that is not the last"),
+    "idle-launch-bound": lambda p: (f"launch-bound: {p['launch_us']} of {p['us']} us is launch overhead "
+                                    f"({p['launches']} launches), the bytes take {p['bandwidth_us']} us at the "
+                                    "achievable bandwidth"),
     # attention chains (analysis/attention_chain.py, planning/attention.py)
     "attention-weights-read": lambda p: f"the attention weights {p['binding']} are read outside the chain",
     "attention-softmax-axis": lambda p: f"softmax {p['binding']} is not over the last axis",

@@ -4,9 +4,20 @@ Registers are estimated from the plan, not compiled: a base for indices,
 pointers and the predicate, plus the values each thread keeps live: every
 intermediate computed once (an accumulator, a broadcast value or a stored
 element), the lanes of 128-bit accesses, and for a thread that walks a row
-alone (column access) the unrolled serial loop. tests/test_resources.py
-checks the estimate against ptxas on the suite kernels. The SM limits
-(threads, blocks, registers, shared memory) come from the TargetSpec.
+alone (column access) the unrolled serial loop; a column-split thread a
+partial sum per reduction and lane. tests/test_resources.py checks the
+estimate against ptxas on the suite kernels. The SM limits (threads, blocks,
+registers, shared memory) come from the TargetSpec.
+
+`register_budget` is what ptxas allots a thread of a kernel compiled with
+`__launch_bounds__(threads)` (TVM writes the block's threads there) before
+it spills: it keeps two such blocks resident per SM. Measured (nvcc 13,
+sm_80 and sm_90) on column-split kernels of two float32 reductions with
+128-bit loads (LayerNorm backward's dgamma and dbeta): blocks of 1024
+threads get 32 registers and spill 4 bytes at 2048x768 (sm_90) and
+4096x768 (sm_80), blocks of 512 threads take 40-48 and do not, but for
+threads of 4 rows (1024x768, 1024x4096), whose loop nvcc unrolls whole,
+loading every row at once.
 """
 
 from __future__ import annotations
@@ -21,10 +32,34 @@ BASE_REGISTERS = 16
 PER_KEPT_VALUE = 2
 PER_VECTOR_LANE = 2
 THREAD_PER_ROW_REDUCTION = 48  # a serial, unrolled walk down a column
+PER_ACCUMULATOR_LANE = 2  # column-split: a reduction's partial sum per lane and the lane loaded into it
+RESIDENT_BLOCKS = 2  # blocks of its launch bound ptxas keeps resident per SM when it allots registers
+
+
+WHOLLY_UNROLLED_ROWS = 4  # column-split: nvcc unrolls a thread's loop over this many rows or fewer whole
+
+
+def column_split_registers(reductions: int, vector: int, loads: int = 0, rows_per_thread: int = 0) -> int:
+    """Registers of a column-split thread: the base, its vector lanes, a partial sum per reduction and
+    lane; where its loop over `rows_per_thread` rows is unrolled whole and it has several reductions,
+    the `loads` (buffers read per row) of every row at once, `vector` lanes each, per reduction past the
+    first (fitted to ptxas: one reduction's loads overlap its adds, see the module's note)."""
+    registers = (BASE_REGISTERS + (PER_VECTOR_LANE * vector if vector > 1 else 0)
+                 + PER_ACCUMULATOR_LANE * reductions * vector)
+    if rows_per_thread <= WHOLLY_UNROLLED_ROWS:
+        registers += (reductions - 1) * loads * vector * rows_per_thread
+    return registers
+
+
+def register_budget(threads_per_block: int, spec: TargetSpec) -> int:
+    """Registers per thread ptxas allots a block of `threads_per_block` before it spills."""
+    return spec.registers_per_sm // (RESIDENT_BLOCKS * max(1, threads_per_block))
 
 
 def estimate_registers(plan: StitchPlan) -> int:
     kept = sum(1 for i in plan.intermediates if not i.inlined)
+    if plan.scheme == "column-split":
+        return column_split_registers(plan.reductions, plan.mapping.vector) + PER_KEPT_VALUE * kept
     registers = BASE_REGISTERS + PER_KEPT_VALUE * kept
     if plan.mapping.vector > 1:
         registers += PER_VECTOR_LANE * plan.mapping.vector

@@ -25,6 +25,7 @@ from tvm_stitch.kernels.variants import Planner, dispatching, row_size, size_var
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.planner import plan_kernel
 from tvm_stitch.planning.reasons import reason_of
+from tvm_stitch.pricing.idle_guard import with_idle_reason
 from tvm_stitch.pricing.modeled_time import with_modeled_time
 from tvm_stitch.pricing.plan_prices import PlanPrices
 from tvm_stitch.pricing.traffic import modeled_traffic
@@ -141,7 +142,8 @@ class KernelMaker:
                     f"modeled traffic at the upper bounds of the symbolic sizes ({sizes})",))
         if traffic is not None:
             plan = dataclasses.replace(plan, modeled_bytes=traffic.total, ideal_bytes=traffic.ideal)
-        return with_modeled_time(plan, fused, spec, scheduled if self.target.builds_cuda else None)
+        cuda = scheduled if self.target.builds_cuda else None
+        return with_idle_reason(with_modeled_time(plan, fused, spec, cuda), fused, spec, cuda)
 
     def _size_variants(self, fused: tvm.tirx.PrimFunc, kernel: Kernel, prices: PlanPrices) -> Kernel:
         """`kernel` choosing at run time among the plans its symbolic row count calls for, where one

@@ -45,7 +45,7 @@ from tvm_stitch.planning.common import (Analyses, PlanError, check_describable, 
                                         wanted_blocks)
 from tvm_stitch.planning.common import views as views_of
 from tvm_stitch.planning.plan import GLOBAL, REGISTER, Intermediate, StitchPlan, ThreadMapping
-from tvm_stitch.planning.resources import cuda_shared_bytes
+from tvm_stitch.planning.resources import column_split_registers, cuda_shared_bytes, register_budget
 from tvm_stitch.planning.spec import TargetSpec
 
 SECTOR_BYTES = 32  # the unit of a global-memory transaction: a tile spans at least one per row
@@ -150,12 +150,32 @@ def _divisors(n: int) -> list:
     return sorted(set(small + [n // d for d in small]))
 
 
-def _threads_y(rows: int, threads_x: int, spec: TargetSpec) -> int:
+def _threads_y(rows: int, threads_x: int, registers, spec: TargetSpec) -> int:
     """Row threads per block: the largest divisor of the rows (no thread predicate inside the
-    reduction) that keeps a block within the target's threads, each thread summing at least
+    reduction) that keeps a block within the target's threads and its threads within the register
+    budget of its size (`registers(rows per thread)`: no spills), each thread summing at least
     MIN_ROWS_PER_THREAD rows."""
     return max(d for d in _divisors(rows)
-               if threads_x * d <= spec.max_threads_per_block and rows >= d * MIN_ROWS_PER_THREAD or d == 1)
+               if threads_x * d <= spec.max_threads_per_block and rows >= d * MIN_ROWS_PER_THREAD
+               and registers(rows // d) <= register_budget(threads_x * d, spec) or d == 1)
+
+
+def _block(columns: int, outer: int, rows: int, dtype_bytes: int, reductions: list, spec: TargetSpec) -> tuple:
+    """(vector, tile, threads_x, threads_y): the widest vector, unless the register budget cuts its row
+    threads; then the vector whose blocks launch the most threads (the wider on ties)."""
+    loads = len({a.buffer.name for v in reductions for a in v.reads})  # one load per buffer and row
+    vector, best = _vector(columns, dtype_bytes, spec), None
+    while True:
+        tile = _tile(columns, vector, dtype_bytes)
+        tx = tile // vector
+        ty = _threads_y(rows, tx, lambda per_thread, v=vector: column_split_registers(
+            len(reductions), v, loads, per_thread), spec)
+        threads = outer * columns // tile * tx * ty
+        if best is None or threads > best[0]:
+            best = (threads, vector, tile, tx, ty)
+        if vector == 1 or ty == _threads_y(rows, tx, lambda per_thread: 0, spec):
+            return best[1:]
+        vector //= 2
 
 
 def _split(tiles: int, rows: int, block: int, ty: int, spec: TargetSpec) -> int:
@@ -178,10 +198,7 @@ def plan_column_split(func: tirx.PrimFunc, spec: TargetSpec, name: str, combine_
     kept = _without_units(spatial)  # unit axes (a keepdims axis moved last) hold no columns
     columns, outer = (kept[-1], static_product(kept[:-1]) or 1) if kept else (1, 1)
     dtype_bytes = max(max(8, a.buffer.dtype.bits) for v in reductions for a in v.reads + v.writes) // 8
-    vector = _vector(columns, dtype_bytes, spec)
-    tile = _tile(columns, vector, dtype_bytes)
-    tx = tile // vector
-    ty = _threads_y(rows, tx, spec)
+    vector, tile, tx, ty = _block(columns, outer, rows, dtype_bytes, reductions, spec)
     if tx * ty < spec.warp_size:
         raise ColumnError("column-no-row-divisor", rows=rows)
     tiles = outer * columns // tile
