@@ -11,7 +11,10 @@ groups merge when
 - the merge does not starve the kernel of parallelism: each part keeps at
   least half of the row tasks it had (capped at `parallel_rows`), unless the
   part is small;
-- the per-row intermediates that must be materialised fit `row_bytes_limit`.
+- the per-row intermediates that must be materialised fit `row_bytes_limit`;
+- the union holds at most `max_reductions` reductions and `max_ops` ops (a
+  kernel's compile time grows faster than its size: a chain of K LayerNorms
+  becomes K / 4 kernels of four, identical ones made once).
 The last two do not apply to a union of few long rows (`long_rows_below`
 rows of at least `long_row` elements): its rows are split over blocks, and
 nothing is kept on chip per row.
@@ -107,6 +110,12 @@ def materialized_row_bytes(graph: Graph, op_ids: set, rank: int) -> int:
         for ty in op.out_types:
             total += _estimated_elements(list(ty.shape)[rank:]) * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
     return total
+
+
+def within_size(graph: Graph, op_ids: set, limits) -> bool:
+    """Whether a group of these ops is within the limits' reductions and ops (compile time)."""
+    reductions = sum(1 for i in op_ids if graph.ops[i].cls.kind == OpKind.REDUCTION)
+    return len(op_ids) <= limits.max_ops and reductions <= limits.max_reductions
 
 
 @dataclass
@@ -237,6 +246,8 @@ class _Merger:
         if self._reach(mask, self.desc) & self._reach(mask, self.anc) & ~mask:
             return None
         ops = a.ops | b.ops
+        if not within_size(self.graph, ops, self.limits):
+            return None
         rank, rows = group_rows(self.graph, ops)
         work = max(a.work, b.work)
         if rank == 0 and whole_tensor_group(self.graph, ops):

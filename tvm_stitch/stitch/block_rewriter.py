@@ -10,12 +10,13 @@ module only puts their answers together and records them in the outcome.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import tvm
 from tvm import relax
 
 from tvm_stitch.analysis.graph import Graph, build_graph
-from tvm_stitch.grouping.fusion_search import greedy_groups, greedy_price, search_block, settled
+from tvm_stitch.grouping.fusion_search import greedy_groups, greedy_price, over_budget, search_block, settled
 from tvm_stitch.grouping.group_pricing import estimated_plan, plan_cost
 from tvm_stitch.grouping.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.grouping.unfuse import opened_block
@@ -33,17 +34,24 @@ from tvm_stitch.stitch.records import Attempt, Block, Outcome, StitchError, make
 class BlockRewriter:
     """Rewrites blocks with `maker`'s kernels, recording every final attempt in `outcome`."""
 
-    def __init__(self, maker: KernelMaker, fusion: str, search_seconds: float, analyses: dict):
+    def __init__(self, maker: KernelMaker, fusion: str, seconds: tuple, analyses: dict):
         self.maker = maker
         self.target = maker.target
         self.fusion = fusion  # "greedy": partition.py's groups; "search": fusion_search.py's plan
-        self.search_seconds = search_seconds  # the solver's time limit per dataflow block
+        # the search's time limit per dataflow block; a function's compile time after which its
+        # blocks are not searched (greedy's plans, built already, are used)
+        self.search_seconds, self.function_seconds = seconds
+        self.started = time.perf_counter()  # when the function being rewritten began
         self.analyses = analyses
         spec = maker.target.spec
         self.limits = partition_limits(spec)  # what the partition may group, for every block
         # CUDA: the partition that keeps every row on chip, whose groups are the parts of a split one
         self.on_chip_limits = partition_limits(spec, split_long_rows=False) if maker.target.family == "cuda" else None
         self.outcome = Outcome(notes=maker.notes)
+
+    def begin_function(self) -> None:
+        """Start a function's compile-time budget."""
+        self.started = time.perf_counter()
 
     def rewrite_block(self, function: str, block_index: int, block: relax.DataflowBlock, used_after: set,
                       calls: dict, bounds: dict) -> relax.DataflowBlock:
@@ -85,6 +93,12 @@ class BlockRewriter:
         if record is not None:
             self.outcome.searches.append(record)
             return None
+        left = self.function_seconds - (time.perf_counter() - self.started)
+        if left <= 0:
+            self.outcome.searches.append(over_budget((fused.function, block_index), price))
+            self.outcome.notes.append(f"{fused.function} block {block_index}: not searched, the compile-time budget "
+                                      f"of {self.function_seconds:g} s per function is spent; greedy's plan is used")
+            return None
         opened, origin = opened_block(self.maker.mod, block, {n.var for n in fused.graph.nodes if n.stitchable})
         graph = build_graph(self.maker.mod, opened, used_after, self.analyses)
         scope = dataclasses.replace(fused, graph=graph, recomputed=frozenset(),
@@ -93,7 +107,7 @@ class BlockRewriter:
                                     (greedy_groups(fused.graph, self.limits, partitioned, (graph, origin)),
                                      self._known_costs(fused, partitioned, built)), spec,
                                     (self._candidate(scope), self._estimate(scope)),
-                                    lambda node: only_reshapes(graph, [node]), self.search_seconds)
+                                    lambda node: only_reshapes(graph, [node]), min(self.search_seconds, left))
         self.outcome.searches.append(record)
         if plan is None:
             return None
@@ -130,7 +144,7 @@ class BlockRewriter:
     def _estimate(self, scope: Block):
         def estimate(owned: list, recomputed: list):
             return estimated_plan(self.maker.mod, scope.graph, owned, recomputed, scope.bounds, self.target.spec,
-                                  self.target.target)
+                                  self.target.target, self.maker.memo)
         return estimate
 
     def _kept(self, attempts: list) -> list:
