@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import tvm_stitch
 from tvm_stitch.grouping import group_pricing
+from tvm_stitch.grouping.fusion_search import OUT_OF_TIME, OVER_BUDGET
 from tvm_stitch.planning.limits import GROUP_REDUCTIONS
 from tvm_stitch.pricing import modeled_time, plan_prices
-from tvm_stitch.stitch import kernel_maker
+from tvm_stitch.stitch import kernel_maker, module_pass
 from tvm_stitch.tools.workloads import relax_blocks as rx
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
@@ -31,8 +32,8 @@ def chain(k: int):
     return rx.function(rx.row_params("float32", {"rows": 64, "cols": 256}, "gamma", "beta"), body)
 
 
-def scheduled_blocks(monkeypatch, k: int, target, fusion: str) -> int:
-    """TIR blocks handed to schedules while `explain` compiles a chain of k LayerNorms."""
+def scheduled_blocks(monkeypatch, k: int, target, fusion: str) -> tuple:
+    """(TIR blocks handed to schedules while `explain` compiles a chain of k LayerNorms, its kernels)."""
     counted = []
     for module in (kernel_maker, plan_prices, modeled_time, group_pricing):
         real = module.schedule_for
@@ -42,9 +43,9 @@ def scheduled_blocks(monkeypatch, k: int, target, fusion: str) -> int:
             return real(func, plan, tgt)
         monkeypatch.setattr(module, "schedule_for", counting)
     report = tvm_stitch.explain(chain(k), target, fusion=fusion)
-    assert len(report.plans) == -(-k // PER_GROUP) and not report.fallbacks
     monkeypatch.undo()
-    return sum(counted)
+    assert not report.fallbacks
+    return sum(counted), len(report.plans)
 
 
 @pytest.mark.parametrize("target, fusion", [(CUDA, "greedy"), (LLVM, "greedy"), (CUDA, "search")],
@@ -52,4 +53,21 @@ def scheduled_blocks(monkeypatch, k: int, target, fusion: str) -> int:
 def test_chain_schedules_the_same_work_at_every_length(monkeypatch, target, fusion):
     short = scheduled_blocks(monkeypatch, PER_GROUP, target, fusion)
     long = scheduled_blocks(monkeypatch, 3 * PER_GROUP, target, fusion)
-    assert 0 < short == long
+    assert 0 < short[0] == long[0]
+    assert (short[1], long[1]) == (1, 3)
+
+
+def test_function_over_its_budget_is_not_searched_and_says_so(monkeypatch):
+    monkeypatch.setattr(module_pass, "FUNCTION_SECONDS", 0.0)
+    report = tvm_stitch.explain(chain(2 * PER_GROUP), CUDA, fusion="search")
+    assert [(r.method, r.why) for r in report.searches] == [("greedy", OVER_BUDGET)]
+    assert len(report.plans) == 2 and any("compile-time budget" in note for note in report.notes)
+    assert "compile-time budget is spent" in str(report)
+
+
+def test_search_time_limit_counts_its_pricing(monkeypatch):
+    """A limit already spent by greedy's pricing leaves the solver no time (it had a tenth of a second)."""
+    monkeypatch.setattr(module_pass, "SEARCH_SECONDS", 0.0)
+    report = tvm_stitch.explain(chain(2 * PER_GROUP), CUDA, fusion="search")
+    assert [(r.method, r.why) for r in report.searches] == [("greedy", OUT_OF_TIME)]
+    assert len(report.plans) == 2
