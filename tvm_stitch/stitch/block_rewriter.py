@@ -10,13 +10,12 @@ module only puts their answers together and records them in the outcome.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import tvm
 from tvm import relax
 
 from tvm_stitch.analysis.graph import Graph, build_graph
-from tvm_stitch.grouping.fusion_search import greedy_groups, greedy_price, over_budget, search_block, settled
+from tvm_stitch.grouping.fusion_search import greedy_groups, greedy_price, search_block, settled
 from tvm_stitch.grouping.group_pricing import estimated_plan, plan_cost
 from tvm_stitch.grouping.partition import partition, recomputed_in, recomputed_producers
 from tvm_stitch.grouping.unfuse import opened_block
@@ -27,6 +26,7 @@ from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.reasons import reason_of
 from tvm_stitch.stitch.bindings import (call_bindings, defined, only_reshapes, still_read, topological_units,
                                         without_unused)
+from tvm_stitch.stitch.budget import FunctionBudget
 from tvm_stitch.stitch.kernel_maker import KernelMaker
 from tvm_stitch.stitch.records import Attempt, Block, Outcome, StitchError, make_group
 
@@ -38,20 +38,14 @@ class BlockRewriter:
         self.maker = maker
         self.target = maker.target
         self.fusion = fusion  # "greedy": partition.py's groups; "search": fusion_search.py's plan
-        # the search's time limit per dataflow block; a function's compile time after which its
-        # blocks are not searched (greedy's plans, built already, are used)
-        self.search_seconds, self.function_seconds = seconds
-        self.started = time.perf_counter()  # when the function being rewritten began
+        self.search_seconds = seconds[0]  # the search's time limit per dataflow block
+        self.budget = FunctionBudget(seconds[1])  # past it, a function's blocks keep greedy's plans
         self.analyses = analyses
         spec = maker.target.spec
         self.limits = partition_limits(spec)  # what the partition may group, for every block
         # CUDA: the partition that keeps every row on chip, whose groups are the parts of a split one
         self.on_chip_limits = partition_limits(spec, split_long_rows=False) if maker.target.family == "cuda" else None
         self.outcome = Outcome(notes=maker.notes)
-
-    def begin_function(self) -> None:
-        """Start a function's compile-time budget."""
-        self.started = time.perf_counter()
 
     def rewrite_block(self, function: str, block_index: int, block: relax.DataflowBlock, used_after: set,
                       calls: dict, bounds: dict) -> relax.DataflowBlock:
@@ -93,11 +87,9 @@ class BlockRewriter:
         if record is not None:
             self.outcome.searches.append(record)
             return None
-        left = self.function_seconds - (time.perf_counter() - self.started)
+        left = self.budget.left()
         if left <= 0:
-            self.outcome.searches.append(over_budget((fused.function, block_index), price))
-            self.outcome.notes.append(f"{fused.function} block {block_index}: not searched, the compile-time budget "
-                                      f"of {self.function_seconds:g} s per function is spent; greedy's plan is used")
+            self.budget.overrun((fused.function, block_index), price, self.outcome)
             return None
         opened, origin = opened_block(self.maker.mod, block, {n.var for n in fused.graph.nodes if n.stitchable})
         graph = build_graph(self.maker.mod, opened, used_after, self.analyses)

@@ -40,7 +40,7 @@ def _rewritable(func) -> bool:
 def _rewrite_function(rewriter: BlockRewriter, name: str, func: relax.Function, calls: dict) -> relax.Function | None:
     """`func` with each dataflow block's groups stitched (None when nothing changed)."""
     bounds = function_bounds(func)
-    rewriter.begin_function()
+    rewriter.budget.begin()
     blocks, changed = [], False
     for i, block in enumerate(func.body.blocks):
         if isinstance(block, relax.DataflowBlock):
