@@ -9,14 +9,25 @@ one kernel of the whole chain made it grow as K times its candidate plans.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import tvm
+from tvm import relax, tirx
 import tvm_stitch
 from tvm_stitch.grouping import group_pricing
 from tvm_stitch.grouping.fusion_search import OUT_OF_TIME, OVER_BUDGET
+from tvm_stitch.planning.candidates import candidates
 from tvm_stitch.planning.limits import GROUP_REDUCTIONS
+from tvm_stitch.planning.planner import plan_kernel
+from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing import modeled_time, plan_prices
+from tvm_stitch.pricing.plan_prices import PlanPrices
+from tvm_stitch.pricing.price_memo import PriceMemo
 from tvm_stitch.stitch import kernel_maker, module_pass
 from tvm_stitch.tools.workloads import relax_blocks as rx
+
+from conftest import legalized, make_module, tensor
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 LLVM = {"kind": "llvm", "mcpu": "znver3"}
@@ -71,3 +82,24 @@ def test_search_time_limit_counts_its_pricing(monkeypatch):
     report = tvm_stitch.explain(chain(2 * PER_GROUP), CUDA, fusion="search")
     assert [(r.method, r.why) for r in report.searches] == [("greedy", OUT_OF_TIME)]
     assert len(report.plans) == 2
+
+
+def _softmax(rows: int) -> tirx.PrimFunc:
+    mod = legalized(make_module([tensor("x", (rows, 256))], lambda bb, x: relax.op.nn.softmax(x, axis=-1)))
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+    return func
+
+
+def test_price_memo_prices_a_kernel_and_plan_once_per_module():
+    spec = TargetSpec.from_target(tvm.target.Target(CUDA))
+    func, same = _softmax(64), _softmax(64)
+    rule = plan_kernel(func, spec, "stitch_0")
+    memo = PriceMemo()
+    first = PlanPrices(spec, memo).plan_times(func, rule)
+    # another group's kernel of the same code, its plan under another name: found, not priced
+    assert PlanPrices(spec, memo).plan_times(same, dataclasses.replace(rule, kernel="stitch_1")) == first
+    assert memo.priced == 1 and first
+    other = next(p for p in candidates(func, rule, spec) if p.mapping.threads != rule.mapping.threads)
+    PlanPrices(spec, memo).plan_times(func, other)
+    PlanPrices(spec, memo).plan_times(_softmax(128), rule)
+    assert memo.priced == 3

@@ -6,7 +6,7 @@ prices their plans once per module, not once per group or candidate. The key
 is the fused PrimFunc's structural hash (equality checked) and the plan less
 what names or records it (its kernel's name, notes, modeled traffic and time):
 plans that schedule the same code the same way. `priced` counts the prices
-computed (not those found), for the report and the tests.
+computed (not those found).
 """
 
 from __future__ import annotations
