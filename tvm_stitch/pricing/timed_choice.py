@@ -33,7 +33,7 @@ from tvm_stitch.planning.time_model import total_us
 
 TIE = 0.02  # a variant must beat the rule plan's modeled time by more than this share
 NEIGHBOURHOOD = 4  # a neighbour's threads or rows per block are within this factor of the rule's
-PRICED_NEIGHBOURS = 8  # neighbours priced per kernel at most
+PRICED_NEIGHBOURS = 12  # neighbours priced per kernel at most (models at test size: 8)
 
 
 def choose_in_time(fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec,
