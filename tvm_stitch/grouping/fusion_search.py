@@ -205,8 +205,9 @@ def over_budget(where: tuple, price: tuple) -> SearchRecord:
 def search_block(where: tuple, graph: Graph, greedy: tuple, spec, pricing: tuple, reshape_only,
                  time_limit: float, search_limits: SearchLimits = SearchLimits()) -> tuple:
     """(SearchRecord, SearchedPlan or None): the searched plan where it is cheaper than greedy's.
-    `time_limit`: seconds from the call, pricing and solves included; `where`: (function, dataflow block index); `greedy`: (greedy's groups as (owned, recomputed) sets of
+    `where`: (function, dataflow block index); `greedy`: (greedy's groups as (owned, recomputed) sets of
     `graph`'s nodes, per group the price of the kernel greedy's build made of it or None);
+    `time_limit`: seconds from the call, pricing and solves included;
     `pricing`: (attempt, estimate) as group_pricing.Pricer takes them;
     `reshape_only(node)`: whether a node only reshapes (a view: nothing launched)."""
     start = time.perf_counter()
@@ -233,7 +234,8 @@ def search_block(where: tuple, graph: Graph, greedy: tuple, spec, pricing: tuple
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
                            functools.partial(lower_us, graph, must, spec, _sizes(graph)),
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
-                           (greedy_us * (1 - GAIN), start + time_limit, len(greedy) // PRICED_PER_GROUPS + PRICED_EXTRA))
+                           (greedy_us * (1 - GAIN), start + time_limit,
+                            len(greedy) // PRICED_PER_GROUPS + PRICED_EXTRA))
     if pricer.unpriced:
         return kept(UNPRICED)
     if isinstance(found, str):

@@ -2,6 +2,9 @@
 
 Groups grow greedily along producer -> consumer edges, in program order. Two
 groups merge when
+- the union holds at most `max_reductions` reductions and `max_ops` ops (a
+  kernel's compile time grows faster than its size: a chain of K LayerNorms
+  becomes K / 4 kernels of four, identical ones made once);
 - the union is convex: no path leaves it and comes back through a node
   outside it (otherwise the fused call would depend on its own result);
 - its ops share rows (see row_alignment) at some rank >= 1, or rows at
@@ -11,10 +14,7 @@ groups merge when
 - the merge does not starve the kernel of parallelism: each part keeps at
   least half of the row tasks it had (capped at `parallel_rows`), unless the
   part is small;
-- the per-row intermediates that must be materialised fit `row_bytes_limit`;
-- the union holds at most `max_reductions` reductions and `max_ops` ops (a
-  kernel's compile time grows faster than its size: a chain of K LayerNorms
-  becomes K / 4 kernels of four, identical ones made once).
+- the per-row intermediates that must be materialised fit `row_bytes_limit`.
 The last two do not apply to a union of few long rows (`long_rows_below`
 rows of at least `long_row` elements): its rows are split over blocks, and
 nothing is kept on chip per row.
