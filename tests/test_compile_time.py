@@ -4,7 +4,8 @@ Counted, not timed: the TIR blocks of every plan the stitch pass schedules
 (the kernels built and the plans priced). Identical kernels of a
 chain cut into groups of a few LayerNorms (planning/limits.py: GROUP_REDUCTIONS)
 are planned and priced once, so the count does not grow with K at all, where
-one kernel of the whole chain made it grow as K times its candidate plans.
+one kernel of the whole chain made it grow as K times its candidate plans. The
+fusion search's enumeration is counted too (its convexity checks).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 import tvm_stitch
-from tvm_stitch.grouping import group_pricing
+from tvm_stitch.grouping import candidate_groups, group_pricing
 from tvm_stitch.grouping.fusion_search import OUT_OF_TIME, OVER_BUDGET
 from tvm_stitch.planning.candidates import candidates
 from tvm_stitch.planning.limits import GROUP_REDUCTIONS
@@ -59,8 +60,8 @@ def scheduled_blocks(monkeypatch, k: int, target, fusion: str) -> tuple:
     return sum(counted), len(report.plans)
 
 
-@pytest.mark.parametrize("target, fusion", [(CUDA, "greedy"), (LLVM, "greedy"), (CUDA, "search")],
-                         ids=["cuda-greedy", "llvm-greedy", "cuda-search"])
+@pytest.mark.parametrize("target, fusion", [(CUDA, "greedy"), (LLVM, "greedy"), (CUDA, "search"), (LLVM, "search")],
+                         ids=["cuda-greedy", "llvm-greedy", "cuda-search", "llvm-search"])
 def test_chain_schedules_the_same_work_at_every_length(monkeypatch, target, fusion):
     short = scheduled_blocks(monkeypatch, PER_GROUP, target, fusion)
     long = scheduled_blocks(monkeypatch, 3 * PER_GROUP, target, fusion)
@@ -103,3 +104,21 @@ def test_price_memo_prices_a_kernel_and_plan_once_per_module():
     PlanPrices(spec, memo).plan_times(func, other)
     PlanPrices(spec, memo).plan_times(_softmax(128), rule)
     assert memo.priced == 3
+
+
+def test_search_checks_candidates_in_number_linear_in_length(monkeypatch):
+    """The search's enumeration of a chain whose LayerNorms all read one gamma and beta: twice the
+    length, about twice the convexity checks (every reader a neighbour of every other made it 3.3x)."""
+    checks = [0]
+    real = candidate_groups.convex
+
+    def counting(*args):
+        checks[0] += 1
+        return real(*args)
+    monkeypatch.setattr(candidate_groups, "convex", counting)
+    counts = []
+    for k in (2 * PER_GROUP, 4 * PER_GROUP):
+        checks[0] = 0
+        tvm_stitch.explain(chain(k), LLVM, fusion="search")
+        counts.append(checks[0])
+    assert 0 < counts[1] <= 2.1 * counts[0]
