@@ -13,6 +13,7 @@ Values are referred to by `ValueRef(op, output)`: output `output` of op `op`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import tvm
@@ -78,6 +79,16 @@ class Graph:
                 mask |= (1 << consumer) | desc[consumer]
             desc[node.index] = mask
         return desc
+
+    @functools.cached_property
+    def op_readers(self) -> list:
+        """Per op, the set of the ops that read one of its results."""
+        out = [set() for _ in self.ops]
+        for j, op in enumerate(self.ops):
+            for ref in op.inputs:
+                if ref.op >= 0:
+                    out[ref.op].add(j)
+        return out
 
     @property
     def consumers(self) -> list:
@@ -266,7 +277,7 @@ def inlined_in_group(graph: Graph, op_ids: set) -> set:
             continue
         if i in graph.escapes:
             continue
-        if any(ref.op == i for j, other in enumerate(graph.ops) if j not in op_ids for ref in other.inputs):
+        if any(j not in op_ids for j in graph.op_readers[i]):
             continue
         out.add(i)
     changed = True

@@ -73,10 +73,19 @@ class _Enumeration:
         self.limits = limits
         self.desc, self.anc = _reach(structure.producers)
         consumers = _consumers(structure.producers)
+        # A sibling with a path to or from the node outside the two never makes a convex set with it unless
+        # the path is in the set, and then it is a neighbour of the path's last node: left out here, it
+        # changes no set found, and a weight every layer of a chain reads does not make every layer's
+        # readers neighbours of each other.
         self.neighbours = [
-            frozenset((set(structure.producers[n]) | consumers[n] | set(structure.siblings[n])) & structure.free)
+            frozenset((set(structure.producers[n]) | consumers[n]
+                       | {s for s in structure.siblings[n] if self._apart(n, s)}) & structure.free)
             for n in range(len(structure.producers))]
         self.seen: dict = {}  # frozenset -> admissible and convex
+
+    def _apart(self, a: int, b: int) -> bool:
+        """Whether no path between nodes a and b passes through a third node."""
+        return not (self.desc[a] & self.anc[b] or self.desc[b] & self.anc[a])
 
     def ok(self, nodes: frozenset) -> bool:
         if nodes not in self.seen:
@@ -90,17 +99,24 @@ class _Enumeration:
         if not self.ok(found[0]):
             return [frozenset([seed])]  # a singleton always: every node must be placeable
         while layer and len(found) < self.limits.per_seed:
-            nxt = []
-            for nodes in layer:
-                if len(nodes) >= self.limits.max_size:
-                    continue
-                for n in sorted(set().union(*(self.neighbours[m] for m in nodes)) - nodes):
-                    bigger = nodes | {n}
-                    if bigger not in nxt and bigger not in found and self.ok(bigger):
-                        nxt.append(bigger)
-            found.extend(nxt[:self.limits.per_seed - len(found)])
-            layer = nxt
+            layer = self._layer(layer, found, self.limits.per_seed - len(found))
+            found.extend(layer)
         return found
+
+    def _layer(self, layer: list, found: list, room: int) -> list:
+        """The first `room` sets one neighbour larger than a set of `layer`, new, convex and admissible
+        (only the sets kept are grown)."""
+        nxt: list = []
+        for nodes in layer:
+            if len(nodes) >= self.limits.max_size:
+                continue
+            for n in sorted(set().union(*(self.neighbours[m] for m in nodes)) - nodes):
+                bigger = nodes | {n}
+                if bigger not in nxt and bigger not in found and self.ok(bigger):
+                    nxt.append(bigger)
+                    if len(nxt) == room:
+                        return nxt
+        return nxt
 
     def feeding(self, owned: frozenset) -> frozenset:
         """The recomputable nodes feeding `owned` from at most `depth` producer steps up, through each other."""

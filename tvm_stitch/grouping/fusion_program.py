@@ -67,9 +67,13 @@ def _rows(problem: Problem) -> tuple:
     cands = problem.candidates
     nodes = sorted(problem.free)
     m_index = {u: len(cands) + k for k, u in enumerate(nodes)}
+    owners: dict = {u: {} for u in nodes}  # node -> {candidate owning it: 1.0}, in candidate order
+    for c, cand in enumerate(cands):
+        for u in cand.owned & problem.free:
+            owners[u][c] = 1.0
     rows, lower, upper = [], [], []
     for u in nodes:
-        row = {c: 1.0 for c, cand in enumerate(cands) if u in cand.owned}
+        row = owners[u]
         row[m_index[u]] = -1.0
         rows.append(row), lower.append(0.0), upper.append(0.0)
     for c, cand in enumerate(cands):

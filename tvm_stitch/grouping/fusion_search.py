@@ -8,9 +8,12 @@ by a launched group or computed again inside each reader, the launches
 orderable, the total modeled time least. Greedy's partition is priced
 first, exactly, and is the incumbent: a block whose greedy plan is already at
 its bound (one launch moving only the bytes it must) is not searched; the
-search's plan is used only where it is cheaper; where the solve does not
-finish in time, finds nothing, or a price is missing (symbolic sizes without
-bounds), greedy's plan stands.
+search's plan is used only where it is cheaper; where the search does not
+finish in time (SEARCH_SECONDS per block, end to end: pricing and solves),
+finds nothing, or a price is missing (symbolic sizes without bounds),
+greedy's plan stands. A function whose compile time has passed
+FUNCTION_SECONDS searches no further block: greedy's plans, built already,
+are used (`over_budget`, said in the report).
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from tvm_stitch.grouping.group_pricing import Pricer, fallback_us, plan_cost, pr
 from tvm_stitch.grouping.partition import recomputed_in, recomputed_producers
 
 SPATIAL = (OpKind.ELEMENTWISE, OpKind.BROADCAST, OpKind.INJECTIVE)
-SEARCH_SECONDS = 10.0  # the solver's time limit per dataflow block
+SEARCH_SECONDS = 10.0  # the search's time limit per dataflow block: pricing and solves
+FUNCTION_SECONDS = 120.0  # a function's compile time after which its blocks are not searched
+OVER_BUDGET = "the function's compile-time budget is spent"
+OUT_OF_TIME = "no cheaper plan found in the time limit"
 # candidates planned per block at most: one per PRICED_PER_GROUPS groups of greedy's, and PRICED_EXTRA more
 # (greedy's groups are planned anyway: the budget keeps the search's compile time within a share of greedy's)
 PRICED_PER_GROUPS, PRICED_EXTRA = 4, 6
@@ -190,11 +196,18 @@ def _plan(cands: list, stitched: list, chosen: tuple, graph: Graph) -> SearchedP
     return SearchedPlan(groups, frozenset(copied) - owned, tuple(notes))
 
 
+def over_budget(where: tuple, price: tuple) -> SearchRecord:
+    """The record of a block not searched: its function's compile time passed FUNCTION_SECONDS.
+    `price`: greedy_price of its greedy build."""
+    return SearchRecord(*where, "greedy", price[0], price[0], False, 0.0, 0, OVER_BUDGET)
+
+
 def search_block(where: tuple, graph: Graph, greedy: tuple, spec, pricing: tuple, reshape_only,
                  time_limit: float, search_limits: SearchLimits = SearchLimits()) -> tuple:
     """(SearchRecord, SearchedPlan or None): the searched plan where it is cheaper than greedy's.
     `where`: (function, dataflow block index); `greedy`: (greedy's groups as (owned, recomputed) sets of
     `graph`'s nodes, per group the price of the kernel greedy's build made of it or None);
+    `time_limit`: seconds from the call, pricing and solves included;
     `pricing`: (attempt, estimate) as group_pricing.Pricer takes them;
     `reshape_only(node)`: whether a node only reshapes (a view: nothing launched)."""
     start = time.perf_counter()
@@ -221,7 +234,8 @@ def search_block(where: tuple, graph: Graph, greedy: tuple, spec, pricing: tuple
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
                            functools.partial(lower_us, graph, must, spec, _sizes(graph)),
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),
-                           (greedy_us * (1 - GAIN), time_limit, len(greedy) // PRICED_PER_GROUPS + PRICED_EXTRA))
+                           (greedy_us * (1 - GAIN), start + time_limit,
+                            len(greedy) // PRICED_PER_GROUPS + PRICED_EXTRA))
     if pricer.unpriced:
         return kept(UNPRICED)
     if isinstance(found, str):
@@ -234,8 +248,9 @@ def search_block(where: tuple, graph: Graph, greedy: tuple, spec, pricing: tuple
 
 def _priced_lazily(problem: Problem, stitched: list, others: list, lower, price, limits: tuple):
     """(solution, candidates, stitched flags) of the cheapest plan, or why there is none cheaper than
-    `limits[0]`, the solves taking `limits[1]` seconds and the pricing `limits[2]` candidates at most
-    (a budget in candidates, not seconds: the plan does not depend on the machine's load). `problem`
+    `limits[0]`, the solves and pricing ending by `limits[1]` (a time.perf_counter() deadline) and the
+    pricing `limits[2]` candidates at most (a budget in candidates: within the deadline, the plan does
+    not depend on the machine's load). `problem`
     holds the priced candidates; each of `others` enters at its lower bound and is priced
     (`price(owned, recomputed)`: ([Candidate] or [], [stitched])) only once a solution chooses it: a
     solution whose candidates are all priced is optimal, every other candidate costing at least its
@@ -246,21 +261,25 @@ def _priced_lazily(problem: Problem, stitched: list, others: list, lower, price,
         cands.append(Candidate(owned, rec, reads(problem, owned, rec), lower(owned, rec)))
         stitched.append(True)
         known.append(False)
-    target, seconds, budget = limits
+    target, deadline, budget = limits
     while True:
+        seconds = deadline - time.perf_counter()
+        if seconds <= 0:
+            return OUT_OF_TIME
         solution = solve(dataclasses.replace(problem, candidates=tuple(cands)), max(0.1, seconds))
         if solution is None:
             return "no plan found in the time limit"
         if solution.cost >= target:
-            return AS_CHEAP if solution.proven else "no cheaper plan found in the time limit"
+            return AS_CHEAP if solution.proven else OUT_OF_TIME
         unknown = [c for c in solution.chosen if not known[c]]
         if not unknown:
             return solution, cands, stitched
-        seconds -= solution.seconds
         budget -= len(unknown)
         if budget < 0:
             return "no cheaper plan within the pricing budget"
         for c in sorted(unknown, reverse=True):
+            if time.perf_counter() >= deadline:
+                return OUT_OF_TIME
             priced, flags = price(cands[c].owned, cands[c].recomputed)
             if priced:
                 cands[c], stitched[c], known[c] = priced[0], flags[0], True

@@ -30,11 +30,13 @@ from tvm import relax
 
 from schedules import schedule_for
 from tvm_stitch.analysis.size_bounds import with_size_bounds
-from tvm_stitch.pricing.modeled_time import plan_us
+from tvm_stitch.pricing.modeled_time import plan_times
+from tvm_stitch.pricing.price_memo import PriceMemo
 from tvm_stitch.pricing.traffic import modeled_traffic
 from tvm_stitch.kernels.outline import outline_group
 from tvm_stitch.planning.planner import plan_kernel
 from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.planning.time_model import total_us
 
 # The CPU proxy's weights (not hardware facts: a model of the cost, fitted to nothing): bytes a core
 # streams per microsecond, and the overhead of one parallel launch.
@@ -139,16 +141,19 @@ def plan_cost(plan, spec: TargetSpec) -> float | None:
     return proxy_us(spec, plan.modeled_bytes, plan.kernels) if plan.modeled_bytes >= 0 else None
 
 
-def estimated_plan(mod, graph, owned: list, recomputed: list, bounds: dict, spec: TargetSpec, target):
+def estimated_plan(mod, graph, owned: list, recomputed: list, bounds: dict, spec: TargetSpec, target,
+                   memo: PriceMemo | None = None):
     """The rule plan of a group with its modeled cost (see the module docstring); None where the group
-    does not outline, plan or schedule."""
+    does not outline, plan or schedule. `memo`: the module's prices (a kernel priced before is not
+    priced again)."""
+    memo = memo if memo is not None else PriceMemo()
     try:
         outlined = outline_group(mod, graph, owned, "priced", recomputed)
         fused = with_size_bounds(outlined.func, outlined.args, bounds)
         plan = plan_kernel(fused, spec, "priced")
         if spec.family == "cuda":
-            us = plan_us(fused, plan, spec)
-            return dataclasses.replace(plan, modeled_us=us) if us >= 0 else None
+            times = memo.times(fused, plan, lambda: plan_times(fused, plan, spec))
+            return dataclasses.replace(plan, modeled_us=total_us(times)) if times else None
         traffic = modeled_traffic(schedule_for(fused, plan, target).mod["main"], spec)
     except Exception:  # noqa: BLE001 - a group that does not plan is no candidate
         return None

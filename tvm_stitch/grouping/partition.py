@@ -2,6 +2,9 @@
 
 Groups grow greedily along producer -> consumer edges, in program order. Two
 groups merge when
+- the union holds at most `max_reductions` reductions and `max_ops` ops (a
+  kernel's compile time grows faster than its size: a chain of K LayerNorms
+  becomes K / 4 kernels of four, identical ones made once);
 - the union is convex: no path leaves it and comes back through a node
   outside it (otherwise the fused call would depend on its own result);
 - its ops share rows (see row_alignment) at some rank >= 1, or rows at
@@ -107,6 +110,12 @@ def materialized_row_bytes(graph: Graph, op_ids: set, rank: int) -> int:
         for ty in op.out_types:
             total += _estimated_elements(list(ty.shape)[rank:]) * max(1, tvm.DataType(str(ty.dtype)).bits // 8)
     return total
+
+
+def within_size(graph: Graph, op_ids: set, limits) -> bool:
+    """Whether a group of these ops is within the limits' reductions and ops (compile time)."""
+    reductions = sum(1 for i in op_ids if graph.ops[i].cls.kind == OpKind.REDUCTION)
+    return len(op_ids) <= limits.max_ops and reductions <= limits.max_reductions
 
 
 @dataclass
@@ -237,6 +246,8 @@ class _Merger:
         if self._reach(mask, self.desc) & self._reach(mask, self.anc) & ~mask:
             return None
         ops = a.ops | b.ops
+        if not within_size(self.graph, ops, self.limits):
+            return None
         rank, rows = group_rows(self.graph, ops)
         work = max(a.work, b.work)
         if rank == 0 and whole_tensor_group(self.graph, ops):

@@ -3,7 +3,8 @@
 Made from the TargetSpec and the planners' thresholds, so that the
 partition (grouping/partition.py) never joins what the planners cannot
 stitch: a row's intermediates within what a row task keeps on chip, and
-unions of few long rows (rows the planners split) exempt from that limit.
+unions of few long rows (rows the planners split) exempt from that limit;
+and a group's reductions and ops within what compiles in bounded time.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from tvm_stitch.planning.spec import TargetSpec
 
 CPU_ROW_BYTES = 1 << 20  # per-row intermediates a CPU row task keeps (in L2)
 CPU_PARTITION_ROWS = 16  # row tasks that keep the cores busy, for the partition's parallelism rule
+# A kernel's compile time grows faster than its stages (each schedule step and lowering walks the whole
+# kernel, and a kernel's candidate plans grow with its intermediates): a group holds at most this many
+# reductions and ops, so a long chain (K LayerNorms) becomes kernels of a few blocks each, identical ones
+# planned and priced once, and compiles in time linear in its length.
+GROUP_REDUCTIONS = 8
+GROUP_OPS = 64
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,8 @@ class PartitionLimits:
     long_row: int = 1 << 62  # this many elements, are split over blocks: no limit on row bytes or rows
     recompute_input_elements: int = 256  # a producer reading tensors of at most this many elements (from
     # cache, per use) is recomputed by the groups reading it instead of being a launch of its own
+    max_reductions: int = GROUP_REDUCTIONS  # reductions of a group at most (compile time)
+    max_ops: int = GROUP_OPS  # ops of a group at most (compile time)
 
 
 def partition_limits(spec: TargetSpec, split_long_rows: bool = True) -> PartitionLimits:

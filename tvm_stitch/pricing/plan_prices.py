@@ -9,7 +9,9 @@ another row count, or the same rows packed otherwise into blocks. A derived
 plan is neither scheduled nor lowered; its device-memory bytes are the modeled
 traffic of its PrimFunc where one is given (a kernel scheduled for every size,
 set to the count), else the lowered plan's at the same count (packing rows
-otherwise moves the same bytes). One PlanPrices serves one fused kernel.
+otherwise moves the same bytes). One PlanPrices serves one fused kernel; the
+module's PriceMemo (price_memo.py), where given, holds the times of plans
+priced for structurally equal kernels before, which are not priced again.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from schedules import schedule_for
 from tvm_stitch.analysis.size_bounds import at_upper_bounds
 from tvm_stitch.pricing.derived_geometry import derivable, derived
 from tvm_stitch.pricing.modeled_time import cuda_target, lowered_geometries, modeled_times
+from tvm_stitch.pricing.price_memo import PriceMemo
 from tvm_stitch.pricing.traffic import modeled_traffic
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
@@ -42,15 +45,20 @@ class PlanPrices:
     """KernelTimes of plans of one fused kernel (modeled_time.plan_times and modeled_times), each
     plan's geometry derived from a lowered one where derived_geometry.py says it is exact."""
 
-    def __init__(self, spec: TargetSpec):
+    def __init__(self, spec: TargetSpec, memo: PriceMemo | None = None):
         self.spec = spec
+        self.memo = memo if memo is not None else PriceMemo()  # the module's prices
         self.lowered: list = []  # _Lowered, in the order lowered
 
     def plan_times(self, fused: tirx.PrimFunc, plan: StitchPlan) -> list | None:
         """The KernelTimes of `plan`'s kernels for `fused` (modeled_time.plan_times), static at the
         plan's row count or, for a symbolic count, at the upper bound of its one size (the row
         count there, where derived_geometry.py checks it: it derives only from a grid that is the
-        plan's at that count); None where the plan does not schedule or is not priced."""
+        plan's at that count); None where the plan does not schedule or is not priced. Found in
+        the module's memo where a structurally equal kernel's plan was priced."""
+        return self.memo.times(fused, plan, lambda: self._plan_times(fused, plan))
+
+    def _plan_times(self, fused: tirx.PrimFunc, plan: StitchPlan) -> list | None:
         rows = plan.mapping.rows
         found = self._derived(plan, rows, None) if rows > 0 else None
         if found is not None:

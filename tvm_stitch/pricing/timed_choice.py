@@ -4,7 +4,10 @@ The variants are planning/candidates.py's (threads per block, rows per
 block, vector width, an on-chip intermediate recomputed in its consumers
 instead of kept in shared memory, chunks per row of a row-split plan). Priced are the rule plan's neighbours:
 the variants that change one knob, a count by at most a factor of
-NEIGHBOURHOOD (threads per block by at most half fewer). Each is scheduled for the spec's CUDA arch and priced by the
+NEIGHBOURHOOD (threads per block by at most half fewer), the first
+PRICED_NEIGHBOURS of them in candidates.py's order (a kernel of many
+intermediates has as many recomputing variants: the bound keeps its compile
+time from growing with them). Each is scheduled for the spec's CUDA arch and priced by the
 time model (modeled_time.py); a neighbour that packs the same rows otherwise
 into blocks (rows per block changed, 2 or more before and after) is priced
 from the rule plan's lowered kernel, neither scheduled nor lowered
@@ -30,6 +33,7 @@ from tvm_stitch.planning.time_model import total_us
 
 TIE = 0.02  # a variant must beat the rule plan's modeled time by more than this share
 NEIGHBOURHOOD = 4  # a neighbour's threads or rows per block are within this factor of the rule's
+PRICED_NEIGHBOURS = 12  # neighbours priced per kernel at most (models at test size: 8)
 
 
 def choose_in_time(fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec,
@@ -44,9 +48,8 @@ def choose_in_time(fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec,
         return priced
     plans = candidates(fused, rule, spec)
     best, best_us, chosen = priced, rule_us, 1
-    for index, plan in enumerate(plans[1:], start=2):
-        if not _neighbour(plan, rule):
-            continue
+    neighbours = [(index, plan) for index, plan in enumerate(plans[1:], start=2) if _neighbour(plan, rule)]
+    for index, plan in neighbours[:PRICED_NEIGHBOURS]:
         neighbour = prices.plan_times(fused, plan)
         us = total_us(neighbour) if neighbour else -1.0
         if 0 <= us < best_us and us < rule_us * (1 - TIE):

@@ -26,6 +26,7 @@ from tvm_stitch.planning.limits import partition_limits
 from tvm_stitch.planning.reasons import reason_of
 from tvm_stitch.stitch.bindings import (call_bindings, defined, only_reshapes, still_read, topological_units,
                                         without_unused)
+from tvm_stitch.stitch.budget import FunctionBudget
 from tvm_stitch.stitch.kernel_maker import KernelMaker
 from tvm_stitch.stitch.records import Attempt, Block, Outcome, StitchError, make_group
 
@@ -33,11 +34,12 @@ from tvm_stitch.stitch.records import Attempt, Block, Outcome, StitchError, make
 class BlockRewriter:
     """Rewrites blocks with `maker`'s kernels, recording every final attempt in `outcome`."""
 
-    def __init__(self, maker: KernelMaker, fusion: str, search_seconds: float, analyses: dict):
+    def __init__(self, maker: KernelMaker, fusion: str, seconds: tuple, analyses: dict):
         self.maker = maker
         self.target = maker.target
         self.fusion = fusion  # "greedy": partition.py's groups; "search": fusion_search.py's plan
-        self.search_seconds = search_seconds  # the solver's time limit per dataflow block
+        self.search_seconds = seconds[0]  # the search's time limit per dataflow block
+        self.budget = FunctionBudget(seconds[1])  # past it, a function's blocks keep greedy's plans
         self.analyses = analyses
         spec = maker.target.spec
         self.limits = partition_limits(spec)  # what the partition may group, for every block
@@ -85,6 +87,10 @@ class BlockRewriter:
         if record is not None:
             self.outcome.searches.append(record)
             return None
+        left = self.budget.left()
+        if left <= 0:
+            self.budget.overrun((fused.function, block_index), price, self.outcome)
+            return None
         opened, origin = opened_block(self.maker.mod, block, {n.var for n in fused.graph.nodes if n.stitchable})
         graph = build_graph(self.maker.mod, opened, used_after, self.analyses)
         scope = dataclasses.replace(fused, graph=graph, recomputed=frozenset(),
@@ -93,7 +99,7 @@ class BlockRewriter:
                                     (greedy_groups(fused.graph, self.limits, partitioned, (graph, origin)),
                                      self._known_costs(fused, partitioned, built)), spec,
                                     (self._candidate(scope), self._estimate(scope)),
-                                    lambda node: only_reshapes(graph, [node]), self.search_seconds)
+                                    lambda node: only_reshapes(graph, [node]), min(self.search_seconds, left))
         self.outcome.searches.append(record)
         if plan is None:
             return None
@@ -130,7 +136,7 @@ class BlockRewriter:
     def _estimate(self, scope: Block):
         def estimate(owned: list, recomputed: list):
             return estimated_plan(self.maker.mod, scope.graph, owned, recomputed, scope.bounds, self.target.spec,
-                                  self.target.target)
+                                  self.target.target, self.maker.memo)
         return estimate
 
     def _kept(self, attempts: list) -> list:

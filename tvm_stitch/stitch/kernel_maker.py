@@ -28,6 +28,7 @@ from tvm_stitch.planning.reasons import reason_of
 from tvm_stitch.pricing.idle_guard import with_idle_reason
 from tvm_stitch.pricing.modeled_time import with_modeled_time
 from tvm_stitch.pricing.plan_prices import PlanPrices
+from tvm_stitch.pricing.price_memo import PriceMemo
 from tvm_stitch.pricing.traffic import modeled_traffic
 from tvm_stitch.stitch.records import OUTLINED, PLANNED, SCHEDULED, Attempt, Block, Kernel, StitchError, make_group
 from tvm_stitch.stitch_target import StitchTarget
@@ -43,6 +44,7 @@ class KernelMaker:
         self.choose = choose  # (fused, rule plan, spec, prices) -> the plan to use; None: the rule plan
         self.kernels: dict = {}  # name -> Kernel
         self.done: dict = {}  # structural hash of a fused PrimFunc -> [(fused, Kernel)]
+        self.memo = PriceMemo()  # the module's plans priced, per structural key of their kernel
         self.notes: list = []  # what the report says of how kernels were made
         # name -> Kernel: the thread-per-column plan of a one-launch column-split kernel, which packing
         # may share a launch with others (grouping/packing.packed_kernels)
@@ -59,7 +61,7 @@ class KernelMaker:
             fused = with_size_bounds(outlined.func, outlined.args, block.bounds)
             kernel = self._known(fused)
             if kernel is None:
-                prices = PlanPrices(self.target.spec)  # the kernel's plans priced, each code lowered once
+                prices = PlanPrices(self.target.spec, self.memo)  # the kernel's plans priced, each code lowered once
                 name, rule, plan = self._plan(fused, group.ops, prices)
                 reached = PLANNED
                 kernel = self._add(fused, self._built(fused, name, rule, plan, prices))

@@ -18,7 +18,7 @@ from tvm.target import Target
 
 from tvm_stitch.analysis.graph import analyses_for
 from tvm_stitch.analysis.size_bounds import function_bounds
-from tvm_stitch.grouping.fusion_search import SEARCH_SECONDS
+from tvm_stitch.grouping.fusion_search import FUNCTION_SECONDS, SEARCH_SECONDS
 from tvm_stitch.planning import cost_model as _cost_model
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.timed_choice import choose_in_time
@@ -40,6 +40,7 @@ def _rewritable(func) -> bool:
 def _rewrite_function(rewriter: BlockRewriter, name: str, func: relax.Function, calls: dict) -> relax.Function | None:
     """`func` with each dataflow block's groups stitched (None when nothing changed)."""
     bounds = function_bounds(func)
+    rewriter.budget.begin()
     blocks, changed = [], False
     for i, block in enumerate(func.body.blocks):
         if isinstance(block, relax.DataflowBlock):
@@ -68,7 +69,7 @@ def stitch_module(mod: tvm.IRModule, target, strict: bool = False, report: Stitc
     report.target = "cuda" if made.family == "cuda" else "llvm"
     report.spec = made.spec
     maker = KernelMaker(mod, made, strict, choose)
-    rewriter = BlockRewriter(maker, fusion, SEARCH_SECONDS, analyses_for(mod))
+    rewriter = BlockRewriter(maker, fusion, (SEARCH_SECONDS, FUNCTION_SECONDS), analyses_for(mod))
     bb = relax.BlockBuilder(mod)
     calls = _LazyGlobals(bb, maker.kernels)
     for gv, func in list(mod.functions_items()):
