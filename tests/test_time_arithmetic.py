@@ -9,6 +9,8 @@ import tvm
 from tvm import relax
 
 from conftest import CUDA, make_module, tensor
+from tvm_stitch.planning.attention import AttentionShape, plan_cuda
+from tvm_stitch.planning.attention_cost import geometry as attention_geometry
 from tvm_stitch.pricing.contraction import contraction_dram_bytes
 from tvm_stitch.pricing.traffic import Traffic
 from tvm_stitch.planning.spec import TargetSpec
@@ -116,6 +118,15 @@ def test_a_flash_attention_2_shaped_kernel_reaches_its_published_throughput():
     t = kernel_time(attention, H200)
     tflops = flops / t.us / 1e6
     assert t.bound == "compute" and FA2_TFLOPS / 2 <= tflops <= 2 * FA2_TFLOPS and _physical(t, H200)
+
+
+def test_the_attention_plans_geometry_carries_its_multiply_adds():
+    shape = AttentionShape(batch=8, heads=12, kv_heads=12, q_len=512, kv_len=512, head_dim=64, dtype="float32",
+                           scale=0.125, mask="none")
+    plan = plan_cuda(shape, H200)
+    g = attention_geometry(plan)
+    assert dict(g.flops)["fp32"] * g.threads * g.grid == pytest.approx(4 * 8 * 12 * 512 * 512 * 64)
+    assert _physical(kernel_time(g, H200), H200)
 
 
 def test_a_memory_bound_norm_reaches_a_published_share_of_the_bandwidth():
