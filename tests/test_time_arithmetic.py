@@ -11,6 +11,7 @@ from tvm import relax
 from conftest import CUDA, make_module, tensor
 from tvm_stitch.planning.attention import AttentionShape, plan_cuda
 from tvm_stitch.planning.attention_cost import geometry as attention_geometry
+from tvm_stitch.pricing.arithmetic import add_arithmetic
 from tvm_stitch.pricing.contraction import contraction_dram_bytes
 from tvm_stitch.pricing.traffic import Traffic
 from tvm_stitch.planning.spec import TargetSpec
@@ -56,6 +57,27 @@ def test_math_rates_of_the_data_sheets():
     assert volta.fp16_tc_flops_per_us == pytest.approx(125e6)
     # No BF16 on Volta: a bfloat16 mma or FMA runs as FP32 FMA (converted).
     assert math_rate(volta, "bf16_tc") == math_rate(volta, "bf16") == volta.fp32_flops_per_us
+
+
+def test_mma_instructions_count_by_shape_and_dtype():
+    a = tvm.tirx.Var("a", tvm.ir.PointerType(tvm.ir.PrimType("bfloat16")))
+    mma = tvm.tirx.call_intrin("", "tirx.ptx_legacy.mma", "m16n8k16", "row", "col", "bf16", "bf16", "fp32",
+                               a, 0, a, 0, a, 0, False)
+    wmma = tvm.tirx.call_intrin("", "tirx.tvm_mma_sync", a, 0, a, 0, a, 0, a, 0)
+    flops: dict = {}
+    add_arithmetic(flops, mma, 3)  # 2 x 16 x 8 x 16 operations per warp, a 32nd per thread, 3 times
+    add_arithmetic(flops, wmma, 1)  # 16 x 16 x 16, bfloat16 fragments
+    assert flops == {"bf16_tc": 3 * 2 * 16 * 8 * 16 / 32 + 2 * 4096 / 32}
+
+
+def test_an_add_of_a_product_is_one_fma_per_lane():
+    x = tvm.tirx.Var("x", "float32x2")
+    flops: dict = {}
+    fma = x * x + x
+    for node in (fma, fma.a, x * x, x + x):  # each node as the walk visits it: the sum's product counted with
+        add_arithmetic(flops, node, 1)  # it, 3 FMA-pipe instructions of 2 lanes
+    add_arithmetic(flops, tvm.tirx.Var("i", "int32") * 2 + 1, 1)  # index arithmetic is not counted
+    assert flops == {"fp32": 3 * 2 * 2}
 
 
 def test_a_float32_gemm_is_priced_by_its_fma():

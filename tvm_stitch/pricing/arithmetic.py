@@ -52,8 +52,9 @@ def _mma(node) -> tuple | None:
             return None
         m, n, k = (int(x) for x in shape.groups())
         return TENSOR_UNITS[dtype], 2.0 * m * n * k / WARP
-    annotation = getattr(node.args[2], "type_annotation", None)
-    dtype = str(getattr(getattr(annotation, "element_type", None), "dtype", "float16"))
+    pointer = getattr(node.args[2], "ty", None)  # the A fragment's data: a pointer to its dtype
+    element = getattr(pointer, "element_type", None)
+    dtype = str(getattr(element, "dtype", element)) if element is not None else "float16"
     unit = TENSOR_UNITS.get(dtype, "fp16_tc")
     elements = WMMA_TF32_ELEMENTS if unit == "tf32_tc" else WMMA_ELEMENTS
     return unit, 2.0 * elements / WARP
