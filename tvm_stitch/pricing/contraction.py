@@ -1,17 +1,18 @@
-"""A matmul's or convolution's kernels as the time model prices them: arithmetic-bound tiles with L2 reuse.
+"""A matmul's or convolution's kernels as the time model prices them: arithmetic with L2 reuse.
 
 A contraction left to TVM's rules (dlight's Matmul, tensorized or not, and
-its convolutions) stages tiles of its operands in shared memory: every
-block loads the panels of both operands its output tile needs, so the
-bytes its tiles load (the geometry's `accessed_bytes`) are many times its
-operands. Most of those loads are served by the L2, which holds the panels
-the resident blocks share: device memory moves each operand once while
-the operands fit the L2, else once per L2-full of them (the operands are
-streamed through it in that many passes), and never more than the tiles
-load. The kernel is marked `contraction`: its loads wait for device memory
-only in that proportion (planning/time_model.py), the rest overlapping the
-resident blocks' arithmetic. A kernel that stages nothing in shared memory
-(a matrix-vector product) is priced as it loads.
+its convolutions) reads each operand element many times: every block loads
+the panels of both operands its output tile needs (into shared memory, or
+a convolution's windows straight from global memory), so the bytes its
+threads load (the geometry's `accessed_bytes`) are many times its operands.
+Most of those loads are served by the caches, which hold what the resident
+blocks share: device memory moves each operand once while the operands fit
+the L2, else once per L2-full of them (the operands are streamed through it
+in that many passes), and never more than the threads load. The kernel is
+marked `contraction`: its loads wait for device memory only in that
+proportion (planning/time_model.py), the rest overlapping the resident
+blocks' arithmetic. Where nothing is re-read (a matrix-vector product), the
+proportion is about one: it is priced as it loads.
 """
 
 from __future__ import annotations
@@ -35,19 +36,19 @@ def is_contraction(func: tirx.PrimFunc, registers: int) -> bool:
 
 
 def contraction_dram_bytes(traffic: Traffic, accessed: int, spec: TargetSpec) -> int:
-    """Device-memory bytes of a tiled contraction: its outputs once, its operands once per L2-full
-    of them (at least once), at most the bytes its tiles load."""
-    passes = max(1, -(-traffic.loaded // max(1, spec.cache_bytes)))
-    return min(max(accessed, traffic.total), traffic.stored + traffic.loaded * passes)
+    """Device-memory bytes of a tiled contraction: its outputs once, its operands (the ideal traffic
+    less the outputs) once per L2-full of them (at least once), at most the bytes its tiles load."""
+    operands = max(0, traffic.ideal - traffic.stored)
+    passes = max(1, -(-operands // max(1, spec.cache_bytes)))
+    return min(max(accessed, traffic.total), traffic.stored + operands * passes)
 
 
 def as_contraction(geometries: list, traffic: Traffic, spec: TargetSpec) -> list:
-    """The kernels that stage tiles in shared memory marked `contraction`, with the L2-reuse traffic
-    shared among them by the bytes they access; the others as they are."""
-    tiled = [g for g in geometries if g.shared_bytes > 0 and g.accessed_bytes > 0]
-    if not tiled:
-        return geometries
+    """The kernels marked `contraction`, with the L2-reuse traffic shared among them by the bytes they
+    access."""
     accessed = sum(g.accessed_bytes for g in geometries)
+    if not accessed:
+        return geometries
     dram = contraction_dram_bytes(traffic, accessed, spec)
-    return [dataclasses.replace(g, contraction=g.shared_bytes > 0, dram_bytes=dram * g.accessed_bytes // accessed)
+    return [dataclasses.replace(g, contraction=True, dram_bytes=dram * g.accessed_bytes // accessed)
             for g in geometries]
