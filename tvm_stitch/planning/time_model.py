@@ -19,10 +19,10 @@ possibly partial (the tail). Per wave the time is the largest of:
   BF16 FMA; a tensor core's TF32, FP16, BF16 or INT8 mma) on each SM at its
   share of the unit's achievable rate (the spec's peak `*_flops_per_us` over
   its SMs, times CUDA_ACHIEVABLE_MATH).
-A contraction (a matmul's or a convolution's tiles staged in shared memory,
-`contraction`) waits on device memory only for the loads its L2 does not
+A contraction (a kernel of a matmul or a convolution left to TVM's rules,
+`contraction`) waits on device memory only for the loads its caches do not
 serve: its latency rounds are scaled by its DRAM bytes over the bytes its
-tiles load; the rest hides behind the arithmetic of the resident blocks.
+threads load; the rest hides behind the arithmetic of the resident blocks.
 The kernel's time is the launch overhead plus its waves' times. A packed
 launch (independent kernels on consecutive ranges of blocks, a thread
 running one member) is its members' waves one after the other, each
@@ -77,7 +77,7 @@ class KernelGeometry:
     dram_bytes: int = -1
     members: tuple = ()  # a packed launch: each member's KernelGeometry on its range of blocks
     flops: tuple = ()  # (unit, operations per thread) per math unit of spec.MATH_UNITS; an FMA is two
-    contraction: bool = False  # a matmul or convolution staging tiles in shared memory (see above)
+    contraction: bool = False  # a kernel of a matmul or convolution left to TVM's rules (see above)
 
     @property
     def loaded_per_thread(self) -> int:
