@@ -48,14 +48,13 @@ def test_a_small_epilogue_still_joins_the_matmul():
     assert not report.notes
 
 
-def test_a_transpose_that_slows_the_depthwise_convolution_stays_a_kernel_and_is_noted():
+def test_a_transpose_after_the_depthwise_convolution_is_relabelled_when_the_caches_serve_its_windows():
+    # Fused, dlight schedules 448 blocks that each walk 5376 outputs; apart, a block per output (2.4 M
+    # blocks). Priced as a contraction (its window loads mostly cache hits, pricing/contraction.py), the
+    # fused kernel is bound by its arithmetic and barriers, far below the 2280 waves of the kernel apart.
     report = StitchReport()
     calls = _relabelled(_depthwise_then_transpose(8, 96, 56), report)
-    assert "transpose" in calls and not [name for name in calls if name.endswith("_epilogue")]
-    notes = [n for n in report.notes if n.startswith("transpose stays a kernel after conv2d")]
-    assert len(notes) == 1 and "fused, modeled" in notes[0] and "apart" in notes[0]
-    fused, apart = (float(s.split(" us")[0].split()[-1]) for s in notes[0].split(";"))
-    assert fused > apart > 0
+    assert "transpose_epilogue" in calls and "transpose" not in calls and not report.notes
 
 
 def test_without_a_pricer_every_epilogue_is_relabelled():

@@ -216,5 +216,20 @@ def _modeled_time(plan: StitchPlan) -> str:
     return f"{plan.modeled_us:.1f} us ({share:.0%})"
 
 
+def kernel_bound_lines(title: str, kernels) -> list:
+    """Per CUDA kernel of a priced module (tools/module_time.ModuleTime.kernels: (PrimFunc, calls,
+    KernelTimes)): its modeled time, the part that bounds it (bandwidth, latency, compute, sfu,
+    serial or launch) and its share of the math peak (its operations over each unit's peak) and of
+    the peak bandwidth."""
+    rows = [("kernel", "calls", "modeled us", "bound", "of math peak", "of peak BW")]
+    for _, calls, times in kernels:
+        for t in times:
+            rows.append((t.name, str(calls), f"{t.us:.1f}", t.bound, f"{t.math_fraction:.0%}",
+                         f"{t.bandwidth_fraction:.0%}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return [title, lines[0], "  ".join("-" * w for w in widths)] + lines[1:]
+
+
 def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."

@@ -12,7 +12,9 @@ views of move the same bytes: a split projection is read once in all).
 Symbolic sizes are counted at their priced values (their upper bounds).
 The geometry for the time model (planning/time_model.py) counts a thread's
 global accesses, barriers, serial iterations (the score dot products, the
-max, the rescale and the P V update are serial FMA loops here) and exps.
+max, the rescale and the P V update are serial FMA loops here), exps, and
+its arithmetic: the two products' multiply-adds (2 x 2 x query rows x keys
+visited x head dim per task) as FP32 FMA (`flops`).
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ def geometry(plan, name: str = "fused_attention") -> KernelGeometry:
         load_sites=2 * 4, load_phases=round(tiles) + 1, barriers=round(4 * tiles),
         serial_iterations=round(per_tile * tiles), sfu_ops=(plan.k_tile // lanes + 1) * tiles,
         registers=s.head_dim // lanes + REGISTERS_BESIDE_ACCUMULATORS, shared_bytes=plan.shared_bytes(),
-        dram_bytes=loaded + stored)
+        dram_bytes=loaded + stored,
+        flops=(("fp32", 4.0 * plan.rows * plan.k_tile * tiles * s.head_dim / threads),))
 
 
 def modeled_us(plan) -> float:

@@ -43,6 +43,21 @@ class _Arch:
     hbm_gbps: float  # peak device-memory bandwidth of the part, GB/s
     clock_ghz: float  # boost SM clock
     dram_latency_us: float  # a global load's latency under load (Little's law)
+    math: "_Math"  # peak arithmetic rates of the part
+
+
+@dataclass(frozen=True)
+class _Math:
+    """Peak dense rates of a part, TFLOP/s (INT8: TOPS), a multiply-add counted as two operations;
+    0 where the part has no such unit."""
+
+    fp32: float  # FP32 FMA (the CUDA cores)
+    fp16: float  # FP16 FMA off the tensor cores (HFMA2)
+    bf16: float  # BF16 FMA off the tensor cores
+    tf32_tc: float  # tensor cores, dense: TF32, FP16 and BF16 with FP32 accumulation, INT8
+    fp16_tc: float
+    bf16_tc: float
+    int8_tc: float
 
 
 # Per CUDA arch, the part most built for: V100 (SXM2), T4, A100 (SXM4 80 GB), A40, RTX 4090,
@@ -52,27 +67,43 @@ class _Arch:
 # Microbenchmarking", 2018; Chips and Cheese's A100 and H100 articles, 2021 and 2023); loaded latency
 # is higher: ~0.7 us is taken for the H200 (4.8 TB/s x 0.7 us: 3.4 MB in flight to saturate it),
 # the others scaled alike. `tvm-stitch calibrate` fits them per arch from measured kernels.
+# Math rates (docs/time-model.md names the sources): NVIDIA's V100, T4, A100, A40, Ada (RTX 4090, FP32
+# accumulation) and H100 whitepapers and data sheets (the H200 has the H100 SXM's SMs and clocks); the
+# B200's FP32 and FP16 FMA from its SMs and clock (128 FP32 lanes per SM, as on Hopper), its tensor
+# rates from the DGX B200 data sheet (sparse figures halved). _Math's order: FP32, FP16, BF16 FMA; TF32, FP16,
+# BF16, INT8 tensor cores.
 _ARCHS = MappingProxyType({
     70: _Arch(sms=80, l2_bytes=6 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=96 << 10,
-              hbm_gbps=900.0, clock_ghz=1.53, dram_latency_us=0.55),
+              hbm_gbps=900.0, clock_ghz=1.53, dram_latency_us=0.55,
+              math=_Math(15.7, 31.4, 0.0, 0.0, 125.0, 0.0, 0.0)),
     75: _Arch(sms=40, l2_bytes=4 << 20, sm_threads=1024, sm_blocks=16, sm_shared_bytes=64 << 10,
-              hbm_gbps=320.0, clock_ghz=1.59, dram_latency_us=0.6),
+              hbm_gbps=320.0, clock_ghz=1.59, dram_latency_us=0.6,
+              math=_Math(8.1, 16.2, 0.0, 0.0, 65.0, 0.0, 130.0)),
     80: _Arch(sms=108, l2_bytes=40 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=164 << 10,
-              hbm_gbps=2039.0, clock_ghz=1.41, dram_latency_us=0.65),
+              hbm_gbps=2039.0, clock_ghz=1.41, dram_latency_us=0.65,
+              math=_Math(19.5, 78.0, 39.0, 156.0, 312.0, 312.0, 624.0)),
     86: _Arch(sms=84, l2_bytes=6 << 20, sm_threads=1536, sm_blocks=16, sm_shared_bytes=100 << 10,
-              hbm_gbps=696.0, clock_ghz=1.74, dram_latency_us=0.6),
+              hbm_gbps=696.0, clock_ghz=1.74, dram_latency_us=0.6,
+              math=_Math(37.4, 37.4, 37.4, 74.8, 149.7, 149.7, 299.3)),
     89: _Arch(sms=128, l2_bytes=72 << 20, sm_threads=1536, sm_blocks=24, sm_shared_bytes=100 << 10,
-              hbm_gbps=1008.0, clock_ghz=2.52, dram_latency_us=0.6),
+              hbm_gbps=1008.0, clock_ghz=2.52, dram_latency_us=0.6,
+              math=_Math(82.6, 82.6, 82.6, 82.6, 165.2, 165.2, 660.6)),
     90: _Arch(sms=132, l2_bytes=50 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10,
-              hbm_gbps=4800.0, clock_ghz=1.98, dram_latency_us=0.7),
+              hbm_gbps=4800.0, clock_ghz=1.98, dram_latency_us=0.7,
+              math=_Math(66.9, 133.8, 133.8, 494.7, 989.4, 989.4, 1978.9)),
     100: _Arch(sms=148, l2_bytes=126 << 20, sm_threads=2048, sm_blocks=32, sm_shared_bytes=228 << 10,
-               hbm_gbps=8000.0, clock_ghz=1.96, dram_latency_us=0.75),
+               hbm_gbps=8000.0, clock_ghz=1.96, dram_latency_us=0.75,
+               math=_Math(74.3, 148.6, 148.6, 1100.0, 2250.0, 2250.0, 4500.0)),
 })
+MATH_UNITS = ("fp32", "fp16", "bf16", "tf32_tc", "fp16_tc", "bf16_tc", "int8_tc")
 # The first arch whose atomicAdd takes each dtype (CUDA C++ Programming Guide, "atomicAdd()").
 ATOMIC_ADD_SINCE = MappingProxyType({"float32": 20, "float16": 70, "bfloat16": 80})
 # The share of the peak bandwidth the best memory-bound kernels reach (copies, norms and softmax over
 # rows of 4K elements and more, as published and as `tvm-stitch bench --target cuda` measures).
 CUDA_ACHIEVABLE_BANDWIDTH = 0.9
+# The share of a math unit's peak the best arithmetic-bound kernels reach: optimized GEMMs reach up to
+# 80-90% of the peak (Dao, "FlashAttention-2", 2023); cuBLAS-class FP16 GEMMs on the H100 about 75-80%.
+CUDA_ACHIEVABLE_MATH = 0.8
 # Back-to-back launches in one stream, host to device: a few microseconds each (NVIDIA's "Getting
 # Started with CUDA Graphs", 2019: ~2-4 us per short kernel without graphs).
 CUDA_LAUNCH_US = 3.0
@@ -124,6 +155,15 @@ class TargetSpec:
     launch_us: float = 0.0
     sfu_per_sm_us: float = 0.0
     clock_ghz: float = 0.0
+    # CUDA: peak arithmetic per unit, operations per us over the whole GPU (a multiply-add is two;
+    # 0: no such unit): FP32, FP16 and BF16 FMA; the tensor cores' dense TF32, FP16, BF16 and INT8.
+    fp32_flops_per_us: float = 0.0
+    fp16_flops_per_us: float = 0.0
+    bf16_flops_per_us: float = 0.0
+    tf32_tc_flops_per_us: float = 0.0
+    fp16_tc_flops_per_us: float = 0.0
+    bf16_tc_flops_per_us: float = 0.0
+    int8_tc_flops_per_us: float = 0.0
 
     @staticmethod
     def from_target(target: Target) -> "TargetSpec":
@@ -217,7 +257,13 @@ def _cuda_spec(target: Target) -> TargetSpec:
         register_granule=CUDA_REGISTER_GRANULE,
         atomic_add_dtypes=tuple(d for d, first in ATOMIC_ADD_SINCE.items() if number >= first),
         **time_constants(arch, facts),
+        **math_rates(facts),
     )
+
+
+def math_rates(facts: _Arch) -> dict:
+    """The arch's peak arithmetic per unit in operations per us (TargetSpec's `*_flops_per_us`)."""
+    return {f"{unit}_flops_per_us": getattr(facts.math, unit) * 1e6 for unit in MATH_UNITS}
 
 
 def time_constants(arch: str, facts: _Arch, fitted: dict | None = None) -> dict:

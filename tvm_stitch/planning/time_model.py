@@ -14,7 +14,15 @@ possibly partial (the tail). Per wave the time is the largest of:
   threads x bytes per load x loads in flight / latency;
 - special functions: MUFU results (exp, log, rsqrt, erf and tanh as several)
   of the wave's threads on each SM at the spec's rate;
-- serial depth: the serial loop iterations of a thread, SERIAL_CYCLES each.
+- serial depth: the serial loop iterations of a thread, SERIAL_CYCLES each;
+- arithmetic: the wave's floating-point operations per unit (FP32, FP16 or
+  BF16 FMA; a tensor core's TF32, FP16, BF16 or INT8 mma) on each SM at its
+  share of the unit's achievable rate (the spec's peak `*_flops_per_us` over
+  its SMs, times CUDA_ACHIEVABLE_MATH).
+A contraction (a kernel of a matmul or a convolution left to TVM's rules,
+`contraction`) waits on device memory only for the loads its caches do not
+serve: its latency rounds are scaled by its DRAM bytes over the bytes its
+threads load; the rest hides behind the arithmetic of the resident blocks.
 The kernel's time is the launch overhead plus its waves' times. A packed
 launch (independent kernels on consecutive ranges of blocks, a thread
 running one member) is its members' waves one after the other, each
@@ -28,7 +36,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from tvm_stitch.planning.resources import occupancy
-from tvm_stitch.planning.spec import CUDA_ACHIEVABLE_BANDWIDTH, TargetSpec
+from tvm_stitch.planning.spec import CUDA_ACHIEVABLE_BANDWIDTH, CUDA_ACHIEVABLE_MATH, TargetSpec
 
 SERIAL_UNROLL = 4  # iterations of a serial loop nvcc unrolls, whose independent loads overlap
 MAX_LOADS_IN_FLIGHT = 8  # outstanding global loads per thread at most (scoreboard, registers)
@@ -68,6 +76,8 @@ class KernelGeometry:
     shared_bytes: int = 0  # static shared memory per block
     dram_bytes: int = -1
     members: tuple = ()  # a packed launch: each member's KernelGeometry on its range of blocks
+    flops: tuple = ()  # (unit, operations per thread) per math unit of spec.MATH_UNITS; an FMA is two
+    contraction: bool = False  # a kernel of a matmul or convolution left to TVM's rules (see above)
 
     @property
     def loaded_per_thread(self) -> int:
@@ -105,8 +115,11 @@ class KernelTime:
     occupancy: float
     bytes: int  # device-memory bytes
     bandwidth_fraction: float  # bytes / us over the arch's peak bandwidth
-    bound: str  # the part that took most of the waves' time: bandwidth, latency, sfu, serial or launch
+    bound: str  # the part that took most of the waves' time: bandwidth, latency, sfu, serial, compute or launch
     geometry: KernelGeometry | None = None  # what was priced
+    compute_us: float = 0.0
+    flops: float = 0.0  # operations of the launch, every unit's
+    math_fraction: float = 0.0  # each unit's operations over its peak, summed, over us: the share of the math peak
 
 
 def peak_bytes_per_us(spec: TargetSpec) -> float:
@@ -122,6 +135,23 @@ def resident_blocks(geometry: KernelGeometry, spec: TargetSpec) -> tuple:
     return per_sm * spec.sms, share
 
 
+def math_rate(spec: TargetSpec, unit: str) -> float:
+    """Peak operations per us of a math unit on the whole GPU; a unit the arch lacks runs as the
+    FMA of its dtype (a tensor unit), or as FP32 FMA (converted in and out); infinite where the
+    spec has no rates (a plan's JSON made before they existed: arithmetic is not priced)."""
+    rate = getattr(spec, f"{unit}_flops_per_us")
+    if rate > 0 or unit == "fp32":
+        return rate if rate > 0 else float("inf")
+    fallback = unit[:-3] if unit in ("fp16_tc", "bf16_tc") else "fp32"
+    return math_rate(spec, fallback)
+
+
+def thread_math_us(geometry: KernelGeometry, spec: TargetSpec) -> float:
+    """Microseconds a thread's operations take on one SM at each unit's achievable rate (its peak's
+    CUDA_ACHIEVABLE_MATH share) over the SMs."""
+    return sum(ops * spec.sms / (math_rate(spec, unit) * CUDA_ACHIEVABLE_MATH) for unit, ops in geometry.flops)
+
+
 def _loads_in_flight(geometry: KernelGeometry) -> float:
     loads = sum(count for _, count in geometry.loads)
     return max(1.0, min(loads, geometry.load_sites, MAX_LOADS_IN_FLIGHT))
@@ -135,11 +165,14 @@ def _wave(geometry: KernelGeometry, blocks: int, spec: TargetSpec) -> dict:
     wave_bytes = geometry.memory_bytes * blocks / max(1, geometry.grid)
     loads = sum(count for _, count in geometry.loads)
     rounds = max(loads / _loads_in_flight(geometry), geometry.load_phases if loads else 0)
+    if geometry.contraction:
+        rounds = max(1.0 if loads else 0.0, rounds * min(1.0, geometry.memory_bytes / max(1, geometry.accessed_bytes)))
     latency = rounds * spec.dram_latency_us + geometry.barriers * BARRIER_CYCLES / clock_per_us
     blocks_per_sm = -(-blocks // spec.sms)
     sfu = blocks_per_sm * geometry.threads * geometry.sfu_ops / spec.sfu_per_sm_us
     serial = geometry.serial_iterations * SERIAL_CYCLES / clock_per_us
-    return {"bandwidth": wave_bytes / bandwidth, "latency": latency, "sfu": sfu, "serial": serial}
+    compute = blocks_per_sm * geometry.threads * thread_math_us(geometry, spec)
+    return {"bandwidth": wave_bytes / bandwidth, "latency": latency, "sfu": sfu, "serial": serial, "compute": compute}
 
 
 def kernel_time(geometry: KernelGeometry, spec: TargetSpec) -> KernelTime:
@@ -150,7 +183,7 @@ def kernel_time(geometry: KernelGeometry, spec: TargetSpec) -> KernelTime:
         raise ValueError(f"{geometry.name}: grid {geometry.grid} x {geometry.threads} threads")
     per_wave, share = resident_blocks(geometry, spec)
     waves, tail_blocks = divmod(geometry.grid, per_wave)
-    parts = {"bandwidth": 0.0, "latency": 0.0, "sfu": 0.0, "serial": 0.0}
+    parts = {"bandwidth": 0.0, "latency": 0.0, "sfu": 0.0, "serial": 0.0, "compute": 0.0}
     total = 0.0
     for member in _members(geometry):
         member_waves, member_tail = divmod(member.grid, per_wave)
@@ -165,9 +198,21 @@ def kernel_time(geometry: KernelGeometry, spec: TargetSpec) -> KernelTime:
     biggest = max(parts, key=parts.get)
     bound = biggest if parts[biggest] > spec.launch_us else "launch"
     nbytes = geometry.memory_bytes
+    flops, peak_us = _launch_flops(geometry, spec)
     return KernelTime(geometry.name, us, spec.launch_us, parts["bandwidth"], parts["latency"], parts["sfu"],
                       parts["serial"], waves, tail_blocks / per_wave, min(per_wave, geometry.grid) * geometry.threads,
-                      geometry.grid * geometry.threads, share, nbytes, nbytes / us / peak_bytes_per_us(spec), bound, geometry)
+                      geometry.grid * geometry.threads, share, nbytes, nbytes / us / peak_bytes_per_us(spec), bound,
+                      geometry, parts["compute"], flops, peak_us / us)
+
+
+def _launch_flops(geometry: KernelGeometry, spec: TargetSpec) -> tuple:
+    """(operations of the launch, us they take at their units' peaks over the whole GPU)."""
+    flops = peak_us = 0.0
+    for member in _members(geometry):
+        for unit, ops in member.flops:
+            flops += ops * member.threads * member.grid
+            peak_us += ops * member.threads * member.grid / math_rate(spec, unit)
+    return flops, peak_us
 
 
 def _members(geometry: KernelGeometry) -> tuple:
@@ -188,7 +233,7 @@ def total_us(times) -> float:
 def geometry_from_dict(data: dict) -> KernelGeometry:
     """A KernelGeometry from its `dataclasses.asdict` (as records store it)."""
     data = dict(data)
-    for key in ("loads", "stores"):
+    for key in ("loads", "stores", "flops"):
         data[key] = tuple(tuple(pair) for pair in data.get(key, ()))
     data["members"] = tuple(geometry_from_dict(m) for m in data.get("members", ()))
     return KernelGeometry(**data)

@@ -15,7 +15,10 @@ is read as a thread runs it:
 - barriers (`tvm_storage_sync`) and the barrier-separated phases that load
   from global memory; serial loop iterations; special-function calls
   weighted by planning/time_model.SFU_COST, per lane;
-- static shared memory: the block's shared allocations.
+- static shared memory: the block's shared allocations;
+- arithmetic (pricing/arithmetic.py): floating-point operations per thread
+  by math unit: FMA-pipe adds and multiplies by dtype, per lane, and the
+  tensor cores' mma instructions by their shape and input dtype.
 Registers are not in the TIR: the caller passes the plan's estimate (or
 ptxas' count); time_model.DEFAULT_REGISTERS otherwise.
 """
@@ -33,6 +36,7 @@ from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
 
 from tvm_stitch.planning.time_model import DEFAULT_REGISTERS, SERIAL_UNROLL, SFU_COST, KernelGeometry
+from tvm_stitch.pricing.arithmetic import ARITHMETIC, MMA_OPS, add_arithmetic
 
 _ON_CHIP = ("shared", "shared.dyn", "local", "warp")
 ATOMICS = ("tirx.cuda.atomic_add",)  # atomic adds to an address (`address_of(buffer[...])`), value
@@ -75,6 +79,7 @@ class _Walk:
     barriers: int = 0
     serial: int = 0
     sfu: float = 0.0
+    flops: dict = field(default_factory=dict)  # math unit -> operations per thread
     shared: int = 0
     ranges: sym.Analyzer = field(default_factory=sym.Analyzer)  # launch and loop variables bound so far
     block: object = None  # the blockIdx.x variable, once its launch is seen
@@ -136,8 +141,12 @@ def _expressions(walk: _Walk, expr, times: int, sites: float) -> None:
                 walk.loading = False
             elif op.startswith("tirx.") and op[5:] in SFU_COST:
                 walk.sfu += times * SFU_COST[op[5:]] * tvm.DataType(str(node.ty.dtype)).lanes
+            elif op in MMA_OPS:
+                add_arithmetic(walk.flops, node, times)
+        elif isinstance(node, ARITHMETIC):
+            add_arithmetic(walk.flops, node, times)
 
-    tvm_ffi.structural_walk(expr, ((tvm.ir.TensorLoad, tvm.ir.Call), visit), order="pre")  # only these called back
+    tvm_ffi.structural_walk(expr, ((tvm.ir.TensorLoad, tvm.ir.Call) + ARITHMETIC, visit), order="pre")
 
 
 def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
@@ -226,7 +235,8 @@ def _branch(walk: _Walk, stmt, times: int, sites: float) -> _Walk:
 
 def _joined(walk: _Walk, branch: _Walk) -> _Walk:
     """What a thread that takes `branch` does in all: `walk` so far, then the branch."""
-    joined = dataclasses.replace(walk, loads=dict(walk.loads), stores=dict(walk.stores), members=[])
+    joined = dataclasses.replace(walk, loads=dict(walk.loads), stores=dict(walk.stores), flops=dict(walk.flops),
+                                 members=[])
     _either(joined, [branch])
     return joined
 
@@ -234,7 +244,7 @@ def _joined(walk: _Walk, branch: _Walk) -> _Walk:
 def _either(walk: _Walk, branches: list) -> None:
     """Add to `walk` the most of each count over exclusive branches (the kernels sharing a packed
     launch are an if-else chain over the block index: a thread runs one of them)."""
-    for counts in ("loads", "stores"):
+    for counts in ("loads", "stores", "flops"):
         merged = getattr(walk, counts)
         for width in {w for b in branches for w in getattr(b, counts)}:
             merged[width] = merged.get(width, 0) + max(getattr(b, counts).get(width, 0) for b in branches)
@@ -261,7 +271,7 @@ def _geometry(name: str, walk: _Walk, registers: int, dram_bytes: int) -> Kernel
         name=name, grid=walk.grid, threads=walk.threads,
         loads=tuple(sorted(walk.loads.items())), stores=tuple(sorted(walk.stores.items())),
         load_sites=int(round(walk.sites)), load_phases=phases, barriers=walk.barriers,
-        serial_iterations=walk.serial, sfu_ops=walk.sfu,
+        serial_iterations=walk.serial, sfu_ops=walk.sfu, flops=tuple(sorted(walk.flops.items())),
         registers=registers if registers > 0 else DEFAULT_REGISTERS, shared_bytes=walk.shared,
         dram_bytes=dram_bytes)
 

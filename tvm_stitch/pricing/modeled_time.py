@@ -2,7 +2,8 @@
 
 Each kernel's geometry comes from the lowered TIR (kernel_geometry.py), its
 device-memory bytes from the PrimFunc's modeled traffic (traffic.py) shared
-among its kernels; a PrimFunc of symbolic sizes is priced at the upper
+among its kernels (a contraction left to TVM's rules: its tiles' traffic with
+L2 reuse, contraction.py); a PrimFunc of symbolic sizes is priced at the upper
 bounds of its sizes where all have one (as its traffic is), else not at all.
 """
 
@@ -15,6 +16,7 @@ from tvm.target import Target
 
 from schedules import schedule_for
 from tvm_stitch.analysis.size_bounds import at_upper_bounds
+from tvm_stitch.pricing.contraction import as_contraction, is_contraction
 from tvm_stitch.pricing.kernel_geometry import UnsupportedGeometry, kernel_geometries
 from tvm_stitch.pricing.traffic import modeled_traffic
 from tvm_stitch.planning.plan import StitchPlan
@@ -38,7 +40,11 @@ def modeled_times(func: tirx.PrimFunc, spec: TargetSpec, registers: int = -1, na
         if traffic is None:
             return None
     geometries = lowered_geometries(func, spec, registers, traffic.total, name)
-    return [kernel_time(g, spec) for g in geometries] if geometries is not None else None
+    if geometries is None:
+        return None
+    if is_contraction(func, registers):
+        geometries = as_contraction(geometries, traffic, spec)
+    return [kernel_time(g, spec) for g in geometries]
 
 
 def lowered_geometries(func: tirx.PrimFunc, spec: TargetSpec, registers: int, dram_bytes: int,

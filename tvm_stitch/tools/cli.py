@@ -109,7 +109,7 @@ def _explain(args) -> int:
     if args.target == "cuda":
         from tvm_stitch.tools.module_time import comparison
 
-        print(comparison(mod, target, report.spec, args.fusion))
+        print(comparison(mod, target, report.spec, args.fusion, bounds=True))
     print()
     print(report.details())
     if args.dot:

@@ -17,6 +17,7 @@ from tvm_stitch.analysis.classify import is_compute_kernel
 from tvm_stitch.pricing.modeled_time import modeled_times
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.report import kernel_bound_lines
 from tvm_stitch.stitch import DEFAULT_FUSION
 from tvm_stitch.target import as_target, default_pipeline
 from tvm_stitch.tools.launches import primfunc_calls
@@ -90,11 +91,19 @@ def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec, fusion: st
     return module_time(lowered, spec)
 
 
-def comparison(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = DEFAULT_FUSION) -> str:
+def comparison(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = DEFAULT_FUSION, bounds: bool = False) -> str:
     """One line: the module's modeled time stitched (grouped by `fusion`) beside TVM's default build, both
-    priced by the model."""
+    priced by the model; with `bounds`, then each build's kernels with their bound and share of the peaks
+    (report.kernel_bound_lines)."""
     stitched, default = stitched_module_time(mod, target, spec, fusion), default_module_time(mod, target, spec)
+    line = _comparison_line(stitched, default, spec)
+    if not bounds:
+        return line
+    return "\n".join([line] + kernel_bound_lines("kernels of the stitched build:", stitched.kernels)
+                     + kernel_bound_lines("kernels of TVM's default build:", default.kernels))
 
+
+def _comparison_line(stitched: ModuleTime, default: ModuleTime, spec: TargetSpec) -> str:
     def part(what: str, priced: ModuleTime) -> str:
         if priced.us < 0:
             return f"{what}: not priced ({', '.join(priced.unpriced)}: symbolic sizes without bounds)"
