@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import operator
 
+from tvm_stitch.torch.eager import Boxed
+
 NAMESPACE = "_c10d_functional"
 MEGABYTE = 1024 * 1024
 
@@ -45,8 +47,6 @@ def has_collectives(graph) -> bool:
 def split_at_collectives(gm, build):
     """A boxed callable running `gm` as parts built by `build(part, example_inputs)` with its collectives
     between them, run by torch; `gm` is reordered and bucketed in place first."""
-    from tvm_stitch.torch.eager import Boxed
-
     schedule(gm.graph)
     bucket_size = _fused_bucket_bytes()
     if bucket_size:
