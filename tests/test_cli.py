@@ -43,7 +43,7 @@ def test_explain_prints_plans(capsys):
     of 128 threads per row, both means kept in shared memory, the cheap element-wise ops in registers."""
     assert main(["explain", "layernorm", "--size", "test"]) == 0
     out = capsys.readouterr().out
-    (row,) = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
+    row = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
               if line.startswith("stitch_") and ": " not in line]
     kernel, _ops, scheme, dominant, mapping, reuse, _mb, modeled = row
     assert re.fullmatch(r"\d+\.\d+ us \(\d+%\)", modeled), modeled  # the time model's price, CUDA
@@ -193,7 +193,7 @@ def test_explain_says_an_element_wise_kernel_runs_an_element_per_thread(capsys, 
     script.write_text(ADD_RELU)
     assert main(["explain", str(script), "--fusion", "greedy"]) == 0
     out = capsys.readouterr().out
-    (row,) = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
+    row = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
               if line.startswith("stitch_") and ": " not in line]
     assert row[4] == "64 blocks x 256 thr, 1 elem/thr"
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
