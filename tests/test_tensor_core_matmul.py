@@ -15,7 +15,9 @@ from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.launches import cuda_source, primfunc_calls
 
-from conftest import LLVM, make_module, needs_nvcc, nvcc, tensor
+from tvm_stitch.target import host_target
+
+from conftest import make_module, needs_nvcc, nvcc, tensor
 
 op = relax.op
 HALF = ("bfloat16", "float16")
@@ -89,9 +91,14 @@ def check_tensor_cores(built, dtype: str, arch: str, tmp_path) -> dict:
     return counts
 
 
+# (dtype, arch): every dtype and every arch in the quick tier, the other pairs in the slow one
+TARGETS = [("bfloat16", "sm_90"), ("float16", "sm_80"),
+           pytest.param("bfloat16", "sm_80", marks=pytest.mark.slow),
+           pytest.param("float16", "sm_90", marks=pytest.mark.slow)]
+
+
 @needs_nvcc
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("dtype,arch", TARGETS)
 @pytest.mark.parametrize("name", list(GEMMS))
 def test_half_gemms_run_on_tensor_cores_without_spills(name, dtype, arch, tmp_path):
     built = build(gemm_module(name, dtype), {"kind": "cuda", "arch": arch}, stitched=True)
@@ -108,9 +115,9 @@ def test_the_same_gemms_match_numpy_on_llvm(name, dtype, rng):
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
     a = rng.standard_normal(a_shape).astype(np_dtype)
     b = rng.standard_normal(b_shape).astype(np_dtype)
-    (out,) = run_cpu(build(gemm_module(name, dtype), LLVM, stitched=True).executable, [a, b])
+    (out,) = run_cpu(build(gemm_module(name, dtype), host_target(), stitched=True).executable, [a, b])
     expected = gemm_reference(name, a, b)
-    np.testing.assert_allclose(out.numpy().astype(np.float64), expected, rtol=BF16_RTOL,
+    np.testing.assert_allclose(np.asarray(out).astype(np.float64), expected, rtol=BF16_RTOL,
                                atol=BF16_RTOL * np.abs(expected).max())
 
 
@@ -149,3 +156,21 @@ def test_the_tile_fits_small_extents(extents, warps, fragments):
     tile = tensor_core_matmul.choose_tile(extents, spec, 2)
     assert (tile.warps, tile.fragments) == (warps, fragments)
     assert tile.shared_bytes(2) <= spec.shared_bytes_per_block
+
+
+@needs_nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama", "gpt2"])
+@pytest.mark.parametrize("dtype", HALF)
+def test_every_gemm_of_a_half_model_runs_on_tensor_cores(model, dtype, tmp_path):
+    """The LLaMA and GPT-2 block stacks (test size) forward: every compute kernel left to the GEMM rules
+    (projections, MLP, attention scores and P V) is tensorized, mma in its PTX, no spill."""
+    from tvm_stitch.analysis.classify import is_compute_kernel
+    from tvm_stitch.tools.models import import_model
+
+    mod, _, _ = import_model(model, "test", dtype=dtype)
+    built = build(mod, {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    gemms = [name for name, rule in kernel_rules(built).items()
+             if rule != "stitched" and is_compute_kernel(built.lowered[name])]
+    counts = check_tensor_cores(built, dtype, "sm_90", tmp_path)
+    assert gemms and set(gemms) == set(counts), kernel_rules(built)

@@ -264,4 +264,11 @@ def apply(func: tirx.PrimFunc, spec: TargetSpec) -> s_tir.Schedule | None:
     padded = tuple(extent is None or extent % step != 0 for extent, step in zip(extents, steps))
     sch.pad_einsum(main, [1, *steps])
     _tensorize(sch, main, _loops(sch, main, tile), tile, dtype, spec, padded)
-    return sch
+    return sch if _every_block_on_the_grid(sch) else None
+
+
+def _every_block_on_the_grid(sch: s_tir.Schedule) -> bool:
+    """Whether every block runs under a thread-bound loop: a producer that could not be inlined into the
+    operand copies would stay a loop nest of its own, which no GPU build takes."""
+    return all(any(sch.get(loop).kind == tirx.ForKind.THREAD_BINDING for loop in sch.get_loops(block))
+               for block in sch.get_child_blocks(get_root_block(sch)))
