@@ -118,6 +118,7 @@ def graph(name: str) -> SuiteGraph:
 
 def reference(graph: SuiteGraph, inputs: list) -> list:
     """numpy reference outputs in float64, as a list."""
-    as64 = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in inputs]
+    as64 = [a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
+            for a in inputs]  # ml_dtypes' bfloat16 is of kind "V"
     out = graph.reference(*as64)
     return list(out) if isinstance(out, tuple) else [out]
