@@ -87,6 +87,35 @@ def test_kit_work_adds_the_hbm_set_at_the_bench_size():
         kit_work("bench", graphs=["nope"])
 
 
+def test_kit_work_adds_a_bfloat16_and_a_float16_gemm():
+    work = [w for w in kit_work("bench") if w["graph"] == "gemm"]
+    assert [(w["name"], w["dtype"], w["dims"]) for w in work] == [
+        ("gemm", dt, {"rows": 4096, "cols": 4096, "depth": 4096}) for dt in ("bfloat16", "float16")]
+
+
+def test_runner_makes_the_gemm_inputs_and_reference(monkeypatch):
+    monkeypatch.syspath_prepend(TOOLS)
+    (entry,) = [w for w in kit_work("test", graphs=["gemm"]) if w["dtype"] == "bfloat16"]
+    (a, b), (ref,) = run_kit._data(entry)
+    assert str(a.dtype) == "bfloat16" and a.shape == (128, 64) and b.shape == (64, 96)
+    np.testing.assert_allclose(ref, a.astype(np.float64) @ b.astype(np.float64))
+
+
+@pytest.mark.slow
+def test_the_kit_builds_the_gemms_with_tensor_cores_in_the_stitched_build(tmp_path):
+    """Both GEMMs build, compile to cubins and export; the stitched kernels run on mma.sync (ptxas
+    sees no spill: the manifest has no warning)."""
+    out = str(tmp_path / "kit")
+    manifest = build_kit(out, size="test", graphs=["gemm"], wheel=False)
+    assert [(e["name"], e["dtype"]) for e in manifest["entries"]] == [("gemm", "bfloat16"), ("gemm", "float16")]
+    for entry in manifest["entries"]:
+        for build in ("default", "stitched"):
+            kinds = device_code.device_code_kinds(os.path.join(out, entry[build]))
+            assert kinds["cubins"] >= 1 and not kinds["cuda_source"], (entry[build], kinds)
+        assert entry["launches_stitched"] == entry["launches_default"] == 1
+    assert manifest["warnings"] == []
+
+
 def test_libraries_load_with_the_runtime_only_tvm_and_no_compiler(kit, tmp_path):
     out, manifest = kit
     driver = str(tmp_path / "driver")

@@ -31,7 +31,9 @@
     StitchFusion: memory-bound groups -> stitched, scheduled kernels
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
         their epilogues, fallbacks) become PrimFuncs as usual
-    CUDA only: TVM's dlight rules for those, each guarded, then a per-block
+    CUDA only: float16/bfloat16 GEMMs on tensor cores (schedules/cuda/
+        tensor_core_matmul: mma.sync m16n8k16, sm_80 and later), then
+        TVM's dlight rules for the rest, each guarded, then a per-block
         schedule that is always valid (dlight 0.27 crashes on some graphs);
         each function records the rule in `tvm_stitch.schedule_rule`;
         dlight's tensor-core path is switched off first where TVM's
@@ -51,10 +53,11 @@ from tvm import relax, tirx
 from tvm.target import Target
 
 from schedules.cpu import contraction
-from schedules.cuda import per_block
+from schedules.cuda import per_block, tensor_core_matmul
 from schedules.cuda.dlight_default import first_dlight_schedule
 from schedules.cuda.vector_selects import selects_as_branches
 
+from tvm_stitch.analysis.classify import TENSOR_CORE_RULE
 from tvm_stitch.rewrites.attention import FuseAttention
 from tvm_stitch.rewrites.closed_forms import ComputeClosedForms
 from tvm_stitch.rewrites.cpu_epilogue import ReshapesJoin
@@ -77,11 +80,20 @@ def _is_scheduled(func: tirx.PrimFunc) -> bool:
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
 
 
+def _tensor_core_schedule(func: tirx.PrimFunc, spec: TargetSpec):
+    """schedules/cuda/tensor_core_matmul's schedule of `func`, or None where it does not apply or fails."""
+    try:
+        return tensor_core_matmul.apply(func, spec)
+    except Exception:  # noqa: BLE001 - a GEMM the rule cannot tensorize goes to dlight's rules
+        return None
+
+
 @tvm.transform.module_pass(opt_level=0, name="GuardedDefaultSchedule")
 class GuardedDefaultSchedule:
-    """dlight's default GPU rules, one at a time, with a per-block schedule as the last resort.
+    """dlight's default GPU rules, one at a time, with a per-block schedule as the last resort; before
+    them, half-precision GEMMs on tensor cores (schedules/cuda/tensor_core_matmul).
 
-    Each scheduled function records the rule that scheduled it (the dlight
+    Each scheduled function records the rule that scheduled it ("tensor_core_matmul", the dlight
     rule's class name, or "per_block") in its `tvm_stitch.schedule_rule`
     attribute. `spec`: the target's TargetSpec, for the per-block schedule
     (default: made from the current target).
@@ -97,7 +109,9 @@ class GuardedDefaultSchedule:
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            sch, name = first_dlight_schedule(func, target)
+            sch, name = _tensor_core_schedule(func, spec), TENSOR_CORE_RULE
+            if sch is None:
+                sch, name = first_dlight_schedule(func, target)
             if sch is None:
                 sch, name = per_block.apply(func, spec), "per_block"
             updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_stitch.schedule_rule": name})

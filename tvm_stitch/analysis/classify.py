@@ -105,6 +105,10 @@ def _is_small_gemm(view: BlockView) -> bool:
     return False
 
 
+# `tvm_stitch.schedule_rule` of a GEMM scheduled on tensor cores (schedules/cuda/tensor_core_matmul).
+TENSOR_CORE_RULE = "tensor_core_matmul"
+
+
 def _is_large_contraction(view: BlockView) -> bool:
     return view.has_reduction and _is_matmul_like(view) and not _is_small_gemm(view)
 
@@ -180,8 +184,10 @@ def classify_views(views: list) -> OpClass:
 
 def is_compute_kernel(func: tirx.PrimFunc) -> bool:
     """Whether a (possibly scheduled) PrimFunc contracts two tensors somewhere (matmul, conv; a fused
-    attention kernel, rewrites/attention.py, contracts two pairs)."""
-    if func.attrs is not None and "tvm_stitch.attention" in func.attrs:
+    attention kernel, rewrites/attention.py, contracts two pairs; a GEMM on tensor cores, whose
+    contraction is an intrinsic call once scheduled)."""
+    if func.attrs is not None and ("tvm_stitch.attention" in func.attrs
+                                   or func.attrs.get("tvm_stitch.schedule_rule") == TENSOR_CORE_RULE):
         return True
     return any(_is_large_contraction(view) for view in all_block_views(func))
 

@@ -57,6 +57,10 @@ HBM = {
 # Checked against PyTorch float32 eager by relative error (model_bench.relative_error) within MODEL_REL_ERROR.
 MODEL_STEPS = {"llama_forward": ("llama", "forward", "float16")}
 MODEL_SIZE = {"bench": "cpu", "test": "test"}
+# Half-precision GEMMs (workloads/gemm.py): entry name -> (dims per kit size, dtypes). TVM's default build
+# runs the float16 one on wmma, the bfloat16 one on the SIMT cores; the stitched build both on mma.sync.
+GEMMS = {"gemm": ({"bench": {"rows": 4096, "cols": 4096, "depth": 4096},
+                   "test": {"rows": 128, "cols": 96, "depth": 64}}, ("bfloat16", "float16"))}
 MODEL_REL_ERROR = 3e-2
 _SKIP_IN_RUNTIME = ("libtvm_compiler.so", "3rdparty", "src", "include", "web", "__pycache__")
 _DRY_GRAPH = "layernorm_softmax"
@@ -64,16 +68,18 @@ _DRY_GRAPH = "layernorm_softmax"
 
 def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = True) -> list:
     """The kit's entries: {name, graph, dtype, dims, seed}; the suite at `size`, then (when `hbm`)
-    the HBM set, each named `<graph>_hbm`, then the model steps (each {name, graph "model:<model>",
-    model, step, dtype, model_size, rel_error}) whose dtype is among `dtypes`. `graphs`: suite graphs
-    and model steps by name (default: all)."""
+    the HBM set, each named `<graph>_hbm`, then the GEMMs (GEMMS, in each of their dtypes: bfloat16
+    whatever `dtypes` says), then the model steps (each {name, graph "model:<model>", model, step,
+    dtype, model_size, rel_error}) whose dtype is among `dtypes`. `graphs`: suite graphs, GEMMs and
+    model steps by name (default: all)."""
     from tvm_stitch.tools.workloads import SUITE, dims
 
-    names = graphs or list(SUITE) + list(MODEL_STEPS)
-    unknown = [n for n in names if n not in SUITE and n not in MODEL_STEPS]
+    known = list(SUITE) + list(GEMMS) + list(MODEL_STEPS)
+    names = graphs or known
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise UserInputError(f"unknown suite graphs: {', '.join(unknown)} "
-                         f"(known graphs and model steps: {', '.join(list(SUITE) + list(MODEL_STEPS))})")
+                             f"(known graphs, GEMMs and model steps: {', '.join(known)})")
     work = [{"name": n, "graph": n, "dtype": dt, "dims": dict(dims(size)), "seed": 0}
             for n in names if n in SUITE for dt in dtypes if dt in SUITE[n].dtypes]
     if hbm:
@@ -82,6 +88,10 @@ def kit_work(size: str, graphs=None, dtypes=("float32", "float16"), hbm: bool = 
                 work += [{"name": f"{graph}_hbm", "graph": graph, "dtype": dt,
                           "dims": dict(dims(size), **override), "seed": 0}
                          for dt in hbm_dtypes if dt in dtypes]
+    for name in (n for n in names if n in GEMMS):
+        sizes, gemm_dtypes = GEMMS[name]
+        work += [{"name": name, "graph": name, "dtype": dt, "dims": dict(sizes[size]), "seed": 0}
+                 for dt in gemm_dtypes if dt in dtypes or dt == "bfloat16"]
     for name in (n for n in names if n in MODEL_STEPS):
         model, step, dtype = MODEL_STEPS[name]
         if dtype in dtypes:
@@ -242,10 +252,10 @@ def resource_warnings(entries: list) -> list:
 def _entry_module(out: str, entry: dict):
     """The Relax module of a kit entry. A model step is imported from PyTorch, its inputs and float32
     eager outputs written to data/<name>_<dtype>.npz (recorded in `entry["data"]`)."""
-    from tvm_stitch.tools.workloads import SUITE
+    from tvm_stitch.tools.workloads import graph
 
     if "model" not in entry:
-        return SUITE[entry["graph"]].build(entry["dtype"], entry["dims"])
+        return graph(entry["graph"]).build(entry["dtype"], entry["dims"])
     import numpy as np
 
     from tvm_stitch.tools.model_bench import import_step

@@ -181,7 +181,7 @@ def _data(entry: dict):
                     [data[f"expected_{i}"].astype(np.float64) for i in range(count["expected_"])])
     import workloads
 
-    graph = workloads.SUITE[entry["graph"]]
+    graph = workloads.graph(entry["graph"])
     inputs = graph.inputs(np.random.default_rng(entry["seed"]), entry["dtype"], entry["dims"])
     return inputs, workloads.reference(graph, inputs)
 
@@ -274,7 +274,7 @@ class TorchContender:
         import torch
         import workloads
 
-        base = workloads.SUITE[graph].torch
+        base = workloads.graph(graph).torch
         self.args = [torch.from_numpy(a).cuda() for a in inputs]
         if compiled:
             torch._dynamo.reset()  # noqa: SLF001 - no cache or recompile limit shared between shapes

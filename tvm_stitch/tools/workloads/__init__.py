@@ -21,11 +21,11 @@ from types import ModuleType
 
 import numpy as np
 
-from . import (adam_update, attention_softmax, batchnorm_stats, bias_gelu, chained_reductions, cross_entropy,
+from . import (adam_update, attention_softmax, batchnorm_stats, bias_gelu, chained_reductions, cross_entropy, gemm,
                layernorm, layernorm_backward, layernorm_softmax, layernorm_stats, residual_layernorm, rmsnorm,
                softmax)
 
-__all__ = ["SUITE", "SIZES", "VARIANTS", "SuiteGraph", "dims", "variant_dims", "reference"]
+__all__ = ["SUITE", "EXTRA", "SIZES", "VARIANTS", "SuiteGraph", "dims", "graph", "variant_dims", "reference"]
 
 SIZES = {
     # rows x columns of the main input per size class; short_*, long_*, bn_*: the shape variants
@@ -107,10 +107,18 @@ def _registry() -> dict:
 
 
 SUITE = _registry()
+# Graphs outside the suite that the GPU check kit times (compute-intensive ones).
+EXTRA = {"gemm": SuiteGraph("gemm", gemm.DESCRIPTION, gemm)}
+
+
+def graph(name: str) -> SuiteGraph:
+    """A suite graph or one of EXTRA, by name."""
+    return SUITE[name] if name in SUITE else EXTRA[name]
 
 
 def reference(graph: SuiteGraph, inputs: list) -> list:
     """numpy reference outputs in float64, as a list."""
-    as64 = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in inputs]
+    as64 = [a.astype(np.float64) if a.dtype.kind == "f" or a.dtype.name == "bfloat16" else a
+            for a in inputs]  # ml_dtypes' bfloat16 is of kind "V"
     out = graph.reference(*as64)
     return list(out) if isinstance(out, tuple) else [out]

@@ -1,0 +1,274 @@
+"""Half-precision GEMMs on tensor cores: warp-level mma.sync m16n8k16, float32 accumulation.
+
+dlight 0.27's `Matmul` rule hands a GEMM to its tensor-core path only for
+float16 inputs and only when every static M, N and K exceeds 64; bfloat16
+GEMMs and small float16 ones (attention heads of 64, short sequences) run
+on the SIMT cores. This rule takes a GEMM (dlight's normal form
+`C[S, I, J] += A[S, I, K] * B[S, J, K]`, any batch and any layout of the
+operands, epilogues and prologues inlined as dlight does) whose operands
+are float16 or bfloat16 and whose accumulator is float32 (the importer's
+products: `matmul(..., out_dtype="float32")` then a cast), on an arch
+whose `TargetSpec.mma_dtypes` holds the dtype (sm_80 and later), and
+schedules it with the intrinsics of schedules/mma_intrinsics.py:
+
+- a block tile of `warps` x `fragments` x 16 rows and columns (at most
+  128 x 64, 4 warps), shrunk to the GEMM's extents rounded up to 16, so an
+  extent of 64 or less runs one block of the fitting size;
+- the operands staged through shared memory (rows padded by 8 elements:
+  ldmatrix's 8 row addresses fall in different banks), ldmatrix into
+  fragments, two mma.sync per 16x16x16 step;
+- the accumulator through shared memory to global memory, the epilogue
+  (the cast to the model's dtype, a bias, an activation) inlined there.
+
+Extents that are not multiples of the tile are padded (`pad_einsum`).
+`apply` returns None where the function is not such a GEMM, the dtype or
+arch does not fit, or the tensorization does not match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, sym, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, get_index_map,
+                                         get_reduction_blocks)
+
+from schedules import mma_intrinsics as mma
+from schedules.tensorize_guard import NO_TENSORIZE, tensorize_faults
+from tvm_stitch.analysis.tir_view import substitute
+from tvm_stitch.planning.spec import TargetSpec
+
+MAX_WARPS = (2, 2)  # warps along I and J
+MAX_FRAGMENTS = (4, 2)  # 16x16 accumulator tiles per warp along I and J
+K_STEPS = 2  # 16-deep steps per shared-memory stage
+PAD = 8  # elements added to each shared row
+STORE_VECTOR = 4  # accumulator elements per thread and store (16 bytes of float32)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Warps and 16x16 fragments per warp along I and J, and 16-deep steps per stage along K."""
+
+    warps: tuple
+    fragments: tuple
+    k_steps: int
+
+    def rows(self, axis: int) -> int:
+        return self.warps[axis] * self.fragments[axis] * mma.TILE
+
+    def shared_bytes(self, dtype_bytes: int) -> int:
+        depth = self.k_steps * mma.TILE + PAD
+        operands = (self.rows(0) + self.rows(1)) * depth * dtype_bytes
+        return max(operands, self.rows(0) * (self.rows(1) + PAD // 2) * 4)
+
+
+def _split_extent(extent, warps: int, fragments: int) -> tuple:
+    """(warps, fragments) covering `extent` (None: symbolic) with the least padding."""
+    if extent is None:
+        return warps, fragments
+    tiles = -(-extent // mma.TILE)
+    if tiles >= warps * fragments:
+        return warps, fragments
+    use_warps = warps if tiles % warps == 0 else 1
+    return use_warps, -(-tiles // use_warps)
+
+
+def choose_tile(extents: tuple, spec: TargetSpec, dtype_bytes: int) -> Tile | None:
+    """The tile for static (I, J, K) extents (None where symbolic), within the block's shared memory."""
+    i, j, k = extents
+    wi, fi = _split_extent(i, MAX_WARPS[0], MAX_FRAGMENTS[0])
+    wj, fj = _split_extent(j, MAX_WARPS[1], MAX_FRAGMENTS[1])
+    k_steps = K_STEPS if k is None or k > mma.TILE else 1
+    tile = Tile((wi, wj), (fi, fj), k_steps)
+    return tile if tile.shared_bytes(dtype_bytes) <= spec.shared_bytes_per_block else None
+
+
+def _operand_dtype(block: tirx.SBlock) -> str | None:
+    """The operands' dtype where both are one of mma.DTYPES and the accumulator is float32."""
+    dtypes = {str(region.source.dtype) for region in block.reads}
+    out = str(block.writes[0].source.dtype)
+    if len(dtypes) != 1 or out != "float32":
+        return None
+    (dtype,) = dtypes
+    return dtype if dtype in mma.DTYPES else None
+
+
+def _static(extent) -> int | None:
+    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
+
+
+def _normalise(sch: s_tir.Schedule, main) -> bool:
+    """dlight's normal form C[S, I, J] += A[S, I, K] * B[S, J, K]; False where the block is no GEMM."""
+    if get_index_map(sch.get(main)) is None:
+        return False
+    reindex = [sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1)), sch.reindex(main, ("write", 0))]
+    matmul_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    sch.transform_layout(reindex[0], ("write", 0), a_map)
+    sch.transform_layout(reindex[1], ("write", 0), b_map)
+    sch.transform_layout(reindex[2], ("read", 0), c_map)
+    sch.transform_block_layout(main, matmul_map)
+    return True
+
+
+def _vector_along(access, var: tirx.Var, vector: int) -> bool:
+    """Whether `access` (one element per block iteration) moves by one element as `var` steps and
+    starts every run of `vector` steps on a `vector`-element boundary: a vector access is aligned."""
+    buffer, last = access.source, access.region[-1].min
+    extent = buffer.shape[-1]
+    if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
+        return False
+    analyzer = sym.Analyzer()
+    step = analyzer.simplify(substitute(last, {var: var + 1}) - last)
+    start = analyzer.simplify(tirx.floormod(substitute(last, {var: tirx.const(0, str(var.ty))}), vector))
+    return isinstance(step, tirx.IntImm) and int(step) == 1 and isinstance(start, tirx.IntImm) and int(start) == 0
+
+
+def _layout(sch: s_tir.Schedule, copy, vector: int, padded: bool) -> tuple:
+    """(stored [k, rows] in shared memory, vector width) of an operand's copy: K-major where its
+    source runs along K, [k, rows] where it runs along the rows (a transposed operand), vectors only
+    where the source is aligned and unpadded."""
+    block = sch.get(copy)
+    if padded or len(block.reads) != 1:
+        return False, 1
+    (access,) = block.reads
+    rows, depth = (iv.var for iv in block.iter_vars[-2:])
+    if _vector_along(access, depth, vector):
+        return False, vector
+    if _vector_along(access, rows, vector):
+        return True, vector
+    return False, 1
+
+
+def _fetch_to_shared(sch: s_tir.Schedule, block, index: int, at, threads: tuple, vector: int, padded: bool):
+    """Operand `index` of `block` staged in shared memory at loop `at` (its producers, casts and
+    transposes, inlined into the copy), copied by every thread; returns whether it is stored [k, rows]."""
+    copy = sch.cache_read(block, index, mma.SHARED)
+    sch.compute_at(copy, at)
+    auto_inline_producers(sch, copy)
+    trans, width = _layout(sch, copy, vector, padded)
+    loops = sch.get_loops(copy)[-2:]
+    if trans:
+        sch.transform_layout(copy, ("write", 0), lambda b, r, k: (b, k, r))
+        sch.reorder(loops[1], loops[0])
+    fused = sch.fuse(*sch.get_loops(copy)[-2:])
+    _, ty, tx, vec = sch.split(fused, [None, threads[0], threads[1], width])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
+    sch.storage_align(copy, 0, axis=-2, factor=32, offset=PAD)
+    return trans
+
+
+def _fragment_loop(sch: s_tir.Schedule, block, read: bool):
+    """The 16x16 inner loops of a copy between shared memory and fragments; returns the outer of them."""
+    i, j = sch.get_loops(block)[-2:]
+    i0, i1 = sch.split(i, [None, mma.TILE])
+    j0, j1 = sch.split(j, [None, mma.TILE])
+    sch.reorder(i0, j0, i1, j1)
+    if read:
+        sch.unroll(i0)
+        sch.unroll(j0)
+    return i1
+
+
+def _fragment_map(index, trans: bool = False):
+    """A [batch, rows, columns] fragment buffer (with `trans`: [batch, columns, rows]) as [batch, row
+    tile, column tile, lane, element]."""
+    if trans:
+        return lambda s, j, i: (s, i // mma.TILE, j // mma.TILE, *index(i % mma.TILE, j % mma.TILE))
+    return lambda s, i, j: (s, i // mma.TILE, j // mma.TILE, *index(i % mma.TILE, j % mma.TILE))
+
+
+def _loops(sch: s_tir.Schedule, main, tile: Tile) -> dict:
+    """Split the normal form's loops into grid, warps, stages and 16x16x16 steps; bind grid and warps."""
+    batch, i, j, k = sch.get_loops(main)
+    i, i_tc = sch.split(i, [None, mma.TILE])
+    j, j_tc = sch.split(j, [None, mma.TILE])
+    k, k_tc = sch.split(k, [None, mma.TILE])
+    sch.reorder(i, j, k, i_tc, j_tc, k_tc)
+    outer = sch.blockize(i_tc)
+    i0, i1, i2 = sch.split(i, [None, tile.warps[0], tile.fragments[0]])
+    j0, j1, j2 = sch.split(j, [None, tile.warps[1], tile.fragments[1]])
+    k0, k1 = sch.split(k, [None, tile.k_steps])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(batch, "blockIdx.z")
+    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    warp = sch.fuse(i1, j1)
+    sch.bind(warp, "threadIdx.y")
+    return {"outer": outer, "warp": warp, "stage": k0, "step": k1}
+
+
+def _tensorize(sch: s_tir.Schedule, main, loops: dict, tile: Tile, dtype: str, spec: TargetSpec,
+               padded: tuple) -> None:
+    outer, warp = loops["outer"], loops["warp"]
+    threads = (tile.warps[0] * tile.warps[1], spec.warp_size)
+    vector = spec.vector_bytes // (tvm.DataType(dtype).bits // 8)
+    trans_a = _fetch_to_shared(sch, outer, 0, loops["stage"], threads, vector, padded[0] or padded[2])
+    trans_b = _fetch_to_shared(sch, outer, 1, loops["stage"], threads, vector, padded[1] or padded[2])
+    a_warp = sch.cache_read(outer, 0, "warp")
+    b_warp = sch.cache_read(outer, 1, "warp")
+    sch.compute_at(a_warp, loops["step"])
+    sch.compute_at(b_warp, loops["step"])
+    c_shared = sch.cache_write(outer, 0, mma.SHARED)
+    c_warp = sch.cache_write(outer, 0, "warp")
+    sch.storage_align(c_warp, 0, axis=-2, factor=32, offset=PAD // 2)
+    sch.reverse_compute_at(c_warp, warp)
+    sch.reverse_compute_at(c_shared, warp)
+    init = sch.decompose_reduction(outer, loops["stage"])
+    a_loop = _fragment_loop(sch, a_warp, True)
+    b_loop = _fragment_loop(sch, b_warp, True)
+    c_loop = _fragment_loop(sch, c_warp, False)
+    sch.transform_layout(a_warp, ("write", 0), _fragment_map(mma.fragment_index, trans_a))
+    sch.transform_layout(b_warp, ("write", 0), _fragment_map(mma.fragment_index_b, trans_b))
+    sch.transform_layout(c_warp, ("read", 0), _fragment_map(mma.fragment_index))
+    sch.tensorize(a_loop, mma.ldmatrix_name(dtype, "a", trans_a))
+    sch.tensorize(b_loop, mma.ldmatrix_name(dtype, "b", trans_b))
+    sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], mma.FILL)
+    sch.tensorize(sch.get_loops(main)[-3], mma.mma_name(dtype))
+    sch.tensorize(c_loop, mma.STORE_SHARED)
+    _store(sch, c_shared, spec, padded[0] or padded[1])
+
+
+def _store(sch: s_tir.Schedule, c_shared, spec: TargetSpec, padded: bool) -> None:
+    """The accumulator from shared to global memory with the epilogue inlined, in vectors where the
+    output is written contiguously and unpadded."""
+    auto_inline_consumer_chain(sch, c_shared)
+    block = sch.get(c_shared)
+    column = block.iter_vars[-1].var
+    aligned = not padded and len(block.writes) == 1 and _vector_along(block.writes[0], column, STORE_VECTOR)
+    _, tx, vec = sch.split(sch.fuse(*sch.get_loops(c_shared)[-2:]),
+                           [None, spec.warp_size, STORE_VECTOR if aligned else 1])
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
+
+
+def apply(func: tirx.PrimFunc, spec: TargetSpec) -> s_tir.Schedule | None:
+    """A tensor-core schedule of a float16/bfloat16 GEMM with a float32 accumulator; None otherwise."""
+    if spec.family != "cuda" or tensorize_faults() or (func.attrs is not None and NO_TENSORIZE in func.attrs):
+        return None
+    sch = s_tir.Schedule(func)
+    blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+    if blocks is None:
+        return None
+    (main,) = blocks
+    dtype = _operand_dtype(sch.get(main))
+    if dtype is None or dtype not in spec.mma_dtypes or not _normalise(sch, main):
+        return None
+    extents = tuple(_static(iv.dom.extent) for iv in sch.get(main).iter_vars[1:])
+    tile = choose_tile(extents, spec, tvm.DataType(dtype).bits // 8)
+    if tile is None:
+        return None
+    steps = (tile.rows(0), tile.rows(1), tile.k_steps * mma.TILE)
+    padded = tuple(extent is None or extent % step != 0 for extent, step in zip(extents, steps))
+    sch.pad_einsum(main, [1, *steps])
+    _tensorize(sch, main, _loops(sch, main, tile), tile, dtype, spec, padded)
+    return sch if _every_block_on_the_grid(sch) else None
+
+
+def _every_block_on_the_grid(sch: s_tir.Schedule) -> bool:
+    """Whether every block runs under a thread-bound loop: a producer that could not be inlined into the
+    operand copies would stay a loop nest of its own, which no GPU build takes."""
+    return all(any(sch.get(loop).kind == tirx.ForKind.THREAD_BINDING for loop in sch.get_loops(block))
+               for block in sch.get_child_blocks(get_root_block(sch)))
