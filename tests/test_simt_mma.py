@@ -84,8 +84,12 @@ def test_tensorized_float16_gemm_matches_numpy_on_pocl(shape, b_transposed, out_
 def test_tensorized_bfloat16_gemm_matches_numpy_on_pocl():
     func, ref = _kernel((64, 64, 64), True, "bfloat16")
     mma = []
-    tvm_ffi.structural_walk(func, (tvm.ir.Expr, lambda e: mma.append(e) if mma_emulation._op_name(e)
-                                   == "tirx.ptx_legacy.mma" else None), order="pre")
+
+    def visit(e):
+        if isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "tirx.ptx_legacy.mma":
+            mma.append(e)
+
+    tvm_ffi.structural_walk(func, (tvm.ir.Expr, visit), order="pre")
     assert mma and all(str(call.args[3].value) == "bf16" for call in mma)
     a, b = _inputs(func, "bfloat16")
     got, _ = _run(func, [a, b], oclgrind=False)
