@@ -106,6 +106,22 @@ def test_tensorized_gemm_is_clean_under_oclgrind():
     _within_half_tolerance(got, _numpy(a, b, True), "float16")
 
 
+def test_an_exchange_without_its_closing_barrier_is_a_race_under_oclgrind(monkeypatch):
+    """The mma's exchange reused by the next call while other lanes still read it: Oclgrind sees it."""
+    true = mma_emulation.helpers
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+
+    def racy():
+        text = true()
+        closing = text.index(barrier, text.index("c[c_off + i] = acc;"))
+        return text[:closing] + text[closing + len(barrier):]
+
+    monkeypatch.setattr(mma_emulation, "helpers", racy)
+    func, _ = _kernel((64, 64, 64), True)
+    _, result = _run(func, list(_inputs(func, "float16")), oclgrind=True)
+    assert any(f.status == "race" and "local memory" in f.headline for f in result.findings), result.findings
+
+
 def _swap_lanes(layout, first, second):
     return lambda lane, i: layout({first: second, second: first}.get(lane, lane), i)
 
