@@ -45,7 +45,7 @@ HELPERS = "\n".join(
 
 _ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod)
 _EXACT = (tirx.Min, tirx.Max)
-_NO_ROUNDING_CALLS = ("tirx.if_then_else",)
+_NO_ROUNDING_CALLS = ("tirx.if_then_else", "tirx.type_annotation")
 
 
 class NarrowNotEmulated(ValueError):

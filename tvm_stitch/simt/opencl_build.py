@@ -17,6 +17,7 @@ from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
 
 from tvm_stitch.simt.launch_geometry import LaunchPlan, launch_plan
+from tvm_stitch.simt.mma_emulation import with_exchange
 from tvm_stitch.simt.opencl_semantics import (bool_casts_as_selects, cuda_atomics_as_opencl,
                                                emulated_atomics_read_atomically, libm_names_as_builtins,
                                                tan_as_sin_over_cos)
@@ -51,4 +52,4 @@ def build_opencl(func: tirx.PrimFunc, name: str = "simt") -> OpenclProgram:
     source = emulated_atomics_read_atomically(libm_names_as_builtins(
         tvm.get_global_func("target.build.opencl")(device_mod, device_target).inspect_source("")))
     plan = launch_plan(hosts[0], params, {k: len(v) for k, v in kernel_params.items()})
-    return OpenclProgram(source, plan, kernel_params)
+    return OpenclProgram(with_exchange(source, plan), plan, kernel_params)

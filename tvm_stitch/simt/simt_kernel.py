@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from tvm_stitch.simt import narrow_floats, opencl_run
+from tvm_stitch.simt import mma_emulation, narrow_floats, opencl_run
 from tvm_stitch.simt.launch_geometry import UnsupportedLaunch
 from tvm_stitch.simt.opencl_build import build_opencl
 from tvm_stitch.simt.simt_inputs import concrete_shape, numpy_dtype, random_inputs, written_params
@@ -141,10 +141,14 @@ def check_kernel(name: str, scheduled: tirx.PrimFunc, refs: list, device, oclgri
     notes = []
     device_func = scheduled
     narrow = narrow_floats.narrow_types(scheduled)
-    emulate = "bfloat16" in narrow or ("float16" in narrow and "cl_khr_fp16" not in device.extensions)
+    tensor_cores = mma_emulation.has_tensor_core_calls(scheduled)  # emulated on float32 storage
+    emulate = tensor_cores or "bfloat16" in narrow or ("float16" in narrow and "cl_khr_fp16" not in device.extensions)
     try:
+        if tensor_cores:
+            device_func = mma_emulation.lane_calls(device_func)
+            notes.append("ldmatrix/mma emulated lane by lane in PTX's fragment layouts")
         if emulate:
-            device_func = narrow_floats.widen(scheduled)
+            device_func = narrow_floats.widen(device_func)
             notes.append(f"{'/'.join(sorted(narrow))} emulated: float32 storage rounded after every op "
                          "(the device has no such type)")
         program = build_opencl(device_func, name)
