@@ -16,11 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+
 try:
     import pyopencl as cl
 except ImportError:  # the test extra is not installed: device_for says so
     cl = None
 
+from tvm_stitch.environment import environment_set
 from tvm_stitch.simt import oclgrind_log, pocl_probe
 from tvm_stitch.simt.guarded_buffers import GuardedBuffer
 from tvm_stitch.simt.opencl_build import OpenclProgram
@@ -84,20 +86,6 @@ def device_for(oclgrind: bool):
 
 
 @contextmanager
-def _environment(values: dict):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextmanager
 def _native_stderr_silenced():
     """pocl's compiler prints "N warnings generated." to the process's stderr; a failing build
     still raises with the full log."""
@@ -133,7 +121,7 @@ def run(program: OpenclProgram, params: list, inputs: dict, device, oclgrind: bo
 def _run_oclgrind(program: OpenclProgram, params: list, inputs: dict, device, settings: dict):
     with tempfile.TemporaryDirectory(prefix="tvm_stitch_oclgrind_") as tmp:
         log_path = os.path.join(tmp, "oclgrind.log")
-        with _environment(dict(settings, OCLGRIND_LOG=log_path)):
+        with environment_set(dict(settings, OCLGRIND_LOG=log_path)):
             ctx = cl.Context([device])
         result = _launch_all(program, params, inputs, ctx, guard=False, options=OCLGRIND_BUILD_OPTIONS)
         if os.path.exists(log_path):

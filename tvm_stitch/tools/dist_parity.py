@@ -21,6 +21,8 @@ import tempfile
 import warnings
 from dataclasses import asdict, dataclass
 
+from tvm_stitch.environment import environment_set
+
 MODELS = ("tiny", "llama")
 PROFILED_NAMES = ("tvm_stitch: part", "_c10d_functional::all_reduce")
 
@@ -225,18 +227,9 @@ def launch(case: Case, world: int = 2, env: dict | None = None) -> list:
     import torch
     import torch.multiprocessing as mp
 
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
-        with tempfile.TemporaryDirectory() as out_dir:
-            mp.spawn(worker, args=(world, free_port(), case, out_dir), nprocs=world, join=True)
-            return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world)]
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with environment_set(env or {}), tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(worker, args=(world, free_port(), case, out_dir), nprocs=world, join=True)
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world)]
 
 
 def largest_difference(a: dict, b: dict) -> float:
