@@ -20,12 +20,15 @@ element `4 (j // 8) + 2 (i // 8) + j % 2` (`fragment_index`), B's entry
 (n, k) at lane `4 (n % 8) + (k % 8) // 2` and element
 `4 (n // 8) + 2 (k // 8) + k % 2` (`fragment_index_b`): the register
 layouts of the m16n8k16 operands and accumulator in the PTX ISA, B's for
-the two 8-column mmas one after the other. The float32
-fill and store of the accumulator are TVM's (`mma_fill_16x16_f32`,
-`mma_store_16x16_f32_shared_dyn_simple_`), which take any input dtype.
+the two 8-column mmas one after the other. Beside them, the float32
+accumulator's fill with zeros (`FILL`) and its store to shared memory
+(`STORE_SHARED`, each lane its own eight elements, `fragment_position`).
 
-Registration happens once, on import; a name already registered (the module
-imported again) is left as it is.
+Registration happens once, at the first `register()` (the tensor-core rule
+calls it before it tensorizes: parsing the intrinsics costs about a second,
+not paid by builds without a half-precision GEMM); a name already
+registered is left as it is. TVM's own tensor-intrinsic module (hundreds of
+intrinsics, about 30 s of CPU to import) is not needed.
 """
 
 from __future__ import annotations
@@ -39,14 +42,19 @@ TILE = 16  # rows, columns and depth of one fragment tile
 LANES = 32
 ELEMENTS = TILE * TILE // LANES  # per lane: 8
 DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # operand dtypes and their PTX spelling
-FILL = "mma_fill_16x16_f32"
-STORE_SHARED = "mma_store_16x16_f32_shared_dyn_simple_"
+FILL = "tvm_stitch_mma_fill_f32"
+STORE_SHARED = "tvm_stitch_mma_store_f32_shared"
 SHARED = "shared.dyn"
 
 
 def fragment_index(i, j):
     """(lane, element) of entry (i, j) of a 16x16 tile of A ([m, k]) or of the accumulator ([m, n])."""
     return 4 * (i % 8) + (j % 8) // 2, 4 * (j // 8) + 2 * (i // 8) + j % 2
+
+
+def fragment_position(lane, element):
+    """(i, j) of a lane's element of a 16x16 A or accumulator tile: the inverse of `fragment_index`."""
+    return lane // 4 + 8 * ((element // 2) % 2), 8 * (element // 4) + 2 * (lane % 4) + element % 2
 
 
 def fragment_index_b(n, k):
@@ -162,6 +170,66 @@ def _mma(dtype: str):
     return desc, impl
 
 
+def _fill():
+    @T.prim_func(s_tir=True)
+    def desc(c: T.handle) -> None:
+        C = T.match_buffer(c, (LANES, ELEMENTS), "float32", scope="warp")
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:LANES, 0:ELEMENTS])
+            for i, j in T.grid(TILE, TILE):
+                with T.sblock("C"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    lane, element = T.meta_var(fragment_index(vi, vj))
+                    T.reads()
+                    T.writes(C[lane, element])
+                    C[lane, element] = T.float32(0)
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.handle) -> None:
+        C = T.match_buffer(c, (LANES, ELEMENTS), "float32", scope="warp", offset_factor=1)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:LANES, 0:ELEMENTS])
+            for tx in T.thread_binding(0, LANES, "threadIdx.x"):
+                T.evaluate(T.cuda.mma_fill_legacy(ELEMENTS, C.data, C.elem_offset, dtype="float32"))
+
+    return desc, impl
+
+
+def _store_shared():
+    @T.prim_func(s_tir=True)
+    def desc(c_warp: T.handle, c: T.handle) -> None:
+        W = T.match_buffer(c_warp, (LANES, ELEMENTS), "float32", scope="warp")
+        C = T.match_buffer(c, (TILE, TILE), "float32", scope=SHARED)
+        with T.sblock("root"):
+            T.reads(W[0:LANES, 0:ELEMENTS])
+            T.writes(C[0:TILE, 0:TILE])
+            for i, j in T.grid(TILE, TILE):
+                with T.sblock("C"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    lane, element = T.meta_var(fragment_index(vi, vj))
+                    T.reads(W[lane, element])
+                    T.writes(C[vi, vj])
+                    C[vi, vj] = W[lane, element]
+
+    @T.prim_func(s_tir=True)
+    def impl(c_warp: T.handle, c: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        W = T.match_buffer(c_warp, (LANES, ELEMENTS), "float32", scope="warp", offset_factor=1)
+        C = T.match_buffer(c, (TILE, TILE), "float32", scope=SHARED, offset_factor=1, strides=[s0, s1])
+        with T.sblock("root"):
+            T.reads(W[0:LANES, 0:ELEMENTS])
+            T.writes(C[0:TILE, 0:TILE])
+            for tx in T.thread_binding(0, LANES, "threadIdx.x"):
+                for element in T.serial(ELEMENTS):
+                    row, column = T.meta_var(fragment_position(tx, element))
+                    C[row, column] = W[tx, element]
+
+    return desc, impl
+
+
 def _register(name: str, desc, impl) -> None:
     try:
         TensorIntrin.get(name)
@@ -170,14 +238,12 @@ def _register(name: str, desc, impl) -> None:
 
 
 def register() -> None:
-    """Register the ldmatrix and mma intrinsics of every dtype in DTYPES (once)."""
-    import tvm.s_tir.tensor_intrin.cuda  # noqa: F401 - registers the float32 fill and store used beside these
-
+    """Register the ldmatrix and mma intrinsics of every dtype in DTYPES, the accumulator's fill and its
+    store (once)."""
+    _register(FILL, *_fill())
+    _register(STORE_SHARED, *_store_shared())
     for dtype in DTYPES:
         for operand in ("a", "b"):
             for trans in (False, True):
                 _register(ldmatrix_name(dtype, operand, trans), *_ldmatrix(dtype, operand, trans))
         _register(mma_name(dtype), *_mma(dtype))
-
-
-register()

@@ -2,12 +2,17 @@
 emulation of the PTX instructions written from the PTX ISA's fragment tables: what each
 implementation puts in (and reads from) a lane's registers is what its description says."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
-import tvm_stitch  # noqa: F401 - imports the package before schedules (its import order)
 from tvm.s_tir import TensorIntrin
 
+import tvm_stitch  # noqa: F401 - imports the package before schedules (its import order)
 from schedules import mma_intrinsics as mma
+
+mma.register()
 
 LANES = 32
 
@@ -96,3 +101,18 @@ def test_intrinsics_are_registered_for_both_half_dtypes(dtype):
         for trans in (False, True):
             load = TensorIntrin.get(mma.ldmatrix_name(dtype, operand, trans)).impl.script()
             assert "ptx_legacy.ldmatrix" in load and dtype in load
+
+
+def test_fragment_position_inverts_fragment_index():
+    """The accumulator store's per-lane positions are the inverse of the fill/mma layout: every one of
+    the 256 entries of a 16x16 tile has one (lane, element) and back."""
+    seen = {mma.fragment_index(i, j): (i, j) for i in range(mma.TILE) for j in range(mma.TILE)}
+    assert len(seen) == mma.TILE * mma.TILE
+    assert all(mma.fragment_position(lane, element) == ij for (lane, element), ij in seen.items())
+
+
+def test_importing_tvm_stitch_does_not_load_tvms_tensor_intrinsics():
+    """TVM's tensor-intrinsic module costs about 30 s of CPU to import; no build path needs it."""
+    code = "import sys, tvm_stitch, tvm_stitch.torch; print('tvm.s_tir.tensor_intrin.cuda' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

@@ -263,6 +263,7 @@ def apply(func: tirx.PrimFunc, spec: TargetSpec) -> s_tir.Schedule | None:
     steps = (tile.rows(0), tile.rows(1), tile.k_steps * mma.TILE)
     padded = tuple(extent is None or extent % step != 0 for extent, step in zip(extents, steps))
     sch.pad_einsum(main, [1, *steps])
+    mma.register()
     _tensorize(sch, main, _loops(sch, main, tile), tile, dtype, spec, padded)
     return sch if _every_block_on_the_grid(sch) else None
 

@@ -21,9 +21,10 @@ two barriers:
   and B; after the barrier each lane computes its own d0..d3 (its c<i> plus
   the row of A times the column of B, in float32; rounded to float16 for an
   .f16 accumulator);
-- mma_fill and mma_store touch only the lane's own elements (TVM's
-  definitions: zero, and the 16 x 16 tile positions of
-  `ldmatrix_32x8_to_shared_16x16_layout`), no exchange.
+- mma_fill and mma_store touch only the lane's own elements, no exchange:
+  zero, and the 16 x 16 positions TVM's CUDA code generator gives a lane's
+  eight elements in `mma_store` (`_tvm_store_position`: code TVM writes,
+  not a PTX instruction, so not taken from ptx_fragments).
 A fragment layout that differs from PTX's puts values where the kernel's
 other code (the store, an epilogue) does not look for them: the check fails.
 The barriers require every lane of the work-group to reach each call, as
@@ -39,7 +40,6 @@ from types import MappingProxyType
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.s_tir.tensor_intrin.cuda import ldmatrix_32x8_to_shared_16x16_layout
 
 from tvm_stitch.simt import ptx_fragments
 from tvm_stitch.simt.narrow_floats import ROUND
@@ -135,6 +135,11 @@ def _table(name: str, cells: list) -> str:
     return f"__constant uchar {PREFIX}{name}[{len(cells)}][2] = {{{body}}};"
 
 
+def _tvm_store_position(lane: int, i: int) -> tuple:
+    """(row, column) in the 16 x 16 tile where TVM's CUDA code for `mma_store` puts element i of `lane`."""
+    return lane // 4 + 8 * ((i % 4) // 2), 8 * (i // 4) + 2 * (lane % 4) + i % 2
+
+
 def _tables() -> str:
     f, warp = ptx_fragments, ptx_fragments.WARP
     return "\n".join([
@@ -143,7 +148,7 @@ def _tables() -> str:
         _table("mma_a_at", [f.mma_a(lane, i) for lane in range(warp) for i in range(8)]),
         _table("mma_b_at", [f.mma_b(lane, i) for lane in range(warp) for i in range(4)]),
         _table("mma_c_at", [f.mma_c(lane, i) for lane in range(warp) for i in range(4)]),
-        _table("store_at", [ldmatrix_32x8_to_shared_16x16_layout(lane, i) for lane in range(warp) for i in range(8)]),
+        _table("store_at", [_tvm_store_position(lane, i) for lane in range(warp) for i in range(8)]),
     ])
 
 
