@@ -39,7 +39,8 @@ class Row:
         return self.ms[contender] / self.ms["tvm_stitch"]
 
 
-def _output(result):
+def model_output(result):
+    """The tensor a model's call returns (a transformers output's last hidden state)."""
     import torch
 
     if isinstance(result, torch.Tensor):
@@ -47,7 +48,9 @@ def _output(result):
     return result.last_hidden_state if hasattr(result, "last_hidden_state") else result[0]
 
 
-def _prepare(name: str, size: str, train: bool):
+def prepared_model(name: str, size: str, train: bool):
+    """tools/models.py's model `name` at `size` and its inputs, dropout off, in training mode when `train`
+    (transformers' KV cache off then)."""
     import torch
 
     from tvm_stitch.tools.models import make_model
@@ -82,7 +85,7 @@ def _forward_call(model, contender, inputs):
 
     def call():
         with torch.no_grad():
-            return _output(fn(*inputs))
+            return model_output(fn(*inputs))
 
     return call
 
@@ -95,7 +98,7 @@ def _train_call(model, contender, inputs):
     step = optimizer.step if contender == "eager" else torch.compile(optimizer.step, backend=_backend(contender))
 
     def call():
-        loss = _output(fn(*inputs)).pow(2).mean()
+        loss = model_output(fn(*inputs)).pow(2).mean()
         loss.backward()
         step()
         optimizer.zero_grad()
@@ -108,10 +111,10 @@ def bench_model(name: str, step: str, size: str = "test", rounds: int = 5, round
     """One model and step: every contender's compile seconds and median ms per call, alternating rounds."""
     import torch
 
-    base, inputs = _prepare(name, size, train=step == "train")
+    base, inputs = prepared_model(name, size, train=step == "train")
     make = _forward_call if step == "forward" else _train_call
     calls, compile_s, errors = {}, {}, {}
-    expected = _output(base(*inputs)).detach() if step == "forward" else None
+    expected = model_output(base(*inputs)).detach() if step == "forward" else None
     for contender in CONTENDERS:
         model = copy.deepcopy(base)
         call = make(model, contender, inputs)
