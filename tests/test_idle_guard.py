@@ -43,16 +43,20 @@ def test_no_kernel_of_an_under_filling_graph_is_idle_without_a_reason(name):
             assert f"idle [{plan.idle.code}]" in report.details()
 
 
-def test_a_group_norm_through_a_reshape_is_idle_for_its_few_rows_and_says_why_it_is_not_split():
+def test_a_group_norm_through_a_reshape_is_split_over_its_groups_and_says_why_it_stays_idle():
+    """The groups (batch x group: 64 rows of 16384) come through a reshape: split over 512 blocks, still
+    under one wave of resident blocks; the reason names the rows, the blocks and the split."""
     report = tvm_stitch.explain(GRAPHS["group_norm_8x32x64x64_g8"](), SM90)
     (plan,) = report.plans
+    assert plan.scheme == "row-split" and plan.reshaped
     assert plan.modeled_bytes >= IDLE_BYTES and bandwidth_share(plan) < IDLE_SHARE
     assert plan.idle.code == "idle-few-rows"
     params = plan.idle.params
-    assert (params["rows"], params["length"], params["blocks"]) == (8, 8 * 32 * 64 * 64 // 8, 8)
-    assert params["threads"] == 8 * plan.threads_per_block < params["resident"]
+    assert (params["rows"], params["length"]) == (64, 8 * 32 * 64 * 64 // 64)
+    assert params["blocks"] == 64 * plan.mapping.split
+    assert params["threads"] == params["blocks"] * plan.threads_per_block < params["resident"]
     assert params["candidates"] >= 1
-    assert "8 outputs per row" in params["split"]
+    assert f"split {plan.mapping.split} chunks per row already" in params["split"]
 
 
 def test_a_plan_keeps_its_idle_reason_through_json():

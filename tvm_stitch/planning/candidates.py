@@ -10,7 +10,10 @@ variants listed here, over the knobs the schedules honour:
   memory limits, scalar accesses instead of vectors, and each on-chip
   intermediate recomputed in its consumers instead of kept in shared memory
   (the planner's demotion, asked for), and for row-split plans other chunk
-  counts per row (SPLIT_FACTORS of the rule's); pricing/timed_choice.py prices them.
+  counts per row (SPLIT_FACTORS of the rule's), and for a row-resident plan
+  that leaves SMs idle with rows that come through a reshape (GroupNorm's
+  groups), row-split plans over those rows (analysis/reshaped_rows.py);
+  pricing/timed_choice.py prices them.
 Every variant keeps the rule plan's outputs, so it computes the same values;
 the first candidate is always the rule plan.
 """
@@ -22,6 +25,7 @@ import dataclasses
 import tvm
 from tvm import tirx
 
+from tvm_stitch.analysis.reshaped_rows import reshaping_blocks, rows_through_reshape
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.common import Analyses, PlanError, block_threads
 from tvm_stitch.planning.plan import MIN_LANES, SHARED, StitchPlan
@@ -51,6 +55,7 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
         analyses = Analyses()  # the re-plans below share block views and inlining trials
         found = _cuda(rule, spec)
         found += _scalar([rule] + found) + _recomputing(func, rule, spec, analyses) + _splits(func, rule, spec, analyses)
+        found += _through_reshape(func, rule, spec)
     out, seen = [], set()
     for plan in [rule] + found:
         key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, plan.mapping.across, tuple(plan.inlined()))
@@ -157,15 +162,39 @@ def _recomputing(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analys
 
 
 def _splits(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analyses: Analyses) -> list:
-    """Row-split plans (rows leading) with more or fewer chunks per row than the rule's."""
+    """Row-split plans (rows leading, or through the rule's reshape) with more or fewer chunks per
+    row than the rule's."""
     if rule.scheme != "row-split" or rule.row_axes:
         return []
+    if rule.reshaped:
+        func, analyses = rows_through_reshape(func, rule.reshaped), Analyses()
     split = rule.mapping.split
     counts = sorted({c for f in SPLIT_FACTORS for c in (split * f, split // f) if c >= 1 and c != split})
     out = []
     for count in counts:
         try:
-            out.append(with_resources(plan_row_split(func, spec, rule.kernel, split=count, analyses=analyses)))
+            plan = plan_row_split(func, spec, rule.kernel, split=count, analyses=analyses)
         except PlanError:
             continue  # chunks that do not divide the row, or shorter than the least chunk
+        if rule.reshaped:  # the rule's last note says which blocks are re-laid
+            plan = dataclasses.replace(plan, reshaped=rule.reshaped, notes=plan.notes + rule.notes[-1:])
+        out.append(with_resources(plan))
     return out
+
+
+def _through_reshape(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -> list:
+    """For a row-resident rule of fewer blocks than SMs: the row-split plans of its rows taken
+    through the reshape that hides them (a GroupNorm's (batch, group)), where there are few long ones."""
+    if rule.scheme != "row-resident" or rule.row_axes or not 0 < rule.mapping.grid < spec.sms:
+        return []
+    names = reshaping_blocks(func)
+    if not names:
+        return []
+    try:
+        split = plan_row_split(rows_through_reshape(func, names), spec, rule.kernel, few_long_rows_only=True)
+    except (PlanError, tvm.error.TVMError):
+        return []  # not a bijection of the block's iterators, or rows the split does not take
+    note = (f"rows through a reshape: {', '.join(names)} iterate the tensor they reshape, "
+            f"{split.mapping.rows} rows instead of {rule.mapping.rows}")
+    plan = with_resources(dataclasses.replace(split, reshaped=names, notes=split.notes + (note,)))
+    return [plan] + _splits(func, plan, spec, Analyses())

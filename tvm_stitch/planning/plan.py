@@ -100,6 +100,9 @@ class StitchPlan:
     # quotient by k) per block, moved first before planning and scheduling (analysis/row_axes.py);
     # () when the rows are the leading axes.
     row_axes: tuple = ()
+    # Rows through a reshape: blocks re-laid out over the shape of the tensor they reshape before
+    # planning and scheduling (analysis/reshaped_rows.py); () when none is.
+    reshaped: tuple = ()
     # Symbolic row lengths planned for their upper bound: (size, bound) pairs; the schedule runs the
     # row's loops to the bound under a guard. () for static or streamed row lengths.
     bounds: tuple = ()
@@ -116,7 +119,7 @@ class StitchPlan:
         data["mapping"] = ThreadMapping(**data["mapping"])
         data["intermediates"] = tuple(Intermediate(**i) for i in data["intermediates"])
         for key in ("ops", "dominant", "row_shape", "outputs", "cached_inputs", "notes", "shared_rows",
-                    "recomputed_outputs"):
+                    "recomputed_outputs", "reshaped"):
             data[key] = tuple(data.get(key, ()))
         data["shared_reductions"] = tuple(tuple(r) for r in data.get("shared_reductions", ()))
         data["online"] = tuple(tuple(pair) for pair in data.get("online", ()))

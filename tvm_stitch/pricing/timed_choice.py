@@ -2,7 +2,9 @@
 
 The variants are planning/candidates.py's (threads per block, rows per
 block, vector width, an on-chip intermediate recomputed in its consumers
-instead of kept in shared memory, chunks per row of a row-split plan). Priced are the rule plan's neighbours:
+instead of kept in shared memory, chunks per row of a row-split plan, row-split plans of rows a
+row-resident rule leaves on too few blocks). Priced are the plans of another scheme than the
+rule's, and the rule plan's neighbours:
 the variants that change one knob, a count by at most a factor of
 NEIGHBOURHOOD (threads per block by at most half fewer), the first
 PRICED_NEIGHBOURS of them in candidates.py's order (a kernel of many
@@ -49,7 +51,9 @@ def choose_in_time(fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec,
     plans = candidates(fused, rule, spec)
     best, best_us, chosen = priced, rule_us, 1
     neighbours = [(index, plan) for index, plan in enumerate(plans[1:], start=2) if _neighbour(plan, rule)]
-    for index, plan in neighbours[:PRICED_NEIGHBOURS]:
+    # Plans of another scheme (a split of rows the rule leaves on too few blocks) are always priced.
+    others = [(index, plan) for index, plan in enumerate(plans[1:], start=2) if plan.scheme != rule.scheme]
+    for index, plan in others + neighbours[:PRICED_NEIGHBOURS]:
         neighbour = prices.plan_times(fused, plan)
         us = total_us(neighbour) if neighbour else -1.0
         if 0 <= us < best_us and us < rule_us * (1 - TIE):
@@ -57,8 +61,9 @@ def choose_in_time(fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec,
     if best is priced:
         return priced
     k = knobs(best)
-    note = (f"time model: candidate {chosen} of {len(plans)} ({k['threads']} threads, {k['rows_per_task']} rows "
-            f"per block, vector {k['vector']}, {best.mapping.split} chunks per row{_recomputed(best, rule)}), "
+    scheme = f"{best.scheme}, " if best.scheme != rule.scheme else ""
+    note = (f"time model: candidate {chosen} of {len(plans)} ({scheme}{k['threads']} threads, "
+            f"{k['rows_per_task']} rows per block, vector {k['vector']}, {best.mapping.split} chunks per row{_recomputed(best, rule)}), "
             f"{best_us:.1f} us against the rules' {rule_us:.1f} us")
     return dataclasses.replace(best, notes=best.notes + (note,))
 
