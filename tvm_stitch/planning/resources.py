@@ -60,6 +60,9 @@ def estimate_registers(plan: StitchPlan) -> int:
     kept = sum(1 for i in plan.intermediates if not i.inlined)
     if plan.scheme == "column-split":
         return column_split_registers(plan.reductions, plan.mapping.vector) + PER_KEPT_VALUE * kept
+    if plan.scheme == "mix-order":  # a partial per column reduction, lane and column step of the thread
+        steps = plan.mapping.row_elements // (plan.mapping.threads * plan.mapping.vector)
+        return BASE_REGISTERS + PER_VECTOR_LANE * plan.mapping.vector * (1 + len(plan.dominant) * steps)
     registers = BASE_REGISTERS + PER_KEPT_VALUE * kept
     if plan.mapping.vector > 1:
         registers += PER_VECTOR_LANE * plan.mapping.vector

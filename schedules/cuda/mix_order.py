@@ -1,0 +1,162 @@
+"""Mix-order on CUDA: row reductions and column reductions of the same rows in one pass.
+
+Realises a "mix-order" plan (tvm_stitch.planning.cuda.mix_order). The fused
+PrimFunc holds blocks over rows (row reductions, element-wise outputs of a
+row: LayerNorm backward's dx) and column reductions of the same rows
+(dgamma, dbeta). Kernel 0, `grid` blocks of `threads` threads, each block
+owning `rows_per_task` consecutive rows:
+
+- every column reduction's rows are cut into `grid` chunks and rfactored: the
+  partial block (a chunk's sum per column) accumulates in registers (`local`,
+  laid out per thread: `vector` lanes of each of its column steps) under the
+  row loop, and is written to a `grid x columns` buffer once per block;
+- the row blocks run under the same row loop as in row-resident: reductions
+  across the block's threads (TVM's all-reduce), element-wise outputs one
+  `vector` of consecutive columns per thread per step.
+
+Kernel 1 combines the partials: blocks over tiles of `COMBINE_COLUMNS`
+columns, `threadIdx.y` over the chunks (a cross-thread reduction). Applied
+for an llvm target, the same loops run without thread bindings and in global
+memory (the emulated CUDA check).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.target import Target
+
+from tvm_stitch.analysis.tir_view import buffer_params
+from tvm_stitch.planning.plan import StitchPlan
+
+from ..common import blocks_by_name, inline_cheap_blocks
+from .row_split import in_kernel_order
+
+COMBINE_COLUMNS = 32  # kernel 1: columns per block (threadIdx.x), a warp of consecutive columns
+
+
+def combine_row_threads(plan: StitchPlan) -> int:
+    """Kernel 1's threads over the chunks (threadIdx.y): the most that divide the chunks and keep a
+    block within the target's threads."""
+    most = plan.spec.max_threads_per_block // COMBINE_COLUMNS
+    return max(d for d in range(1, min(most, plan.mapping.grid) + 1) if plan.mapping.grid % d == 0)
+
+
+def _column_partials(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> tuple:
+    """Rfactor each column reduction over the row chunks: (partial blocks' names, their register
+    write-back blocks' names)."""
+    m = plan.mapping
+    partials, write_backs = [], []
+    for name in plan.dominant:
+        column, rows = sch.get_loops(sch.get_sblock(name))
+        chunk, _ = sch.split(rows, [m.grid, None])
+        partial = sch.rfactor(chunk, 0)
+        kept, chunk, row = sch.get_loops(partial)
+        sch.reorder(chunk, row, kept)
+        partials.append(sch.get(partial).name_hint)
+        if bind:
+            write_back = sch.cache_write(partial, 0, "local")
+            write_backs.append(sch.get(write_back).name_hint)
+            threads, lanes = m.threads, m.vector
+            sch.transform_layout(partial, ("write", 0),
+                                 lambda g, j: (g, (j // lanes) % threads, j // (threads * lanes), j % lanes))
+    return partials, write_backs
+
+
+def _merged(sch: s_tir.Schedule, names: list, level: int):
+    loops = [sch.get_loops(sch.get_sblock(n))[level] for n in names]
+    return loops[0] if len(loops) == 1 else sch.merge(*loops)
+
+
+def _over_columns(sch: s_tir.Schedule, name: str, plan: StitchPlan, bind: bool, vectorize: bool) -> None:
+    """A block's innermost (column) loop as (steps, threadIdx.x, vector lanes)."""
+    m = plan.mapping
+    _, thread, lanes = sch.split(sch.get_loops(sch.get_sblock(name))[-1], [None, m.threads, m.vector])
+    if bind:
+        sch.bind(thread, "threadIdx.x")
+    if vectorize:
+        sch.vectorize(lanes)
+
+
+def _row_reduction(sch: s_tir.Schedule, name: str, plan: StitchPlan, bind: bool) -> None:
+    """A row reduction across the block's threads (TVM's all-reduce), its result in shared memory
+    (`local` for one warp, whose all-reduce leaves the result in every lane)."""
+    block = sch.get_sblock(name)
+    outer, thread = sch.split(sch.get_loops(block)[-1], [None, plan.mapping.threads])
+    sch.reorder(thread, outer)
+    if bind:
+        sch.bind(thread, "threadIdx.x")
+        scope = "local" if plan.mapping.threads <= plan.spec.warp_size else "shared"
+        for index in range(len(sch.get(block).writes)):
+            sch.set_scope(block, index, scope)
+
+
+def _combine(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> None:
+    """Kernel 1: per column tile, `threadIdx.y` threads sum the chunks' partials of every column
+    reduction (one launch for all of them: the grid and column loops merged)."""
+    row_threads = combine_row_threads(plan)
+    tiles = []
+    for name in plan.dominant:
+        column, chunks = sch.get_loops(sch.get_sblock(name))
+        tile, lane = sch.split(column, [None, COMBINE_COLUMNS])
+        outer, thread = sch.split(chunks, [None, row_threads])
+        sch.reorder(tile, lane, thread, outer)
+        tiles.append(tile)
+    tile = tiles[0] if len(tiles) == 1 else sch.merge(*tiles)
+    lane = _merged(sch, list(plan.dominant), 1)
+    if bind:  # each reduction under a threadIdx.y loop of its own: the cross-thread lowering's condition
+        sch.bind(tile, "blockIdx.x")
+        sch.bind(lane, "threadIdx.x")
+        for name in plan.dominant:
+            sch.bind(sch.get_loops(sch.get_sblock(name))[2], "threadIdx.y")
+
+
+def _rows_on_chip(sch: s_tir.Schedule, names: list, row, scope: str) -> list:
+    """Each (rows, columns) input read by several of kernel 0's blocks loaded once per row into
+    `scope` under the row loop, every such block reading the copy; the copies' block names."""
+    shape = sch.get(sch.get_sblock(names[-1])).writes[0].source.shape
+    readers = {}
+    for name in names:
+        for index, region in enumerate(sch.get(sch.get_sblock(name)).reads):
+            buffer = region.source
+            if len(buffer.shape) == 2 and any(buffer.same_as(p) for p in buffer_params(sch.mod["main"])) \
+                    and all(int(a) == int(b) for a, b in zip(buffer.shape, shape[:1] + shape[-1:])):
+                readers.setdefault(buffer.name, []).append((name, index))
+    copies = []
+    for buffer, reading in readers.items():
+        if len(reading) < 2:
+            continue
+        first, index = reading[0]
+        copy = sch.cache_read(sch.get_sblock(first), index, scope,
+                              consumer_blocks=[sch.get_sblock(n) for n, _ in reading])
+        sch.compute_at(copy, row, preserve_unit_loops=True)
+        copies.append(sch.get(copy).name_hint)
+    return copies
+
+
+def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedule:
+    bind = target.kind.name == "cuda"
+    sch = s_tir.Schedule(func)
+    inline_cheap_blocks(sch, plan)
+    columns = set(plan.dominant)
+    rows = [n for n in blocks_by_name(sch) if n not in columns]
+    partials, write_backs = _column_partials(sch, plan, bind)
+    for name in rows:
+        sch.split(sch.get_loops(sch.get_sblock(name))[0], [plan.mapping.grid, None])
+    kernel_of = {n: 0 for n in blocks_by_name(sch)}
+    kernel_of.update({n: 1 for n in columns})
+    sch = in_kernel_order(sch, kernel_of, {})
+    grid = _merged(sch, partials + rows + write_backs, 0)
+    row = _merged(sch, partials + rows, 1)
+    cached = _rows_on_chip(sch, partials + rows, row, "shared" if bind else "global")
+    if bind:
+        sch.bind(grid, "blockIdx.x")
+    reductions = {n for n in rows if any(int(v.iter_type) for v in sch.get(sch.get_sblock(n)).iter_vars)}
+    for name in partials + write_backs + cached:
+        _over_columns(sch, name, plan, bind, vectorize=False)
+    for name in rows:
+        if name in reductions:
+            _row_reduction(sch, name, plan, bind)
+        else:
+            _over_columns(sch, name, plan, bind, vectorize=bind)
+    _combine(sch, plan, bind)
+    return sch
