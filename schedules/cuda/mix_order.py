@@ -138,12 +138,13 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     sch = s_tir.Schedule(func)
     inline_cheap_blocks(sch, plan)
     columns = set(plan.dominant)
-    rows = [n for n in blocks_by_name(sch) if n not in columns]
+    epilogues = [n for n, b in blocks_by_name(sch).items() if n not in columns and len(sch.get_loops(b)) == 1]
+    rows = [n for n in blocks_by_name(sch) if n not in columns and n not in epilogues]
     partials, write_backs = _column_partials(sch, plan, bind)
     for name in rows:
         sch.split(sch.get_loops(sch.get_sblock(name))[0], [plan.mapping.grid, None])
     kernel_of = {n: 0 for n in blocks_by_name(sch)}
-    kernel_of.update({n: 1 for n in columns})
+    kernel_of.update({n: 1 for n in list(columns) + epilogues})
     sch = in_kernel_order(sch, kernel_of, {})
     grid = _merged(sch, partials + rows + write_backs, 0)
     row = _merged(sch, partials + rows, 1)
@@ -159,4 +160,18 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
         else:
             _over_columns(sch, name, plan, bind, vectorize=bind)
     _combine(sch, plan, bind)
+    _epilogues(sch, plan, epilogues, bind)
     return sch
+
+
+def _epilogues(sch: s_tir.Schedule, plan: StitchPlan, epilogues: list, bind: bool) -> None:
+    """Each element-wise epilogue of a column reduction (a cast of a half-precision sum) in the thread
+    that combines the reduction's column; the reduction's result then stays in a register."""
+    params = buffer_params(sch.mod["main"])
+    for name in epilogues:
+        read = {r.source.name for r in sch.get(sch.get_sblock(name)).reads}
+        source = next(c for c in plan.dominant if sch.get(sch.get_sblock(c)).writes[0].source.name in read)
+        sch.reverse_compute_at(sch.get_sblock(name), sch.get_loops(sch.get_sblock(source))[1])
+        written = sch.get(sch.get_sblock(source)).writes[0].source
+        if bind and not any(written.same_as(p) for p in params):
+            sch.set_scope(sch.get_sblock(source), 0, "local")

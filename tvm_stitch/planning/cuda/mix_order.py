@@ -59,26 +59,29 @@ def _kinds(view) -> tuple:
 
 
 def _classify(views: list) -> tuple:
-    """(rows, columns, column reductions, row blocks) of the blocks left after inlining."""
+    """(rows, columns, column reductions) of the blocks left after inlining: column reductions, their
+    element-wise epilogues over the columns (a half-precision sum's cast), and blocks over the rows
+    (row reductions, element-wise blocks of (rows, columns)), at least one row reduction among them."""
     columns_of = [v.name for v in views if _kinds(v)[1] == (False, True) and len(v.writes) == 1]
     if not columns_of:
         raise MixOrderError("mix-not-two-orders")
     columns, rows = _kinds(next(v for v in views if v.name == columns_of[0]))[0]
-    row_blocks, row_reductions = [], 0
+    row_reductions = 0
     for view in views:
         extents, reduce = _kinds(view)
         if view.name in columns_of:
             if extents != (columns, rows):
                 raise MixOrderError("mix-block-shape", block=view.name)
             continue
+        if extents == (columns,) and not reduce[0]:
+            continue  # an element-wise epilogue of the column reductions, in the combining thread
         middle = all(e == 1 and not r for e, r in zip(extents[1:-1], reduce[1:-1]))
-        if extents[0] != rows or reduce[0] or extents[-1] != columns or not middle or len(extents) < 2:
+        if len(extents) < 2 or extents[0] != rows or reduce[0] or extents[-1] != columns or not middle:
             raise MixOrderError("mix-block-shape", block=view.name)
         row_reductions += reduce[-1]
-        row_blocks.append(view.name)
     if not row_reductions:
         raise MixOrderError("mix-not-two-orders")
-    return rows, columns, tuple(columns_of), tuple(row_blocks)
+    return rows, columns, tuple(columns_of)
 
 
 def _threads(columns: int, dtype_bytes: int, spec: TargetSpec) -> tuple:
@@ -109,7 +112,7 @@ def plan_mix_order(func: tirx.PrimFunc, spec: TargetSpec, name: str, analyses: A
     views = views_of(func, analyses)
     inlined = _inlined(views, func)
     _, kept = inline_trial(func, inlined, MixOrderError, analyses)
-    rows, columns, column_reductions, _ = _classify(kept)
+    rows, columns, column_reductions = _classify(kept)
     dtype_bytes = max(tvm.DataType(w.buffer.dtype).bits // 8 for v in kept for w in v.writes)
     threads, vector = _threads(columns, dtype_bytes, spec)
     params = buffer_params(func)
@@ -133,8 +136,8 @@ def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec
         grid = rows // per_block
         if rows % per_block or grid < spec.sms:
             continue
-        plan = dataclasses.replace(base, mapping=dataclasses.replace(
-            base.mapping, rows_per_task=per_block, grid=grid, split=grid))
+        plan = with_resources(dataclasses.replace(base, mapping=dataclasses.replace(
+            base.mapping, rows_per_task=per_block, grid=grid, split=grid)))
         us = plan_us(func, plan, spec)
         if us >= 0:
             priced.append((us, per_block, plan))
@@ -147,4 +150,4 @@ def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec
     note = (f"mix-order: {m.grid} blocks of {m.threads} threads, {per_block} rows per block, "
             f"{m.vector}-element column steps; column partials ({m.grid} x {len(plan.dominant)} reductions) "
             f"summed by a second launch; {us:.1f} us, cheapest of {len(priced)} row chunkings")
-    return with_resources(dataclasses.replace(plan, modeled_us=us, notes=(note,)))
+    return dataclasses.replace(plan, modeled_us=us, notes=(note,))
