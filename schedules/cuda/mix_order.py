@@ -4,7 +4,7 @@ Realises a "mix-order" plan (tvm_stitch.planning.cuda.mix_order). The fused
 PrimFunc holds blocks over rows (row reductions, element-wise outputs of a
 row: LayerNorm backward's dx) and column reductions of the same rows
 (dgamma, dbeta). Kernel 0, `grid` blocks of `threads` threads, each block
-owning `rows_per_task` consecutive rows:
+owning `rows / grid` consecutive rows:
 
 - every column reduction's rows are cut into `grid` chunks and rfactored: the
   partial block (a chunk's sum per column) accumulates in registers (`local`,

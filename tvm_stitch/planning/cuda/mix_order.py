@@ -5,8 +5,8 @@ two ways: along each row (dx's sums) and along the rows per column (dgamma,
 dbeta). As two groups they are a row-resident kernel and a column-split one,
 each reading x and dy. Mix-order reads them once:
 
-- kernel 0: `grid` blocks of `threads` threads, each owning `rows_per_task`
-  consecutive rows; per row the block's threads reduce the row together and
+- kernel 0: `grid` blocks of `threads` threads (`rows_per_task` 1: a block's
+  threads share each row), each owning `rows / grid` consecutive rows; per row the block's threads reduce the row together and
   write its element-wise outputs (as row-resident does), and every thread adds
   the row's values of its columns (`vector` lanes per step) to its registers;
   at the end of its rows a block writes its column partials (grid x columns);
@@ -137,7 +137,7 @@ def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec
         if rows % per_block or grid < spec.sms:
             continue
         plan = with_resources(dataclasses.replace(base, mapping=dataclasses.replace(
-            base.mapping, rows_per_task=per_block, grid=grid, split=grid)))
+            base.mapping, grid=grid, split=grid)))
         us = plan_us(func, plan, spec)
         if us >= 0:
             priced.append((us, per_block, plan))
