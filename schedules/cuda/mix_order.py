@@ -14,7 +14,7 @@ owning `rows / grid` consecutive rows:
   across the block's threads (TVM's all-reduce), element-wise outputs one
   `vector` of consecutive columns per thread per step.
 
-Kernel 1 combines the partials: blocks over tiles of `COMBINE_COLUMNS`
+Kernel 1 combines the partials: blocks over tiles of one 32-byte sector of
 columns, `threadIdx.y` over the chunks (a cross-thread reduction). Applied
 for an llvm target, the same loops run without thread bindings and in global
 memory (the emulated CUDA check).
@@ -22,23 +22,27 @@ memory (the emulated CUDA check).
 
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
 from tvm_stitch.analysis.tir_view import buffer_params
+from tvm_stitch.planning.cuda.column_split import SECTOR_BYTES
 from tvm_stitch.planning.plan import StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks
 from .row_split import in_kernel_order
 
-COMBINE_COLUMNS = 32  # kernel 1: columns per block (threadIdx.x), a warp of consecutive columns
 
 
-def combine_row_threads(plan: StitchPlan) -> int:
-    """Kernel 1's threads over the chunks (threadIdx.y): the most that divide the chunks and keep a
-    block within the target's threads."""
-    most = plan.spec.max_threads_per_block // COMBINE_COLUMNS
-    return max(d for d in range(1, min(most, plan.mapping.grid) + 1) if plan.mapping.grid % d == 0)
+def combine_shape(sch: s_tir.Schedule, plan: StitchPlan) -> tuple:
+    """Kernel 1's block: (columns, threads over the chunks). The columns of one 32-byte sector of a
+    partial (threadIdx.x: each row of partials read in whole sectors, the most blocks over the
+    columns), and the most threadIdx.y that divide the chunks within the target's threads."""
+    dtype = sch.get(sch.get_sblock(plan.dominant[0])).writes[0].source.dtype
+    columns = max(1, SECTOR_BYTES // (tvm.DataType(dtype).bits // 8))
+    most = plan.spec.max_threads_per_block // columns
+    return columns, max(d for d in range(1, min(most, plan.mapping.grid) + 1) if plan.mapping.grid % d == 0)
 
 
 def _column_partials(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> tuple:
@@ -93,11 +97,11 @@ def _row_reduction(sch: s_tir.Schedule, name: str, plan: StitchPlan, bind: bool)
 def _combine(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> None:
     """Kernel 1: per column tile, `threadIdx.y` threads sum the chunks' partials of every column
     reduction (one launch for all of them: the grid and column loops merged)."""
-    row_threads = combine_row_threads(plan)
+    columns, row_threads = combine_shape(sch, plan)
     tiles = []
     for name in plan.dominant:
         column, chunks = sch.get_loops(sch.get_sblock(name))
-        tile, lane = sch.split(column, [None, COMBINE_COLUMNS])
+        tile, lane = sch.split(column, [None, columns])
         outer, thread = sch.split(chunks, [None, row_threads])
         sch.reorder(tile, lane, thread, outer)
         tiles.append(tile)
@@ -110,26 +114,34 @@ def _combine(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> None:
             sch.bind(sch.get_loops(sch.get_sblock(name))[2], "threadIdx.y")
 
 
-def _rows_on_chip(sch: s_tir.Schedule, names: list, row, scope: str) -> list:
-    """Each (rows, columns) input read by several of kernel 0's blocks loaded once per row into
-    `scope` under the row loop, every such block reading the copy; the copies' block names."""
-    shape = sch.get(sch.get_sblock(names[-1])).writes[0].source.shape
+def _inputs_on_chip(sch: s_tir.Schedule, names: list, loops: tuple, bind: bool) -> list:
+    """Each input read by several of kernel 0's blocks loaded once, every such block reading the copy:
+    a (rows, columns) one per row into shared memory, a per-row scalar (rows, 1) per row into each
+    thread's registers, a (columns,) one per block into shared memory (`loops`: (grid, row)). Returns
+    the names of the copies over columns (their loops are then cut over the threads)."""
+    grid, row = loops
+    rows, columns = (int(e) for e in sch.get(sch.get_sblock(names[-1])).writes[0].source.shape[::len(
+        sch.get(sch.get_sblock(names[-1])).writes[0].source.shape) - 1])
+    params = buffer_params(sch.mod["main"])
+    places = {(rows, columns): (row, "shared"), (rows, 1): (row, "local"), (columns,): (grid, "shared")}
     readers = {}
     for name in names:
         for index, region in enumerate(sch.get(sch.get_sblock(name)).reads):
             buffer = region.source
-            if len(buffer.shape) == 2 and any(buffer.same_as(p) for p in buffer_params(sch.mod["main"])) \
-                    and all(int(a) == int(b) for a, b in zip(buffer.shape, shape[:1] + shape[-1:])):
-                readers.setdefault(buffer.name, []).append((name, index))
+            shape = tuple(int(e) for e in buffer.shape)
+            if shape in places and any(buffer.same_as(p) for p in params):
+                readers.setdefault(buffer.name, (shape, []))[1].append((name, index))
     copies = []
-    for buffer, reading in readers.items():
+    for shape, reading in readers.values():
         if len(reading) < 2:
             continue
+        loop, scope = places[shape]
         first, index = reading[0]
-        copy = sch.cache_read(sch.get_sblock(first), index, scope,
+        copy = sch.cache_read(sch.get_sblock(first), index, scope if bind else "global",
                               consumer_blocks=[sch.get_sblock(n) for n, _ in reading])
-        sch.compute_at(copy, row, preserve_unit_loops=True)
-        copies.append(sch.get(copy).name_hint)
+        sch.compute_at(copy, loop, preserve_unit_loops=True)
+        if shape != (rows, 1):
+            copies.append(sch.get(copy).name_hint)
     return copies
 
 
@@ -148,7 +160,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     sch = in_kernel_order(sch, kernel_of, {})
     grid = _merged(sch, partials + rows + write_backs, 0)
     row = _merged(sch, partials + rows, 1)
-    cached = _rows_on_chip(sch, partials + rows, row, "shared" if bind else "global")
+    cached = _inputs_on_chip(sch, partials + rows, (grid, row), bind)
     if bind:
         sch.bind(grid, "blockIdx.x")
     reductions = {n for n in rows if any(int(v.iter_type) for v in sch.get(sch.get_sblock(n)).iter_vars)}
