@@ -19,7 +19,9 @@ from tvm_stitch.planning.cuda.mix_order import MixOrderError, plan_mix_order
 from tvm_stitch.planning.planner import plan_kernel
 from tvm_stitch.planning.spec import TargetSpec
 
-from conftest import CUDA, LLVM, make_module, tensor
+from tvm_stitch.tools.build import build
+
+from conftest import CUDA, LLVM, make_module, opencl_device, tensor
 
 SM90 = TargetSpec.from_target(CUDA)
 op = relax.op
@@ -114,3 +116,39 @@ def test_row_or_column_reductions_alone_are_not_mix_order():
     for mod in (rows, columns):
         with pytest.raises(MixOrderError):
             plan_mix_order(_whole_group(mod), SM90, "k")
+
+
+def _modeled(mod, fusion):
+    """(stitched plans, their modeled us in total) of the CUDA sm_90 build with the given grouping."""
+    plans = build(mod, CUDA, stitched=True, strict=True, fusion=fusion).report.plans
+    return plans, sum(p.modeled_us for p in plans)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [_layernorm_backward, _rmsnorm_backward])
+@pytest.mark.parametrize("shape", [(4096, 768), (1024, 4096)])
+def test_norm_backward_is_mix_order_and_modeled_faster_at_bench(make, shape):
+    """The fusion search takes the mix-order group at bench shapes: no more launches than the two-kernel
+    plan (row-resident dx, column-split dgamma/dbeta), modeled at least 1.3x faster."""
+    mod = make(*shape, "float32")[0]
+    two, two_us = _modeled(mod, "greedy")
+    mixed, mixed_us = _modeled(mod, "search")
+    assert sorted(p.scheme for p in two) == ["column-split", "row-resident"]
+    assert [p.scheme for p in mixed] == ["mix-order"]
+    assert sum(p.kernels for p in mixed) <= sum(p.kernels for p in two)
+    assert two_us >= 1.3 * mixed_us, (two_us, mixed_us)
+
+
+@pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])
+def test_mix_order_is_clean_under_simt(oclgrind):
+    """Both kernels with SIMT semantics: the all-reduces of each row, the register partials written once
+    per block, the combine's cross-thread sums; against numpy on the CPU (races and bounds: Oclgrind)."""
+    pytest.importorskip("pyopencl")
+    from tvm_stitch import simt
+    opencl_device(oclgrind)
+    report = simt.check(_layernorm_backward(264, 128, "float32")[0], oclgrind=oclgrind)
+    assert report.ok, str(report)
+    assert [p.scheme for p in report.stitch.plans] == ["mix-order"], str(report)
+    assert [k.launches for k in report.kernels] == [2], str(report)
+    for kernel in report.kernels:
+        assert kernel.max_error < 0.05, kernel
