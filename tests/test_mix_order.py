@@ -124,7 +124,6 @@ def _modeled(mod, fusion):
     return plans, sum(p.modeled_us for p in plans)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("make", [_layernorm_backward, _rmsnorm_backward])
 @pytest.mark.parametrize("shape", [(4096, 768), (1024, 4096)])
 def test_norm_backward_is_mix_order_and_modeled_faster_at_bench(make, shape):

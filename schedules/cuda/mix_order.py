@@ -61,8 +61,12 @@ def _column_partials(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> tuple
             write_back = sch.cache_write(partial, 0, "local")
             write_backs.append(sch.get(write_back).name_hint)
             threads, lanes = m.threads, m.vector
-            sch.transform_layout(partial, ("write", 0),
-                                 lambda g, j: (g, (j // lanes) % threads, j // (threads * lanes), j % lanes))
+            # Per thread: (its column steps, lanes). The block and thread indices are left out of the
+            # layout (each CUDA thread has its own registers): kept in, the accesses of the partial and
+            # of its write-back, under sibling threadIdx.x loops, make TVM allocate the block's whole row
+            # per thread, in local memory.
+            sch.transform_layout(partial, ("write", 0), lambda g, j: (j // (threads * lanes), j % lanes),
+                                 assume_injective_transform=True)
     return partials, write_backs
 
 
@@ -71,22 +75,28 @@ def _merged(sch: s_tir.Schedule, names: list, level: int):
     return loops[0] if len(loops) == 1 else sch.merge(*loops)
 
 
-def _over_columns(sch: s_tir.Schedule, name: str, plan: StitchPlan, bind: bool, vectorize: bool) -> None:
-    """A block's innermost (column) loop as (steps, threadIdx.x, vector lanes)."""
+def _over_columns(sch: s_tir.Schedule, name: str, plan: StitchPlan, bind: bool, vectorize: bool,
+                  unroll: bool = False) -> None:
+    """A block's innermost (column) loop as (steps, threadIdx.x, vector lanes); `unroll`: the steps and
+    lanes unrolled (a register partial's indices constant)."""
     m = plan.mapping
-    _, thread, lanes = sch.split(sch.get_loops(sch.get_sblock(name))[-1], [None, m.threads, m.vector])
+    steps, thread, lanes = sch.split(sch.get_loops(sch.get_sblock(name))[-1], [None, m.threads, m.vector])
     if bind:
         sch.bind(thread, "threadIdx.x")
     if vectorize:
         sch.vectorize(lanes)
+    if bind and unroll:
+        sch.unroll(steps)
+        sch.unroll(lanes)
 
 
 def _row_reduction(sch: s_tir.Schedule, name: str, plan: StitchPlan, bind: bool) -> None:
     """A row reduction across the block's threads (TVM's all-reduce), its result in shared memory
     (`local` for one warp, whose all-reduce leaves the result in every lane)."""
     block = sch.get_sblock(name)
-    outer, thread = sch.split(sch.get_loops(block)[-1], [None, plan.mapping.threads])
-    sch.reorder(thread, outer)
+    m = plan.mapping
+    steps, thread, lanes = sch.split(sch.get_loops(block)[-1], [None, m.threads, m.vector])
+    sch.reorder(thread, steps, lanes)
     if bind:
         sch.bind(thread, "threadIdx.x")
         scope = "local" if plan.mapping.threads <= plan.spec.warp_size else "shared"
@@ -114,32 +124,43 @@ def _combine(sch: s_tir.Schedule, plan: StitchPlan, bind: bool) -> None:
             sch.bind(sch.get_loops(sch.get_sblock(name))[2], "threadIdx.y")
 
 
-def _inputs_on_chip(sch: s_tir.Schedule, names: list, loops: tuple, bind: bool) -> list:
+STAGING_BYTES = 4096  # shared memory kept free of input copies: the all-reduces' staging, the row results
+
+
+def _inputs_on_chip(sch: s_tir.Schedule, plan: StitchPlan, names: list, loops: tuple, bind: bool) -> list:
     """Each input read by several of kernel 0's blocks loaded once, every such block reading the copy:
     a (rows, columns) one per row into shared memory, a per-row scalar (rows, 1) per row into each
-    thread's registers, a (columns,) one per block into shared memory (`loops`: (grid, row)). Returns
-    the names of the copies over columns (their loops are then cut over the threads)."""
+    thread's registers, a (columns,) one per block into shared memory where it still fits in the
+    target's shared memory per block (else read from global memory, where the cache serves it).
+    `loops`: (grid, row). Returns the names of the copies over columns (their loops are then cut over
+    the threads)."""
     grid, row = loops
-    rows, columns = (int(e) for e in sch.get(sch.get_sblock(names[-1])).writes[0].source.shape[::len(
-        sch.get(sch.get_sblock(names[-1])).writes[0].source.shape) - 1])
+    rows, columns = plan.mapping.rows, plan.mapping.row_elements
     params = buffer_params(sch.mod["main"])
-    places = {(rows, columns): (row, "shared"), (rows, 1): (row, "local"), (columns,): (grid, "shared")}
+    places = {(rows, columns): (row, "local"), (rows, 1): (row, "local"), (columns,): (grid, "shared")}
     readers = {}
     for name in names:
         for index, region in enumerate(sch.get(sch.get_sblock(name)).reads):
             buffer = region.source
             shape = tuple(int(e) for e in buffer.shape)
             if shape in places and any(buffer.same_as(p) for p in params):
-                readers.setdefault(buffer.name, (shape, []))[1].append((name, index))
-    copies = []
-    for shape, reading in readers.values():
-        if len(reading) < 2:
-            continue
+                readers.setdefault(buffer.name, (shape, tvm.DataType(buffer.dtype).bits // 8, []))[2].append(
+                    (name, index))
+    copies, room = [], plan.spec.shared_bytes_per_block - STAGING_BYTES
+    for shape, nbytes, reading in sorted(readers.values(), key=lambda r: -len(r[0])):
         loop, scope = places[shape]
+        size = columns * nbytes if scope == "shared" else 0
+        if len(reading) < 2 or size > room:
+            continue
+        room -= size
         first, index = reading[0]
         copy = sch.cache_read(sch.get_sblock(first), index, scope if bind else "global",
                               consumer_blocks=[sch.get_sblock(n) for n, _ in reading])
         sch.compute_at(copy, loop, preserve_unit_loops=True)
+        if shape == (rows, columns) and bind:  # the thread's own columns of the row, as the partials
+            threads, lanes = plan.mapping.threads, plan.mapping.vector
+            sch.transform_layout(copy, ("write", 0), lambda r, j: (j // (threads * lanes), j % lanes),
+                                 assume_injective_transform=True)
         if shape != (rows, 1):
             copies.append(sch.get(copy).name_hint)
     return copies
@@ -160,12 +181,14 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     sch = in_kernel_order(sch, kernel_of, {})
     grid = _merged(sch, partials + rows + write_backs, 0)
     row = _merged(sch, partials + rows, 1)
-    cached = _inputs_on_chip(sch, partials + rows, (grid, row), bind)
+    cached = _inputs_on_chip(sch, plan, partials + rows, (grid, row), bind)
     if bind:
         sch.bind(grid, "blockIdx.x")
     reductions = {n for n in rows if any(int(v.iter_type) for v in sch.get(sch.get_sblock(n)).iter_vars)}
-    for name in partials + write_backs + cached:
-        _over_columns(sch, name, plan, bind, vectorize=False)
+    for name in partials + write_backs:
+        _over_columns(sch, name, plan, bind, vectorize=False, unroll=True)
+    for name in cached:
+        _over_columns(sch, name, plan, bind, vectorize=False, unroll=True)
     for name in rows:
         if name in reductions:
             _row_reduction(sch, name, plan, bind)
