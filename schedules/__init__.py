@@ -13,6 +13,7 @@ from tvm_stitch.planning.plan import StitchPlan
 
 from .cpu import row_resident as cpu_row_resident
 from .cuda import column_split as cuda_column_split
+from .cuda import mix_order as cuda_mix_order
 from .cuda import row_resident as cuda_row_resident
 from .cuda import row_split as cuda_row_split
 from .intrinsics import expand_intrinsics
@@ -21,6 +22,7 @@ _RULES = MappingProxyType({
     ("cuda", "row-resident"): cuda_row_resident.apply,
     ("cuda", "row-split"): cuda_row_split.apply,
     ("cuda", "column-split"): cuda_column_split.apply,
+    ("cuda", "mix-order"): cuda_mix_order.apply,
     ("cpu", "row-resident"): cpu_row_resident.apply,
 })
 

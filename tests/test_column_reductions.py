@@ -123,20 +123,23 @@ def test_column_kernels_over_8mb_launch_64k_threads(make, shape, launches):
 
 
 def test_layernorm_backward_bench_keeps_two_launches_and_fills_the_gpu():
-    """Before: dgamma/dbeta walked 768 columns with 768 threads (24 blocks x 32)."""
+    """Before: dgamma/dbeta walked 768 columns with 768 threads (24 blocks x 32); then a column-split
+    kernel beside dx's; now one mix-order group (tests/test_mix_order.py): partials, then their combine."""
     count, kernels = _cuda_threads(SUITE["layernorm_backward"].build("float32", SIZES["bench"]))
     assert count == 2
     for plan, threads in kernels:
         if plan.modeled_bytes >= 8 << 20:
             assert min(threads) >= 1 << 16, (plan.kernel, threads)
-    assert any(p.scheme == "column-split" for p, _ in kernels)
+    assert [p.scheme for p, _ in kernels] == ["mix-order"]
 
 
-def test_short_rows_variant_keeps_three_launches_with_a_combine():
+def test_short_rows_variant_is_two_launches_with_a_combine():
+    """750000 rows of 32: was three launches (dx, column-split partials, their combine); the mix-order
+    group is two (dx with the partials, the combine)."""
     count, kernels = _cuda_threads(SUITE["layernorm_backward_short_rows"].build("float32", SIZES["bench"]))
-    assert count == 3
-    (plan, threads), = [(p, t) for p, t in kernels if p.scheme == "column-split"]
-    assert plan.kernels == 2 and plan.mapping.split > 1 and threads[0] >= 1 << 16
+    assert count == 2
+    (plan, threads), = kernels
+    assert plan.scheme == "mix-order" and plan.kernels == 2 and threads[0] >= 1 << 16
 
 
 def test_row_reductions_are_not_column_split(rng):

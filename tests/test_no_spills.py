@@ -8,6 +8,7 @@ import pytest
 from tvm import relax
 
 from conftest import needs_nvcc, nvcc
+from test_mix_order import _rmsnorm_backward
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.idle_graphs import group_norm, middle_axis_exp
 from tvm_stitch.tools.launches import cuda_source
@@ -37,17 +38,18 @@ def _spills(report: str) -> list:
     return [(k, int(s), int(l)) for k, (s, l) in zip(kernels, spills)]
 
 
-def _check(mod, arch: str, tmp_path, schemes: set) -> None:
-    built = build(mod, {"kind": "cuda", "arch": arch}, stitched=True)
+def _check(mod, arch: str, tmp_path, schemes: set, fusion: str = "search") -> None:
+    built = build(mod, {"kind": "cuda", "arch": arch}, stitched=True, fusion=fusion)
     assert {p.scheme for p in built.report.plans} >= schemes
     spills = _spills(nvcc(cuda_source(built.executable), tmp_path, arch=arch))
     assert [s for s in spills if s[1] or s[2]] == [], spills
 
 
 DEFAULT = [
-    # the LayerNorm backward of the issue: its column-split kernel (dgamma, dbeta) spilled 4 bytes on sm_90
-    ("layernorm_backward_2048x768", lambda: _suite("layernorm_backward", 2048, 768), {"row-resident", "column-split"}),
-    ("layernorm_backward_1024x4096", lambda: _suite("layernorm_backward", 1024, 4096), {"column-split"}),
+    # the LayerNorm backward of the issue: one mix-order group (dx, dgamma, dbeta; partials, then their combine)
+    ("layernorm_backward_2048x768", lambda: _suite("layernorm_backward", 2048, 768), {"mix-order"}),
+    ("layernorm_backward_1024x4096", lambda: _suite("layernorm_backward", 1024, 4096), {"mix-order"}),
+    ("rmsnorm_backward_4096x768", lambda: _rmsnorm_backward(4096, 768, "float32")[0], {"mix-order"}),
     ("column_sum_4096x1024", lambda: _column_sum(4096, 1024), {"column-split"}),
     ("softmax_64x30000", lambda: _suite("softmax", 64, 30000), {"row-split"}),
     ("group_norm", group_norm, {"row-split"}),  # its groups, through the reshape, split over blocks
@@ -64,7 +66,7 @@ SLOW = [pytest.param(f"{name}_{r}x{c}_{dtype}", (lambda name=name, r=r, c=c, dty
         for r, c in ((4096, 768), (1024, 4096), (8192, 128), (100000, 32), (64, 30000))
         for dtype in ("float32", "float16")]
 SLOW += [pytest.param(f"layernorm_backward_{r}x{c}", (lambda r=r, c=c: _suite("layernorm_backward", r, c)),
-                      {"column-split"}, id=f"layernorm_backward_{r}x{c}")
+                      set(), id=f"layernorm_backward_{r}x{c}")
          for r, c in ((256, 1024), (512, 96), (4096, 768), (8192, 512), (16384, 64))]
 SLOW += [pytest.param(f"column_sum_{r}x{c}_{dtype}", (lambda r=r, c=c, dtype=dtype: _column_sum(r, c, dtype)),
                       {"column-split"}, id=f"column_sum_{r}x{c}_{dtype}")
@@ -86,6 +88,13 @@ def test_stitched_kernels_compile_without_spills(name, make, schemes, arch, tmp_
 @pytest.mark.parametrize("name,make,schemes", SLOW)
 def test_stitched_kernels_of_a_wide_sweep_compile_without_spills(name, make, schemes, arch, tmp_path):
     _check(make(), arch, tmp_path, schemes)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_two_kernel_norm_backward_compiles_without_spills(arch, tmp_path):
+    """Greedy's groups of the issue's LayerNorm backward: its column-split kernel (dgamma, dbeta) spilled
+    4 bytes on sm_90."""
+    _check(_suite("layernorm_backward", 2048, 768), arch, tmp_path, {"row-resident", "column-split"}, "greedy")
 
 
 def test_the_spill_report_is_read_per_kernel():

@@ -42,7 +42,7 @@ def _consumers(producers) -> list:
     return out
 
 
-def _reach(producers) -> tuple:
+def reachability(producers) -> tuple:
     """(descendants, ancestors) bitmasks per node."""
     consumers = _consumers(producers)
     desc = [0] * len(producers)
@@ -71,7 +71,7 @@ class _Enumeration:
         self.s = structure
         self.admissible = admissible
         self.limits = limits
-        self.desc, self.anc = _reach(structure.producers)
+        self.desc, self.anc = reachability(structure.producers)
         consumers = _consumers(structure.producers)
         # A sibling with a path to or from the node outside the two never makes a convex set with it unless
         # the path is in the set, and then it is a neighbour of the path's last node: left out here, it

@@ -29,6 +29,7 @@ from tvm_stitch.analysis.classify import OpKind
 from tvm_stitch.analysis.graph import Graph
 from tvm_stitch.grouping.candidate_groups import SearchLimits, Structure, enumerate_candidates, reads
 from tvm_stitch.grouping.fusion_program import Candidate, Problem, solve
+from tvm_stitch.grouping.merged_groups import merged_pairs
 from tvm_stitch.grouping.group_pricing import Pricer, fallback_us, plan_cost, proxy_us, tensor_bytes
 from tvm_stitch.grouping.partition import recomputed_in, recomputed_producers
 
@@ -230,7 +231,9 @@ def search_block(where: tuple, graph: Graph, greedy: tuple, spec, pricing: tuple
     if greedy_us <= (1 + SLACK) * bound_us(graph, structure, must, spec):
         return kept(AT_BOUND)
     taken = set(greedy)
-    others = [p for p in enumerate_candidates(structure, limits=search_limits) if p not in taken]
+    others = [p for p in dict.fromkeys(merged_pairs(structure, greedy)
+                                       + list(enumerate_candidates(structure, limits=search_limits)))
+              if p not in taken]
     found = _priced_lazily(Problem(structure.producers, structure.free, must, tuple(cands)), stitched, others,
                            functools.partial(lower_us, graph, must, spec, _sizes(graph)),
                            lambda o, r: _priced([(o, r)], structure, pricer, reshape_only),

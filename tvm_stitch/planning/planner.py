@@ -24,6 +24,7 @@ from tvm_stitch.planning.cpu import row_resident as cpu_row_resident
 from tvm_stitch.planning.cuda.column_split import ColumnError, plan_column_split
 from tvm_stitch.planning.cuda import row_resident as cuda_row_resident
 from tvm_stitch.planning.cuda.demotion import plan_demoting
+from tvm_stitch.planning.cuda.mix_order import MixOrderError, plan_mix_order
 from tvm_stitch.planning.cuda.row_resident import SharedMemoryError
 from tvm_stitch.planning.plan import StitchPlan
 from tvm_stitch.planning.resources import with_resources
@@ -82,10 +83,15 @@ def plan_kernel(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool 
 
 
 def _cuda_plan(func: tirx.PrimFunc, spec: TargetSpec, name: str, columns: bool, analyses: Analyses) -> StitchPlan:
-    """The CUDA schemes, in order: column reductions as column-split (with a combine launch only
+    """The CUDA schemes, in order: row and column reductions of the same rows as mix-order; column
+    reductions as column-split (with a combine launch only
     where row-split would take one too); row-split for few long rows; row-resident, demoting shared
     intermediates until a row fits; a row planned for the bound of its symbolic length that keeps
     nothing on chip streams; row-split for rows that do not fit on chip."""
+    try:
+        return plan_mix_order(func, spec, name, analyses)
+    except MixOrderError:
+        pass
     split, not_split = None, None
     try:
         split = plan_row_split(func, spec, name, few_long_rows_only=True, analyses=analyses)

@@ -71,6 +71,13 @@ MESSAGES = MappingProxyType({
     "column-cuda-only": lambda p: "column-split is a CUDA scheme",
     "column-no-row-divisor": lambda p: f"{p['rows']} rows have no divisor that gives a warp of threads per column tile",
     "column-no-chunks": lambda p: f"{p['elements']} elements: no split into 2..{p['most']} chunks",
+    # mix-order (planning/cuda/mix_order.py)
+    "mix-not-two-orders": lambda p: "not row reductions and column reductions of the same rows",
+    "mix-block-shape": lambda p: f"block {p['block']} is neither over the rows nor a column reduction of them",
+    "mix-symbolic": lambda p: f"block {p['block']}: symbolic extents",
+    "mix-columns-indivisible": lambda p: f"{p['columns']} columns: no warp-multiple of threads times {p['vector']} lanes divides them",
+    "mix-no-chunks": lambda p: f"{p['rows']} rows: no chunking into at least {p['sms']} blocks",
+    "mix-not-priced": lambda p: "no chunking of the rows could be priced",
     # idle kernels (pricing/idle_guard.py): why a kernel that moves much leaves bandwidth idle
     "idle-few-rows": lambda p: _idle_grid(p, f"{p['rows']} rows of {p['length']} elements"),
     "idle-middle-axis": lambda p: _idle_grid(p, f"{p['rows']} rows of {p['length']} elements reduced over an axis "

@@ -31,6 +31,7 @@ from tvm_stitch.planning.spec import TargetSpec
 BASE_REGISTERS = 16
 PER_KEPT_VALUE = 2
 PER_VECTOR_LANE = 2
+MIX_ROW_COPIES = 2  # mix-order: the (rows, columns) inputs a thread keeps its columns of (x and dy)
 THREAD_PER_ROW_REDUCTION = 48  # a serial, unrolled walk down a column
 PER_ACCUMULATOR_LANE = 2  # column-split: a reduction's partial sum per lane and the lane loaded into it
 RESIDENT_BLOCKS = 2  # blocks of its launch bound ptxas keeps resident per SM when it allots registers
@@ -60,6 +61,10 @@ def estimate_registers(plan: StitchPlan) -> int:
     kept = sum(1 for i in plan.intermediates if not i.inlined)
     if plan.scheme == "column-split":
         return column_split_registers(plan.reductions, plan.mapping.vector) + PER_KEPT_VALUE * kept
+    if plan.scheme == "mix-order":  # per column step and lane: a partial per column reduction, x and dy
+        steps = plan.mapping.row_elements // (plan.mapping.threads * plan.mapping.vector)
+        lanes = plan.mapping.vector
+        return BASE_REGISTERS + 2 * PER_VECTOR_LANE * lanes + steps * lanes * (len(plan.dominant) + MIX_ROW_COPIES)
     registers = BASE_REGISTERS + PER_KEPT_VALUE * kept
     if plan.mapping.vector > 1:
         registers += PER_VECTOR_LANE * plan.mapping.vector
