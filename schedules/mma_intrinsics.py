@@ -42,11 +42,15 @@ DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # operand dtypes and their PTX
 FILL = "mma_fill_16x16_f32"
 STORE_SHARED = "mma_store_16x16_f32_shared_dyn_simple_"
 SHARED = "shared.dyn"
+TRANSPOSABLE = True  # ldmatrix .trans loads a tile stored [k, rows]
 
 
 def fragment_index(i, j):
     """(lane, element) of entry (i, j) of a 16x16 tile of A ([m, k]) or of the accumulator ([m, n])."""
     return 4 * (i % 8) + (j % 8) // 2, 4 * (j // 8) + 2 * (i // 8) + j % 2
+
+
+fragment_index_a = fragment_index  # A's layout is the accumulator's
 
 
 def fragment_index_b(n, k):
@@ -162,7 +166,8 @@ def _mma(dtype: str):
     return desc, impl
 
 
-def _register(name: str, desc, impl) -> None:
+def register_intrinsic(name: str, desc, impl) -> None:
+    """Register `name` unless it is registered already."""
     try:
         TensorIntrin.get(name)
     except Exception:  # noqa: BLE001 - TensorIntrin.get raises for a name not registered
@@ -176,8 +181,8 @@ def register() -> None:
     for dtype in DTYPES:
         for operand in ("a", "b"):
             for trans in (False, True):
-                _register(ldmatrix_name(dtype, operand, trans), *_ldmatrix(dtype, operand, trans))
-        _register(mma_name(dtype), *_mma(dtype))
+                register_intrinsic(ldmatrix_name(dtype, operand, trans), *_ldmatrix(dtype, operand, trans))
+        register_intrinsic(mma_name(dtype), *_mma(dtype))
 
 
 register()
