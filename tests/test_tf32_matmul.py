@@ -1,8 +1,9 @@
 """float32 GEMMs on TF32 tensor cores with `allow_tf32=True` (schedules/mma_tf32_intrinsics.py): nvcc for
 sm_80 and sm_90 finds mma.sync m16n8k8 .tf32 in every such kernel's PTX and ptxas no spill; the time
-model prices them on the tf32_tc unit; without the option float32 CUDA source is byte for byte what it
+model prices them on the tf32_tc unit; the SIMT checker runs the tensorized kernel; without the option float32 CUDA source is byte for byte what it
 was; the torch.compile backend passes the option on."""
 
+import dataclasses
 import hashlib
 import re
 
@@ -11,6 +12,11 @@ import pytest
 import tvm
 
 from schedules import mma_tf32_intrinsics as tf32
+from schedules.cuda import tensor_core_matmul
+from schedules.tensorize_guard import tensorize_faults
+from tvm_stitch.simt import mma_emulation, narrow_floats, opencl_run
+from tvm_stitch.simt.opencl_build import build_opencl
+from tvm_stitch.simt.simt_inputs import concrete_shape
 from tvm_stitch.analysis.classify import TENSOR_CORE_RULE
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import host_target
@@ -19,7 +25,8 @@ from tvm_stitch.tools.launches import cuda_source
 from tvm_stitch.tools.module_time import stitched_module_time
 from tvm_stitch.torch.dynamo_backend import Options, _compile
 
-from conftest import needs_nvcc, nvcc
+from conftest import needs_nvcc, nvcc, opencl_device
+from mma_gemm import gemm, with_static_shared
 from test_tensor_core_matmul import GEMMS, gemm_module, gemm_reference, kernel_rules, spills
 
 TF32_MMA = r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32"
@@ -121,3 +128,34 @@ def test_the_backend_passes_allow_tf32_on():
     target = tvm.target.Target(_cuda("sm_90"))
     executable = _compile(gemm_module("square", "float32"), target, Options(target=target, allow_tf32=True))
     assert "tf32" in cuda_source(executable)
+
+
+@pytest.mark.skipif(tensorize_faults(), reason="TVM's Tensorize faults with this tvm-ffi")
+@pytest.mark.parametrize("b_transposed", [True, False])
+def test_the_tf32_gemm_matches_numpy_under_the_simt_checker(b_transposed):
+    """The tensorized float32 GEMM (64 x 48 x 96) run on pocl with ldmatrix and mma.sync m16n8k8 emulated
+    lane by lane: within TF32's tolerance of numpy, and within float32 rounding of the product of the
+    operands truncated to TF32 (what the tensor cores read)."""
+    spec = TargetSpec.from_target(tvm.target.Target(_cuda("sm_90")))
+    func = with_static_shared(tensor_core_matmul.apply(gemm(64, 48, 96, b_transposed, "float32", "float32"), spec,
+                                                       allow_tf32=True).mod["main"])
+    device_func = narrow_floats.widen(mma_emulation.lane_calls(func))
+    program = build_opencl(device_func, "gemm")
+    program = dataclasses.replace(program, source=narrow_floats.HELPERS + program.source)
+    specs = [(str(p.name), "float32", concrete_shape(p)) for p in device_func.params]
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(-1, 1, concrete_shape(p)).astype(np.float32) for p in func.params[:2])
+    result = opencl_run.run(program, specs, {0: a, 1: b}, opencl_device(False), False)
+    assert not result.guard_problems
+
+    def product(x, y):
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        return x @ (y.T if b_transposed else y)
+
+    def truncated(x):
+        return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+    got = result.outputs[2]
+    np.testing.assert_allclose(got, product(truncated(a), truncated(b)), atol=1e-5 * 96)
+    assert np.abs(got - product(a, b)).max() <= TF32_RTOL * 96
+    assert np.abs(got - product(a, b)).max() > 1e-5  # the products are TF32's, not float32's
