@@ -45,6 +45,7 @@ DTYPES = {"float16": "fp16", "bfloat16": "bf16"}  # operand dtypes and their PTX
 FILL = "tvm_stitch_mma_fill_f32"
 STORE_SHARED = "tvm_stitch_mma_store_f32_shared"
 SHARED = "shared.dyn"
+TRANSPOSABLE = True  # ldmatrix .trans loads a tile stored [k, rows]
 
 
 def fragment_index(i, j):
@@ -55,6 +56,9 @@ def fragment_index(i, j):
 def fragment_position(lane, element):
     """(i, j) of a lane's element of a 16x16 A or accumulator tile: the inverse of `fragment_index`."""
     return lane // 4 + 8 * ((element // 2) % 2), 8 * (element // 4) + 2 * (lane % 4) + element % 2
+
+
+fragment_index_a = fragment_index  # A's layout is the accumulator's
 
 
 def fragment_index_b(n, k):
@@ -230,7 +234,8 @@ def _store_shared():
     return desc, impl
 
 
-def _register(name: str, desc, impl) -> None:
+def register_intrinsic(name: str, desc, impl) -> None:
+    """Register `name` unless it is registered already."""
     try:
         TensorIntrin.get(name)
     except Exception:  # noqa: BLE001 - TensorIntrin.get raises for a name not registered
@@ -240,10 +245,10 @@ def _register(name: str, desc, impl) -> None:
 def register() -> None:
     """Register the ldmatrix and mma intrinsics of every dtype in DTYPES, the accumulator's fill and its
     store (once)."""
-    _register(FILL, *_fill())
-    _register(STORE_SHARED, *_store_shared())
+    register_intrinsic(FILL, *_fill())
+    register_intrinsic(STORE_SHARED, *_store_shared())
     for dtype in DTYPES:
         for operand in ("a", "b"):
             for trans in (False, True):
-                _register(ldmatrix_name(dtype, operand, trans), *_ldmatrix(dtype, operand, trans))
-        _register(mma_name(dtype), *_mma(dtype))
+                register_intrinsic(ldmatrix_name(dtype, operand, trans), *_ldmatrix(dtype, operand, trans))
+        register_intrinsic(mma_name(dtype), *_mma(dtype))

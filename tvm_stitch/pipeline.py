@@ -32,7 +32,8 @@
     FuseTIR (TVM): the remaining FuseOps groups (compute-intensive ops with
         their epilogues, fallbacks) become PrimFuncs as usual
     CUDA only: float16/bfloat16 GEMMs on tensor cores (schedules/cuda/
-        tensor_core_matmul: mma.sync m16n8k16, sm_80 and later), then
+        tensor_core_matmul: mma.sync m16n8k16, sm_80 and later; float32
+        ones on TF32 tensor cores, m16n8k8, with `allow_tf32`), then
         TVM's dlight rules for the rest, each guarded, then a per-block
         schedule that is always valid (dlight 0.27 crashes on some graphs);
         each function records the rule in `tvm_stitch.schedule_rule`;
@@ -80,10 +81,10 @@ def _is_scheduled(func: tirx.PrimFunc) -> bool:
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
 
 
-def _tensor_core_schedule(func: tirx.PrimFunc, spec: TargetSpec):
+def _tensor_core_schedule(func: tirx.PrimFunc, spec: TargetSpec, allow_tf32: bool):
     """schedules/cuda/tensor_core_matmul's schedule of `func`, or None where it does not apply or fails."""
     try:
-        return tensor_core_matmul.apply(func, spec)
+        return tensor_core_matmul.apply(func, spec, allow_tf32)
     except Exception:  # noqa: BLE001 - a GEMM the rule cannot tensorize goes to dlight's rules
         return None
 
@@ -96,11 +97,12 @@ class GuardedDefaultSchedule:
     Each scheduled function records the rule that scheduled it ("tensor_core_matmul", the dlight
     rule's class name, or "per_block") in its `tvm_stitch.schedule_rule`
     attribute. `spec`: the target's TargetSpec, for the per-block schedule
-    (default: made from the current target).
+    (default: made from the current target). `allow_tf32`: float32 GEMMs on TF32 tensor cores too.
     """
 
-    def __init__(self, spec: TargetSpec | None = None):
+    def __init__(self, spec: TargetSpec | None = None, allow_tf32: bool = False):
         self.spec = spec
+        self.allow_tf32 = allow_tf32
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = Target.current(allow_none=False)
@@ -109,7 +111,7 @@ class GuardedDefaultSchedule:
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            sch, name = _tensor_core_schedule(func, spec), TENSOR_CORE_RULE
+            sch, name = _tensor_core_schedule(func, spec, self.allow_tf32), TENSOR_CORE_RULE
             if sch is None:
                 sch, name = first_dlight_schedule(func, target)
             if sch is None:
@@ -252,7 +254,8 @@ def stitch_passes(target, *, strict: bool = False, report: StitchReport | None =
 
 def pipeline(target, *, strict: bool = False, report: StitchReport | None = None,
              emulate: str | None = None, fast_math: bool | None = None,
-             cost_model: bool = True, spec=None, fusion: str = DEFAULT_FUSION) -> tvm.transform.Pass:
+             cost_model: bool = True, spec=None, fusion: str = DEFAULT_FUSION,
+             allow_tf32: bool = False) -> tvm.transform.Pass:
     """A drop-in replacement for `relax.get_default_pipeline(target)` with stitching.
 
     `target`: a `tvm.target.Target`, or a dict / string naming a cuda or llvm
@@ -270,6 +273,9 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     for the target's `TargetSpec`, or for `spec` where given (see `StitchFusion`).
     `fusion="search"` (the default) groups by the fusion search, "greedy" by the greedy partition (see
     `StitchFusion`).
+    `allow_tf32=True` (CUDA, sm_80 and later; off by default, as `torch.backends.cuda.matmul.allow_tf32`)
+    lets float32 GEMMs run on TF32 tensor cores (mma.sync m16n8k8, float32 accumulators; products
+    with TF32's 10-bit mantissa); off, float32 GEMMs stay exact.
     An llvm target without `mcpu` warns (GenericCpuWarning): see `target.host_target()`.
     """
     made = StitchTarget.make(target, emulate, spec)
@@ -278,7 +284,7 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     passes = (
         stitch_passes(made, strict=strict, report=report, fast_math=fast_math, cost_model=cost_model, fusion=fusion)
         + [relax.transform.FuseTIR()]
-        + ([GuardedDefaultSchedule(made.target_spec), guarded(VectorSelectsAsBranches(), report)]
+        + ([GuardedDefaultSchedule(made.target_spec, allow_tf32), guarded(VectorSelectsAsBranches(), report)]
            if made.builds_cuda else [GuardedCpuSchedule(made.target_spec)])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)

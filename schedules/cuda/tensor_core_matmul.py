@@ -36,6 +36,7 @@ from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline
                                          get_reduction_blocks)
 
 from schedules import mma_intrinsics as mma
+from schedules import mma_tf32_intrinsics as tf32
 from schedules.tensorize_guard import NO_TENSORIZE, tensorize_faults
 from tvm_stitch.analysis.tir_view import substitute
 from tvm_stitch.planning.spec import TargetSpec
@@ -43,8 +44,9 @@ from tvm_stitch.planning.spec import TargetSpec
 MAX_WARPS = (2, 2)  # warps along I and J
 MAX_FRAGMENTS = (4, 2)  # 16x16 accumulator tiles per warp along I and J
 K_STEPS = 2  # 16-deep steps per shared-memory stage
-PAD = 8  # elements added to each shared row
+PAD_BYTES = 16  # added to each shared row: ldmatrix's 8 row addresses fall in different banks
 STORE_VECTOR = 4  # accumulator elements per thread and store (16 bytes of float32)
+ACCUMULATOR_BYTES = 4  # float32
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,20 @@ class Tile:
         return self.warps[axis] * self.fragments[axis] * mma.TILE
 
     def shared_bytes(self, dtype_bytes: int) -> int:
-        depth = self.k_steps * mma.TILE + PAD
+        depth = self.k_steps * mma.TILE + _pad(dtype_bytes)
         operands = (self.rows(0) + self.rows(1)) * depth * dtype_bytes
-        return max(operands, self.rows(0) * (self.rows(1) + PAD // 2) * 4)
+        return max(operands, self.rows(0) * (self.rows(1) + _pad(ACCUMULATOR_BYTES)) * ACCUMULATOR_BYTES)
+
+
+def _pad(dtype_bytes: int) -> int:
+    """Elements added to each shared row of `dtype_bytes`-byte elements."""
+    return PAD_BYTES // dtype_bytes
+
+
+def intrinsics(dtype: str):
+    """The intrinsic module of an operand dtype: mma_intrinsics (float16, bfloat16) or, for float32,
+    mma_tf32_intrinsics; both name their intrinsics and fragment layouts alike."""
+    return tf32 if dtype == tf32.DTYPE else mma
 
 
 def _split_extent(extent, warps: int, fragments: int) -> tuple:
@@ -85,14 +98,17 @@ def choose_tile(extents: tuple, spec: TargetSpec, dtype_bytes: int) -> Tile | No
     return tile if tile.shared_bytes(dtype_bytes) <= spec.shared_bytes_per_block else None
 
 
-def _operand_dtype(block: tirx.SBlock) -> str | None:
-    """The operands' dtype where both are one of mma.DTYPES and the accumulator is float32."""
+def _operand_dtype(block: tirx.SBlock, spec: TargetSpec, allow_tf32: bool) -> str | None:
+    """The operands' dtype where the accumulator is float32 and the arch's mma takes them: float16 and
+    bfloat16 (m16n8k16), float32 on TF32 tensor cores (m16n8k8) only with `allow_tf32`."""
     dtypes = {str(region.source.dtype) for region in block.reads}
     out = str(block.writes[0].source.dtype)
     if len(dtypes) != 1 or out != "float32":
         return None
     (dtype,) = dtypes
-    return dtype if dtype in mma.DTYPES else None
+    if dtype == tf32.DTYPE:
+        return dtype if allow_tf32 and spec.mma_tf32 else None
+    return dtype if dtype in mma.DTYPES and dtype in spec.mma_dtypes else None
 
 
 def _static(extent) -> int | None:
@@ -125,10 +141,10 @@ def _vector_along(access, var: tirx.Var, vector: int) -> bool:
     return isinstance(step, tirx.IntImm) and int(step) == 1 and isinstance(start, tirx.IntImm) and int(start) == 0
 
 
-def _layout(sch: s_tir.Schedule, copy, vector: int, padded: bool) -> tuple:
+def _layout(sch: s_tir.Schedule, copy, vector: int, padded: bool, transposable: bool) -> tuple:
     """(stored [k, rows] in shared memory, vector width) of an operand's copy: K-major where its
-    source runs along K, [k, rows] where it runs along the rows (a transposed operand), vectors only
-    where the source is aligned and unpadded."""
+    source runs along K, [k, rows] where it runs along the rows (a transposed operand) and the
+    intrinsics load such a tile, vectors only where the source is aligned and unpadded."""
     block = sch.get(copy)
     if padded or len(block.reads) != 1:
         return False, 1
@@ -136,18 +152,19 @@ def _layout(sch: s_tir.Schedule, copy, vector: int, padded: bool) -> tuple:
     rows, depth = (iv.var for iv in block.iter_vars[-2:])
     if _vector_along(access, depth, vector):
         return False, vector
-    if _vector_along(access, rows, vector):
+    if transposable and _vector_along(access, rows, vector):
         return True, vector
     return False, 1
 
 
-def _fetch_to_shared(sch: s_tir.Schedule, block, index: int, at, threads: tuple, vector: int, padded: bool):
+def _fetch_to_shared(sch: s_tir.Schedule, block, index: int, at, threads: tuple, vector: int, padded: bool,
+                     dtype: str):
     """Operand `index` of `block` staged in shared memory at loop `at` (its producers, casts and
     transposes, inlined into the copy), copied by every thread; returns whether it is stored [k, rows]."""
     copy = sch.cache_read(block, index, mma.SHARED)
     sch.compute_at(copy, at)
     auto_inline_producers(sch, copy)
-    trans, width = _layout(sch, copy, vector, padded)
+    trans, width = _layout(sch, copy, vector, padded, intrinsics(dtype).TRANSPOSABLE)
     loops = sch.get_loops(copy)[-2:]
     if trans:
         sch.transform_layout(copy, ("write", 0), lambda b, r, k: (b, k, r))
@@ -157,7 +174,7 @@ def _fetch_to_shared(sch: s_tir.Schedule, block, index: int, at, threads: tuple,
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(vec)
-    sch.storage_align(copy, 0, axis=-2, factor=32, offset=PAD)
+    sch.storage_align(copy, 0, axis=-2, factor=32, offset=_pad(tvm.DataType(dtype).bits // 8))
     return trans
 
 
@@ -205,28 +222,29 @@ def _tensorize(sch: s_tir.Schedule, main, loops: dict, tile: Tile, dtype: str, s
     outer, warp = loops["outer"], loops["warp"]
     threads = (tile.warps[0] * tile.warps[1], spec.warp_size)
     vector = spec.vector_bytes // (tvm.DataType(dtype).bits // 8)
-    trans_a = _fetch_to_shared(sch, outer, 0, loops["stage"], threads, vector, padded[0] or padded[2])
-    trans_b = _fetch_to_shared(sch, outer, 1, loops["stage"], threads, vector, padded[1] or padded[2])
+    trans_a = _fetch_to_shared(sch, outer, 0, loops["stage"], threads, vector, padded[0] or padded[2], dtype)
+    trans_b = _fetch_to_shared(sch, outer, 1, loops["stage"], threads, vector, padded[1] or padded[2], dtype)
     a_warp = sch.cache_read(outer, 0, "warp")
     b_warp = sch.cache_read(outer, 1, "warp")
     sch.compute_at(a_warp, loops["step"])
     sch.compute_at(b_warp, loops["step"])
     c_shared = sch.cache_write(outer, 0, mma.SHARED)
     c_warp = sch.cache_write(outer, 0, "warp")
-    sch.storage_align(c_warp, 0, axis=-2, factor=32, offset=PAD // 2)
+    sch.storage_align(c_warp, 0, axis=-2, factor=32, offset=_pad(ACCUMULATOR_BYTES))
     sch.reverse_compute_at(c_warp, warp)
     sch.reverse_compute_at(c_shared, warp)
     init = sch.decompose_reduction(outer, loops["stage"])
     a_loop = _fragment_loop(sch, a_warp, True)
     b_loop = _fragment_loop(sch, b_warp, True)
     c_loop = _fragment_loop(sch, c_warp, False)
-    sch.transform_layout(a_warp, ("write", 0), _fragment_map(mma.fragment_index, trans_a))
-    sch.transform_layout(b_warp, ("write", 0), _fragment_map(mma.fragment_index_b, trans_b))
+    unit = intrinsics(dtype)
+    sch.transform_layout(a_warp, ("write", 0), _fragment_map(unit.fragment_index_a, trans_a))
+    sch.transform_layout(b_warp, ("write", 0), _fragment_map(unit.fragment_index_b, trans_b))
     sch.transform_layout(c_warp, ("read", 0), _fragment_map(mma.fragment_index))
-    sch.tensorize(a_loop, mma.ldmatrix_name(dtype, "a", trans_a))
-    sch.tensorize(b_loop, mma.ldmatrix_name(dtype, "b", trans_b))
+    sch.tensorize(a_loop, unit.ldmatrix_name(dtype, "a", trans_a))
+    sch.tensorize(b_loop, unit.ldmatrix_name(dtype, "b", trans_b))
     sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], mma.FILL)
-    sch.tensorize(sch.get_loops(main)[-3], mma.mma_name(dtype))
+    sch.tensorize(sch.get_loops(main)[-3], unit.mma_name(dtype))
     sch.tensorize(c_loop, mma.STORE_SHARED)
     _store(sch, c_shared, spec, padded[0] or padded[1])
 
@@ -244,8 +262,9 @@ def _store(sch: s_tir.Schedule, c_shared, spec: TargetSpec, padded: bool) -> Non
     sch.vectorize(vec)
 
 
-def apply(func: tirx.PrimFunc, spec: TargetSpec) -> s_tir.Schedule | None:
-    """A tensor-core schedule of a float16/bfloat16 GEMM with a float32 accumulator; None otherwise."""
+def apply(func: tirx.PrimFunc, spec: TargetSpec, allow_tf32: bool = False) -> s_tir.Schedule | None:
+    """A tensor-core schedule of a float16/bfloat16 GEMM with a float32 accumulator (with `allow_tf32`,
+    of a float32 GEMM on TF32 tensor cores as well); None otherwise."""
     if spec.family != "cuda" or tensorize_faults() or (func.attrs is not None and NO_TENSORIZE in func.attrs):
         return None
     sch = s_tir.Schedule(func)
@@ -253,8 +272,8 @@ def apply(func: tirx.PrimFunc, spec: TargetSpec) -> s_tir.Schedule | None:
     if blocks is None:
         return None
     (main,) = blocks
-    dtype = _operand_dtype(sch.get(main))
-    if dtype is None or dtype not in spec.mma_dtypes or not _normalise(sch, main):
+    dtype = _operand_dtype(sch.get(main), spec, allow_tf32)
+    if dtype is None or not _normalise(sch, main):
         return None
     extents = tuple(_static(iv.dom.extent) for iv in sch.get(main).iter_vars[1:])
     tile = choose_tile(extents, spec, tvm.DataType(dtype).bits // 8)
@@ -263,7 +282,7 @@ def apply(func: tirx.PrimFunc, spec: TargetSpec) -> s_tir.Schedule | None:
     steps = (tile.rows(0), tile.rows(1), tile.k_steps * mma.TILE)
     padded = tuple(extent is None or extent % step != 0 for extent, step in zip(extents, steps))
     sch.pad_einsum(main, [1, *steps])
-    mma.register()
+    intrinsics(dtype).register()
     _tensorize(sch, main, _loops(sch, main, tile), tile, dtype, spec, padded)
     return sch if _every_block_on_the_grid(sch) else None
 

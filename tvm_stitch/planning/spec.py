@@ -101,6 +101,8 @@ ATOMIC_ADD_SINCE = MappingProxyType({"float32": 20, "float16": 70, "bfloat16": 8
 # The first arch whose warp-level `mma.sync.aligned.m16n8k16` (float32 accumulator) takes each operand
 # dtype (PTX ISA, "Warp-level matrix multiply-accumulate instructions": f16 and bf16 at m16n8k16 from sm_80).
 MMA_M16N8K16_SINCE = MappingProxyType({"float16": 80, "bfloat16": 80})
+# The first arch whose `mma.sync.aligned.m16n8k8` takes .tf32 multiplicands (float32 accumulator; same source).
+MMA_TF32_SINCE = 80
 # The share of the peak bandwidth the best memory-bound kernels reach (copies, norms and softmax over
 # rows of 4K elements and more, as published and as `tvm-stitch bench --target cuda` measures).
 CUDA_ACHIEVABLE_BANDWIDTH = 0.9
@@ -151,6 +153,7 @@ class TargetSpec:
     l2_bytes: int = 0  # CPU: a core's level-2 cache (a matmul's whole weight, when it fits, is reused from it)
     atomic_add_dtypes: tuple = ()  # CUDA: dtypes `atomicAdd` adds to global memory in hardware
     mma_dtypes: tuple = ()  # CUDA: operand dtypes of the warp-level mma.sync m16n8k16 (float32 accumulator)
+    mma_tf32: bool = False  # CUDA: the warp-level mma.sync m16n8k8 takes TF32 multiplicands
     # CUDA, for the time model (planning/time_model.py): achievable device-memory bandwidth (bytes/us),
     # loaded DRAM latency, launch overhead, special-function results per SM per us, the SM clock;
     # published figures, or the fitted table shipped for the arch (time_fit.py).
@@ -262,6 +265,7 @@ def _cuda_spec(target: Target) -> TargetSpec:
         register_granule=CUDA_REGISTER_GRANULE,
         atomic_add_dtypes=tuple(d for d, first in ATOMIC_ADD_SINCE.items() if number >= first),
         mma_dtypes=tuple(d for d, first in MMA_M16N8K16_SINCE.items() if number >= first),
+        mma_tf32=number >= MMA_TF32_SINCE,
         **time_constants(arch, facts),
         **math_rates(facts),
     )

@@ -21,6 +21,12 @@ two barriers:
   and B; after the barrier each lane computes its own d0..d3 (its c<i> plus
   the row of A times the column of B, in float32; rounded to float16 for an
   .f16 accumulator);
+- ldmatrix .x1/.x2/.x4 .b16 of a float32 tile (the TF32 GEMMs'): each
+  row is 4 32-bit elements, and each lane takes one per matrix (no .trans);
+- mma.sync .m16n8k8 .row.col, .tf32 multiplicands, .f32 accumulators: as
+  m16n8k16 with A 16 x 8 (a0..a3) and B 8 x 8 (b0, b1), each multiplicand
+  truncated to TF32 (its low 13 mantissa bits dropped, as the tensor cores
+  read a float32 register);
 - mma_fill and mma_store touch only the lane's own elements, no exchange:
   zero, and the 16 x 16 positions TVM's CUDA code generator gives a lane's
   eight elements in `mma_store` (`_tvm_store_position`: code TVM writes,
@@ -50,6 +56,7 @@ EXCHANGE = PREFIX + "mma_exchange"
 EXCHANGE_PER_WARP = ptx_fragments.MMA_M * ptx_fragments.MMA_K + ptx_fragments.MMA_K * ptx_fragments.MMA_N
 STORE_TILE = 16  # mma_store_legacy / mma_fill_legacy act on a 16 x 16 tile: 8 elements per lane
 _MULTIPLICANDS = ("fp16", "bf16")
+TF32_SHAPE = ("m16n8k8", "row", "col", "tf32", "tf32", "fp32")
 _ACCUMULATORS = MappingProxyType({"fp32": "mma_f32", "fp16": "mma_f16"})
 
 
@@ -65,10 +72,20 @@ def _text(arg) -> str:
     return str(arg.value) if type(arg).__name__ == "StringImm" else ""
 
 
-def _ldmatrix(args) -> tirx.PrimExpr:
+def _element_dtype(pointer) -> str:
+    """The element dtype of a fragment's data pointer ("" where it does not say)."""
+    element = getattr(getattr(pointer, "ty", None), "element_type", None)
+    return str(getattr(element, "dtype", ""))
+
+
+def _ldmatrix(args, dtype: str) -> tirx.PrimExpr:
     trans, num, kind, frag, frag_off, smem, smem_off = args
     if _text(kind) != ".b16" or int(num.value) not in (1, 2, 4):
         raise MmaNotEmulated(f"ldmatrix {_text(kind)} .x{num} is not emulated (.b16 .x1/.x2/.x4 are)")
+    if dtype == "float32":
+        if bool(trans.value):
+            raise MmaNotEmulated("ldmatrix .trans of a 32-bit tile is not emulated (it moves 16-bit halves)")
+        return tirx.call_extern("void", PREFIX + "ldmatrix32", num, frag, frag_off, smem, smem_off)
     return tirx.call_extern("void", PREFIX + "ldmatrix", tirx.IntImm("int32", int(bool(trans.value))), num,
                             frag, frag_off, smem, smem_off)
 
@@ -77,10 +94,12 @@ def _mma(args) -> tirx.PrimExpr:
     if len(args) != 13:
         raise MmaNotEmulated(f"mma with {len(args)} arguments is not emulated (sparse or bit operations)")
     shape, a_layout, b_layout, a_type, b_type, c_type = (_text(a) for a in args[:6])
+    if (shape, a_layout, b_layout, a_type, b_type, c_type) == TF32_SHAPE:
+        return tirx.call_extern("void", PREFIX + "mma_tf32", *args[6:12])
     if (shape, a_layout, b_layout) != ("m16n8k16", "row", "col") or a_type != b_type \
             or a_type not in _MULTIPLICANDS or c_type not in _ACCUMULATORS:
         raise MmaNotEmulated(f"mma {shape}.{a_layout}.{b_layout} {a_type} x {b_type} -> {c_type} is not emulated "
-                             "(m16n8k16.row.col, fp16/bf16 -> fp32/fp16 are)")
+                             "(m16n8k16.row.col, fp16/bf16 -> fp32/fp16, and m16n8k8.row.col tf32 -> fp32 are)")
     return tirx.call_extern("void", PREFIX + _ACCUMULATORS[c_type], *args[6:12])
 
 
@@ -116,7 +135,7 @@ def lane_calls(func: tirx.PrimFunc) -> tirx.PrimFunc:
     def expr(e):
         name = _op_name(e)
         if name == "tirx.ptx_legacy.ldmatrix":
-            return _ldmatrix(list(e.args))
+            return _ldmatrix(list(e.args), _element_dtype(e.args[3]))
         if name == "tirx.ptx_legacy.mma":
             return _mma(list(e.args))
         if name.startswith("tirx.ptx_legacy."):
@@ -148,6 +167,9 @@ def _tables() -> str:
         _table("mma_a_at", [f.mma_a(lane, i) for lane in range(warp) for i in range(8)]),
         _table("mma_b_at", [f.mma_b(lane, i) for lane in range(warp) for i in range(4)]),
         _table("mma_c_at", [f.mma_c(lane, i) for lane in range(warp) for i in range(4)]),
+        _table("ld32_take", [f.ldmatrix_element_32(lane) for lane in range(warp)]),
+        _table("tf32_a_at", [f.mma_tf32_a(lane, i) for lane in range(warp) for i in range(4)]),
+        _table("tf32_b_at", [f.mma_tf32_b(lane, i) for lane in range(warp) for i in range(2)]),
         _table("store_at", [_tvm_store_position(lane, i) for lane in range(warp) for i in range(8)]),
     ])
 
@@ -171,6 +193,46 @@ void {PREFIX}{name}_(__local float* xchg, __private float* a, int a_off, __priva
   barrier(CLK_LOCAL_MEM_FENCE);
 }}
 #define {PREFIX}{name}(...) {PREFIX}{name}_({EXCHANGE}, __VA_ARGS__)
+"""
+
+
+def _ldmatrix32_function() -> str:
+    rows, columns = ptx_fragments.LDMATRIX_ROWS, ptx_fragments.LDMATRIX_COLUMNS_32
+    return f"""
+void {PREFIX}ldmatrix32_(__local float* xchg, int num, __private float* frag, int frag_off,
+                         __local float* smem, int smem_off) {{
+  int lane = {PREFIX}lane(); __local float* x = xchg + {PREFIX}warp() * {EXCHANGE_PER_WARP};
+  if (lane < num * {rows}) for (int c = 0; c < {columns}; ++c) x[lane * {columns} + c] = smem[smem_off + c];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int m = 0; m < num; ++m)
+    frag[frag_off + m] = x[(m * {rows} + {PREFIX}ld32_take[lane][0]) * {columns} + {PREFIX}ld32_take[lane][1]];
+  barrier(CLK_LOCAL_MEM_FENCE);
+}}
+#define {PREFIX}ldmatrix32(...) {PREFIX}ldmatrix32_({EXCHANGE}, __VA_ARGS__)
+"""
+
+
+def _mma_tf32_function() -> str:
+    f = ptx_fragments
+    k, n = f.TF32_K, f.MMA_N
+    return f"""
+float {PREFIX}tf32(float v) {{ return as_float(as_uint(v) & 0xffffe000u); }}
+void {PREFIX}mma_tf32_(__local float* xchg, __private float* a, int a_off, __private float* b, int b_off,
+                       __private float* c, int c_off) {{
+  int lane = {PREFIX}lane(); __local float* xa = xchg + {PREFIX}warp() * {EXCHANGE_PER_WARP};
+  __local float* xb = xa + {f.MMA_M * k};
+  for (int i = 0; i < 4; ++i) xa[{PREFIX}tf32_a_at[lane * 4 + i][0] * {k} + {PREFIX}tf32_a_at[lane * 4 + i][1]] = {PREFIX}tf32(a[a_off + i]);
+  for (int i = 0; i < 2; ++i) xb[{PREFIX}tf32_b_at[lane * 2 + i][0] * {n} + {PREFIX}tf32_b_at[lane * 2 + i][1]] = {PREFIX}tf32(b[b_off + i]);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int i = 0; i < 4; ++i) {{
+    int row = {PREFIX}mma_c_at[lane * 4 + i][0], col = {PREFIX}mma_c_at[lane * 4 + i][1];
+    float acc = c[c_off + i];
+    for (int j = 0; j < {k}; ++j) acc += xa[row * {k} + j] * xb[j * {n} + col];
+    c[c_off + i] = acc;
+  }}
+  barrier(CLK_LOCAL_MEM_FENCE);
+}}
+#define {PREFIX}mma_tf32(...) {PREFIX}mma_tf32_({EXCHANGE}, __VA_ARGS__)
 """
 
 
@@ -208,6 +270,7 @@ void {PREFIX}ldmatrix_(__local float* xchg, int trans, int num, __private float*
 #define {PREFIX}ldmatrix(...) {PREFIX}ldmatrix_({EXCHANGE}, __VA_ARGS__)
 void {PREFIX}mma_fill(int n, __private float* frag, int off) {{ for (int i = 0; i < n; ++i) frag[off + i] = 0.0f; }}
 """ + _mma_function("mma_f32", "acc") + _mma_function("mma_f16", f"{ROUND['float16']}(acc)") \
+        + _ldmatrix32_function() + _mma_tf32_function() \
         + _store_function("__global") + _store_function("__local") + "\n"
 
 

@@ -22,7 +22,15 @@ PTX ISA, "Warp-level matrix load instruction: ldmatrix" (.m8n8, .b16,
 the first 8 x 8 matrix, 8-15 of the second, 16-23 of the third, 24-31 of
 the fourth; each thread receives, per matrix, the pair of elements of row
 laneid / 4, columns 2 * (laneid % 4) and the next one (with .trans, of the
-matrix as transposed), in its destination register of that matrix.
+matrix as transposed), in its destination register of that matrix. Read as
+32-bit elements (a float32 tile, 8 rows of 4), the lane receives element
+(laneid / 4, laneid % 4) of each matrix (`ldmatrix_element_32`).
+
+PTX ISA, "Matrix fragments for mma.m16n8k8" (.tf32 multiplicands, .f32
+accumulators): A (16 x 8): a0..a3, row groupID, plus 8 for a1 and a3;
+column threadID_in_group, plus 4 for a2 and a3. B (8 x 8, k x n): b0, b1,
+row threadID_in_group, plus 4 for b1; column groupID. C and D as for
+m16n8k16.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from __future__ import annotations
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 LDMATRIX_ROWS = 8  # an .m8n8 matrix: 8 rows of 8 16-bit elements
+LDMATRIX_COLUMNS_32 = 4  # ... or of 4 32-bit elements
+TF32_K = 8  # depth of mma.m16n8k8
 
 
 def group_of(lane: int) -> tuple:
@@ -63,3 +73,20 @@ def ldmatrix_row_given(lane: int) -> tuple:
 def ldmatrix_element(lane: int, j: int) -> tuple:
     """(row, column) of the j-th (0, 1) element `lane` receives of each 8 x 8 matrix (before .trans)."""
     return lane // 4, 2 * (lane % 4) + j
+
+
+def ldmatrix_element_32(lane: int) -> tuple:
+    """(row, column) of the 32-bit element `lane` receives of each 8 x 4 matrix (ldmatrix .b16 without .trans)."""
+    return lane // 4, lane % 4
+
+
+def mma_tf32_a(lane: int, i: int) -> tuple:
+    """(row, column) of element a<i> (0..3) of `lane` in the 16 x 8 A of mma.m16n8k8 .tf32."""
+    group, thread = group_of(lane)
+    return group + 8 * (i % 2), thread + 4 * (i // 2)
+
+
+def mma_tf32_b(lane: int, i: int) -> tuple:
+    """(row k, column n) of element b<i> (0, 1) of `lane` in the 8 x 8 B of mma.m16n8k8 .tf32."""
+    group, thread = group_of(lane)
+    return thread + 4 * i, group

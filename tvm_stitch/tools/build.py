@@ -25,18 +25,19 @@ class Built:
 
 
 def build(mod: tvm.IRModule, target, stitched: bool, strict: bool = False,
-          emulate=None, cost_model=True, spec=None, fast_math=None, fusion: str = DEFAULT_FUSION) -> Built:
+          emulate=None, cost_model=True, spec=None, fast_math=None, fusion: str = DEFAULT_FUSION,
+          allow_tf32: bool = False) -> Built:
     """Compile `mod` with the stitch pipeline (stitched=True) or TVM's default one.
 
     `emulate="cuda"` (llvm only): the CUDA schedules, without thread bindings.
     `cost_model=False`: kernel configurations from the rules alone.
     `spec`: plan for this TargetSpec instead of the target's own.
-    `fast_math`: as `pipeline`'s (None: on for llvm, off for CUDA). `fusion`: as `pipeline`'s.
+    `fast_math`: as `pipeline`'s (None: on for llvm, off for CUDA). `fusion`, `allow_tf32`: as `pipeline`'s.
     """
     target = as_target(target)
     report = StitchReport() if stitched else None
     pipe = (pipeline(target, strict=strict, report=report, emulate=emulate, cost_model=cost_model, spec=spec,
-                     fast_math=fast_math, fusion=fusion)
+                     fast_math=fast_math, fusion=fusion, allow_tf32=allow_tf32)
             if stitched
             else default_pipeline(target))
     start = time.perf_counter()

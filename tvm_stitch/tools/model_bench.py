@@ -110,7 +110,7 @@ def torch_forward(name: str, size: str, dtype: str = "float32"):
     return python_round(forward)
 
 
-def _baseline_module(mod, dtype: str):
+def baseline_module(mod, dtype: str):
     """The module TVM's default pipeline builds: a bfloat16 one with its reductions and transcendentals
     widened to float32 first (rewrites/precision's AccumulateInFloat32; TOPI's layer_norm refuses
     bfloat16), any other as it is."""
@@ -145,7 +145,7 @@ def run_models(names: list, progress=None, size: str = "bench", steps=STEPS, dty
         mod, inputs, expected = import_step(name, step, size, dtype)
         cuda = {}
         gpu = {"kind": "cuda", "arch": "sm_90"}
-        baseline = _baseline_module(mod, dtype)
+        baseline = baseline_module(mod, dtype)
         for stitched in (False, True):
             built = build(mod if stitched else baseline, gpu, stitched=stitched)
             cuda[stitched] = (launches_by_kind(built.lowered, built.executable),

@@ -81,13 +81,15 @@ def default_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTi
     return module_time(lowered, spec)
 
 
-def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = DEFAULT_FUSION) -> ModuleTime:
-    """`mod` built by the stitch pipeline for the CUDA `target` (grouped by `fusion`), priced."""
+def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = DEFAULT_FUSION,
+                         allow_tf32: bool = False) -> ModuleTime:
+    """`mod` built by the stitch pipeline for the CUDA `target` (grouped by `fusion`; float32 GEMMs on TF32
+    tensor cores with `allow_tf32`), priced."""
     from tvm_stitch.pipeline import pipeline
 
     target = as_target(target)
     with target:
-        lowered = pipeline(target, fusion=fusion)(tvm.IRModule(mod.functions, attrs=mod.attrs))
+        lowered = pipeline(target, fusion=fusion, allow_tf32=allow_tf32)(tvm.IRModule(mod.functions, attrs=mod.attrs))
     return module_time(lowered, spec)
 
 

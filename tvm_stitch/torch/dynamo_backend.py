@@ -43,13 +43,16 @@ class Options:
     running on eager (and StitchFusion's strict mode); fast_math: as `tvm_stitch.pipeline`'s (None: on
     for llvm); fusion: "search" (default) or "greedy", the grouping of `tvm_stitch.pipeline` (docs/fusion-search.md),
     or False: TVM's default pipeline (no stitching); cache: True (memory,
-    and disk where TVM_STITCH_CACHE_DIR is set), False (none) or a directory for the disk cache."""
+    and disk where TVM_STITCH_CACHE_DIR is set), False (none) or a directory for the disk cache;
+    allow_tf32: float32 GEMMs on TF32 tensor cores, as `tvm_stitch.pipeline`'s (off by default, the
+    convention of `torch.backends.cuda.matmul.allow_tf32`)."""
 
     target: object = None
     strict: bool = False
     fast_math: bool | None = None
     fusion: str | bool = DEFAULT_FUSION
     cache: bool | str = True
+    allow_tf32: bool = False
 
     def __post_init__(self):
         if not isinstance(self.strict, bool):
@@ -59,12 +62,16 @@ class Options:
                             f"not {self.fusion!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):
             raise TypeError(f"fast_math must be True, False or None, not {self.fast_math!r}")
+        if not isinstance(self.allow_tf32, bool):
+            raise TypeError(f"allow_tf32 must be True or False, not {self.allow_tf32!r}")
         if not isinstance(self.cache, (bool, str)):
             raise TypeError(f"cache must be True, False or a directory, not {self.cache!r}")
 
     def build_options(self) -> tuple:
-        """What a build depends on, for the cache key: every option but where the cache is."""
-        return self.target, self.strict, self.fast_math, self.fusion
+        """What a build depends on, for the cache key: every option but where the cache is (allow_tf32
+        only where on: the keys of builds without it stay as they were)."""
+        tf32 = ("allow_tf32",) if self.allow_tf32 else ()
+        return (self.target, self.strict, self.fast_math, self.fusion, *tf32)
 
 
 class Backend:
@@ -159,7 +166,8 @@ class Backend:
 
 def _compile(mod, target, options: Options):
     try:
-        passes = (pipeline(target, strict=options.strict, fast_math=options.fast_math, fusion=options.fusion)
+        passes = (pipeline(target, strict=options.strict, fast_math=options.fast_math, fusion=options.fusion,
+                           allow_tf32=options.allow_tf32)
                   if options.fusion else default_pipeline(target))
         with target:
             lowered = passes(mod)
