@@ -114,6 +114,7 @@ class AttentionPlan:
     score_cols: int = 0  # CPU: key columns of a register block of scores
     out_cols: int = 0  # CPU: head-dim columns of a register block of the P V update
     fast_exp: bool = False  # CPU: exp as topi.fast_exp's polynomial (vectorised), else libm's (scalar)
+    mma: bool = False  # CUDA: on tensor cores (mma.sync m16n8k16), a warp per 16 query rows (attention_mma.py)
 
     @property
     def q_tiles(self):
@@ -139,16 +140,23 @@ class AttentionPlan:
 
     @property
     def threads(self) -> int:
+        if self.mma:
+            return self.q_tile // 16 * self.spec.warp_size
         return self.q_tile * self.lanes if self.spec.family == "cuda" else 1
 
     def shared_bytes(self) -> int:
-        """CUDA: shared memory per block (Q, K, V tiles and the scores, float32, rows padded)."""
+        """CUDA: shared memory per block (Q, K, V tiles and the scores, float32, rows padded; on tensor
+        cores Q, K and V in their dtype, rows padded by 8 elements)."""
+        if self.mma:
+            return 2 * (self.q_tile + 2 * self.k_tile) * (self.shape.head_dim + 8)
         return cuda_shared_bytes(self.q_tile, self.k_tile, self.shape.head_dim)
 
     def describe(self) -> str:
         s = self.shape
         tasks = text(self.tasks)
-        where = (f"{tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
+        rows = (f"a warp per 16 query rows, mma.sync m16n8k16 {s.dtype}" if self.mma
+                else f"{self.lanes} per query row")
+        where = (f"{tasks} blocks x {self.threads} threads ({rows}), "
                  f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else
                  f"{tasks} tasks of {self.shared_heads} head(s) x {self.q_tile} rows, register blocks "
                  f"{self.block_rows}x{self.score_cols} (Q K^T), {self.block_rows}x{self.out_cols} (P V), "
