@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div, is_static, text
+from tvm_stitch.planning import attention_mma
 from tvm_stitch.planning.attention_cost import modeled_us
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
@@ -200,6 +201,7 @@ def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
                for q_tile in (64, 32, 16) for k_tile in (64, 32, 16)
                if k_tile % lanes == 0 and q_tile * lanes <= spec.max_threads_per_block
                and cuda_shared_bytes(q_tile, k_tile, d) <= spec.shared_bytes_per_block]
+    fitting += attention_mma.candidates(shape, spec, AttentionPlan)
     if not fitting:
         raise PlanError("attention-shared-memory", head_dim=d, limit=spec.shared_bytes_per_block)
     return min(fitting, key=lambda plan: max(modeled_us(plan), 0.0))
