@@ -37,7 +37,6 @@ from schedules.attention_common import NEG, arguments, causal_key_tiles, load, o
 from schedules.mma_intrinsics import DTYPES, ldmatrix_row
 
 TILE = 16  # rows of a warp, and the depth and width of one ldmatrix .x4 / two mma
-WARP = 32
 PAD = 8  # elements each shared-memory row is padded by
 C_ELEMENTS = 4  # float32 accumulators a lane holds of one 16 x 8 mma tile
 FULL_MASK = 0xFFFFFFFF
@@ -93,8 +92,8 @@ def _block_body(plan, bufs, smem, regs, bx, tx):
     q_tiles = plan.q_tiles
     b, h = tirx.truncdiv(bx, s.heads * q_tiles), tirx.truncmod(tirx.truncdiv(bx, q_tiles), s.heads)
     q0 = tirx.truncmod(bx, q_tiles) * plan.q_tile
-    warp, lane = tx // WARP, tx % WARP
-    ids = {"b": b, "h": h, "hk": h // s.group, "q0": q0, "tx": tx, "lane": lane,
+    warp, lane = tx // plan.spec.warp_size, tx % plan.spec.warp_size
+    ids = {"b": b, "h": h, "hk": h // s.group, "q0": q0, "tx": tx, "lane": lane, "warp": plan.spec.warp_size,
            "row": q0 + warp * TILE + lane // 4, "col": 2 * (lane % 4), "warp_row": warp * TILE}
     _stage(plan, smem["q"], bufs, "q", (b, h), q0, s.q_len, plan.q_tile, tx)
     T.evaluate(T.tvm_storage_sync("shared"))
@@ -170,10 +169,10 @@ def _key_tile(plan, bufs, smem, regs, ids, kt):
                 _mma(plan, regs["p"], kk * 8, frag, 4 * half, regs["o"], (2 * dn + half) * C_ELEMENTS)
 
 
-def _quad(op, value):
+def _quad(op, value, warp: int):
     """`value` folded by `op` over the 4 lanes of the caller's quad (the lanes holding one row)."""
     for lane_mask in (1, 2):
-        other = T.tvm_warp_shuffle_xor(tirx.const(FULL_MASK, "uint32"), value, lane_mask, WARP, WARP)
+        other = T.tvm_warp_shuffle_xor(tirx.const(FULL_MASK, "uint32"), value, lane_mask, warp, warp)
         value = op(value, other)
     return value
 
@@ -193,7 +192,7 @@ def _softmax(plan, bufs, regs, ids, k0):
             value = score(s, bufs, load(sf, i), ids["b"], ids["h"], qi, kj)
             T.buffer_store(sf, tirx.Select(seen(s, qi, kj), value, tirx.const(NEG, "float32")), [i])
             T.buffer_store(t, tirx.max(load(t, half), load(sf, i)), [half])
-        T.buffer_store(t, _quad(tirx.max, load(t, half)), [half])
+        T.buffer_store(t, _quad(tirx.max, load(t, half), ids["warp"]), [half])
         m_new = load(t, half)
         with T.unroll(0, blocks * 2) as e:
             i = (e // 2) * C_ELEMENTS + 2 * half + e % 2
@@ -219,7 +218,7 @@ def _write(plan, bufs, regs, ids):
     l = regs["l"]
     with T.unroll(0, 2) as half:
         qi = ids["row"] + 8 * half
-        T.buffer_store(l, _quad(lambda x, y: x + y, load(l, half)), [half])
+        T.buffer_store(l, _quad(lambda x, y: x + y, load(l, half), ids["warp"]), [half])
         with T.If(qi < s.q_len):
             with T.Then():
                 with T.unroll(0, s.head_dim // 8 * 2) as e:
