@@ -76,7 +76,7 @@ def mma_name(dtype: str) -> str:
     return f"tvm_stitch_mma_m16n8k16_{DTYPES[dtype]}_f32"
 
 
-def _ldmatrix_row(lane, operand: str, trans: bool):
+def ldmatrix_row(lane, operand: str, trans: bool):
     """The (row, column) of the stored tile where lane `lane` points ldmatrix at 8 elements.
 
     ldmatrix .x4 loads four 8x8 matrices; lanes 8m..8m+7 give the rows of matrix m, which lands in
@@ -125,7 +125,7 @@ def _ldmatrix(dtype: str, operand: str, trans: bool):
             T.reads(shared[0:TILE, 0:TILE])
             T.writes(warp[0:LANES, 0:ELEMENTS])
             for tx in T.thread_binding(0, LANES, "threadIdx.x"):
-                row, column = T.meta_var(_ldmatrix_row(tx, operand, trans))
+                row, column = T.meta_var(ldmatrix_row(tx, operand, trans))
                 T.evaluate(T.ptx_legacy.ldmatrix(
                     trans, 4, ".b16", warp.data, warp.elem_offset + convert(ELEMENTS) * tx,
                     shared.access_ptr("r"), s0 * row + column, dtype=dtype))

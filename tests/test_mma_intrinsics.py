@@ -25,7 +25,7 @@ def _ldmatrix_x4(stored: np.ndarray, operand: str, trans: bool) -> np.ndarray:
     for matrix in range(4):
         rows = []
         for r in range(8):
-            row, column = mma._ldmatrix_row(8 * matrix + r, operand, trans)
+            row, column = mma.ldmatrix_row(8 * matrix + r, operand, trans)
             rows.append(stored[row, column:column + 8])
         block = np.array(rows)
         if trans:

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div, is_static, text
+from tvm_stitch.planning import attention_mma
 from tvm_stitch.planning.attention_cost import modeled_us
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
@@ -114,6 +115,7 @@ class AttentionPlan:
     score_cols: int = 0  # CPU: key columns of a register block of scores
     out_cols: int = 0  # CPU: head-dim columns of a register block of the P V update
     fast_exp: bool = False  # CPU: exp as topi.fast_exp's polynomial (vectorised), else libm's (scalar)
+    mma: bool = False  # CUDA: on tensor cores (mma.sync m16n8k16), a warp per 16 query rows (attention_mma.py)
 
     @property
     def q_tiles(self):
@@ -139,16 +141,23 @@ class AttentionPlan:
 
     @property
     def threads(self) -> int:
+        if self.mma:
+            return self.q_tile // 16 * self.spec.warp_size
         return self.q_tile * self.lanes if self.spec.family == "cuda" else 1
 
     def shared_bytes(self) -> int:
-        """CUDA: shared memory per block (Q, K, V tiles and the scores, float32, rows padded)."""
+        """CUDA: shared memory per block (Q, K, V tiles and the scores, float32, rows padded; on tensor
+        cores Q, K and V in their dtype, rows padded by 8 elements)."""
+        if self.mma:
+            return 2 * (self.q_tile + 2 * self.k_tile) * (self.shape.head_dim + 8)
         return cuda_shared_bytes(self.q_tile, self.k_tile, self.shape.head_dim)
 
     def describe(self) -> str:
         s = self.shape
         tasks = text(self.tasks)
-        where = (f"{tasks} blocks x {self.threads} threads ({self.lanes} per query row), "
+        rows = (f"a warp per 16 query rows, mma.sync m16n8k16 {s.dtype}" if self.mma
+                else f"{self.lanes} per query row")
+        where = (f"{tasks} blocks x {self.threads} threads ({rows}), "
                  f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else
                  f"{tasks} tasks of {self.shared_heads} head(s) x {self.q_tile} rows, register blocks "
                  f"{self.block_rows}x{self.score_cols} (Q K^T), {self.block_rows}x{self.out_cols} (P V), "
@@ -192,6 +201,7 @@ def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
                for q_tile in (64, 32, 16) for k_tile in (64, 32, 16)
                if k_tile % lanes == 0 and q_tile * lanes <= spec.max_threads_per_block
                and cuda_shared_bytes(q_tile, k_tile, d) <= spec.shared_bytes_per_block]
+    fitting += attention_mma.candidates(shape, spec, AttentionPlan)
     if not fitting:
         raise PlanError("attention-shared-memory", head_dim=d, limit=spec.shared_bytes_per_block)
     return min(fitting, key=lambda plan: max(modeled_us(plan), 0.0))

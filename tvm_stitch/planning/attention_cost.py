@@ -19,6 +19,7 @@ visited x head dim per task) as FP32 FMA (`flops`).
 
 from __future__ import annotations
 
+from tvm_stitch.planning import attention_mma
 from tvm_stitch.planning.spec import CPU_RESIDENT_PER_MILLE, CUDA_RESIDENT_PER_MILLE
 from tvm_stitch.planning.time_model import KernelGeometry, kernel_time
 
@@ -72,6 +73,8 @@ def _elements(shape: tuple) -> int:
 def geometry(plan, name: str = "fused_attention") -> KernelGeometry:
     """The CUDA launch of `plan` as the time model reads it (symbolic sizes at their priced values)."""
     plan = plan.priced()
+    if plan.mma:
+        return attention_mma.geometry(plan, sum(traffic(plan)[:2]), visited_fraction(plan), name)
     s = plan.shape
     e = _bytes(s.dtype)
     lanes, threads = plan.lanes, plan.threads

@@ -28,6 +28,7 @@ from tvm import relax
 
 from schedules.cpu import attention as cpu_attention
 from schedules.cuda import attention as cuda_attention
+from schedules.cuda import attention_mma
 from tvm_stitch.analysis.attention_chain import AttentionChain, find_chains, mask_kind
 from tvm_stitch.analysis.shape_dims import dims, priced_sizes, sizes_in, static
 from tvm_stitch.analysis.size_bounds import function_bounds
@@ -87,6 +88,8 @@ def _four(expr) -> tuple:
 
 
 def kernel_for(plan: AttentionPlan):
+    if plan.mma:
+        return attention_mma.build(plan)
     return (cuda_attention if plan.spec.family == "cuda" else cpu_attention).build(plan)
 
 

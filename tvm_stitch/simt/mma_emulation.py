@@ -27,6 +27,10 @@ two barriers:
   m16n8k16 with A 16 x 8 (a0..a3) and B 8 x 8 (b0, b1), each multiplicand
   truncated to TF32 (its low 13 mantissa bits dropped, as the tensor cores
   read a float32 register);
+- `tvm_warp_shuffle_xor` (float32; CUDA's `__shfl_xor_sync`, the fold of a
+  row over the lanes holding it): each lane writes its value, after the
+  barrier takes that of lane `lane ^ lane_mask` (its own where that lane is
+  outside its `width`-lane segment);
 - mma_fill and mma_store touch only the lane's own elements, no exchange:
   zero, and the 16 x 16 positions TVM's CUDA code generator gives a lane's
   eight elements in `mma_store` (`_tvm_store_position`: code TVM writes,
@@ -103,6 +107,13 @@ def _mma(args) -> tirx.PrimExpr:
     return tirx.call_extern("void", PREFIX + _ACCUMULATORS[c_type], *args[6:12])
 
 
+def _shuffle_xor(e) -> tirx.PrimExpr:
+    _mask, value, lane_mask, width, _warp_size = e.args
+    if str(value.ty.dtype) != "float32":
+        raise MmaNotEmulated(f"a warp shuffle of {value.ty.dtype} is not emulated (float32 is)")
+    return tirx.call_extern("float32", PREFIX + "shfl_xor", value, lane_mask, width)
+
+
 def _lane_tile(loop):
     """A `threadIdx.x` loop over one mma_fill / mma_store call, the call made lane-explicit."""
     body = loop.body
@@ -131,9 +142,12 @@ def has_tensor_core_calls(func: tirx.PrimFunc) -> bool:
 
 
 def lane_calls(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """`func` with its ldmatrix, mma, mma_fill and mma_store calls as calls of the emulating functions."""
+    """`func` with its ldmatrix, mma, mma_fill, mma_store and xor-shuffle calls as calls of the emulating
+    functions."""
     def expr(e):
         name = _op_name(e)
+        if name == "tirx.tvm_warp_shuffle_xor":
+            return _shuffle_xor(e)
         if name == "tirx.ptx_legacy.ldmatrix":
             return _ldmatrix(list(e.args), _element_dtype(e.args[3]))
         if name == "tirx.ptx_legacy.mma":
@@ -268,6 +282,16 @@ void {PREFIX}ldmatrix_(__local float* xchg, int trans, int num, __private float*
   barrier(CLK_LOCAL_MEM_FENCE);
 }}
 #define {PREFIX}ldmatrix(...) {PREFIX}ldmatrix_({EXCHANGE}, __VA_ARGS__)
+float {PREFIX}shfl_xor_(__local float* xchg, float value, int lane_mask, int width) {{
+  int lane = {PREFIX}lane(), src = lane ^ lane_mask; __local float* x = xchg + {PREFIX}warp() * {EXCHANGE_PER_WARP};
+  if (src / width != lane / width) src = lane;
+  x[lane] = value;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float got = x[src];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return got;
+}}
+#define {PREFIX}shfl_xor(...) {PREFIX}shfl_xor_({EXCHANGE}, __VA_ARGS__)
 void {PREFIX}mma_fill(int n, __private float* frag, int off) {{ for (int i = 0; i < n; ++i) frag[off + i] = 0.0f; }}
 """ + _mma_function("mma_f32", "acc") + _mma_function("mma_f16", f"{ROUND['float16']}(acc)") \
         + _ldmatrix32_function() + _mma_tf32_function() \
@@ -280,7 +304,7 @@ _KERNEL = re.compile(r"(__kernel\s+void\s+\w+\s*\([^)]*\)\s*\{)")
 def with_exchange(source: str, plan) -> str:
     """`source` with the emulating functions and, in every kernel, the __local exchange sized for the
     largest work-group of `plan`; unchanged where it calls none of them."""
-    if not re.search(PREFIX + r"(ldmatrix|mma_)\w*\(", source):
+    if not re.search(PREFIX + r"(ldmatrix|mma_|shfl_)\w*\(", source):
         return source
     warps = max(math.ceil(math.prod(int(b) for b in launch.block) / ptx_fragments.WARP) for launch in plan.launches)
     declaration = f"\n  __local float {EXCHANGE}[{warps * EXCHANGE_PER_WARP}];"
