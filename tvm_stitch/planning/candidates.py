@@ -192,7 +192,7 @@ def _through_reshape(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) ->
         return []
     try:
         split = plan_row_split(rows_through_reshape(func, names), spec, rule.kernel, few_long_rows_only=True)
-    except (PlanError, tvm.error.TVMError):
+    except (PlanError, RuntimeError, ValueError):  # TVM reports a map it cannot invert as either
         return []  # not a bijection of the block's iterators, or rows the split does not take
     note = (f"rows through a reshape: {', '.join(names)} iterate the tensor they reshape, "
             f"{split.mapping.rows} rows instead of {rule.mapping.rows}")
