@@ -108,7 +108,8 @@ def test_cuda_plans_fit_the_spec():
     for chain in DONE_WHEN + SMALL:
         plan = plan_attention(shape_of(find_chains(chain.module()["main"])[0][0]), spec)
         assert plan.shared_bytes() <= spec.shared_bytes_per_block
-        assert plan.threads <= spec.max_threads_per_block and plan.shape.head_dim // plan.lanes <= 32
+        assert plan.threads <= spec.max_threads_per_block
+        assert plan.mma or plan.shape.head_dim // plan.lanes <= 32  # an FMA lane's share of a row
 
 
 def test_cuda_kernel_matches_under_simt_on_pocl():
