@@ -92,13 +92,9 @@ def ldmatrix_row(lane, operand: str, trans: bool):
     return 8 * outer + row, 8 * depth
 
 
-def _ldmatrix(dtype: str, operand: str, trans: bool):
-    index = fragment_index if operand == "a" else fragment_index_b
-
-    def entry(v0, v1):
-        """The fragment's (lane, element) of the stored tile's entry [v0, v1]."""
-        return index(v1, v0) if trans else index(v0, v1)
-
+def ldmatrix_desc(dtype: str, entry):
+    """The description of an ldmatrix intrinsic: the 16x16 shared tile's entry [v0, v1] copied to the
+    warp fragment's (lane, element) `entry(v0, v1)`."""
     @T.prim_func(s_tir=True)
     def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
         shared = T.match_buffer(shared_handle, (TILE, TILE), dtype, align=64, offset_factor=TILE, scope=SHARED)
@@ -113,6 +109,18 @@ def _ldmatrix(dtype: str, operand: str, trans: bool):
                     T.reads(shared[v0, v1])
                     T.writes(warp[lane, element])
                     warp[lane, element] = shared[v0, v1]
+
+    return desc
+
+
+def _ldmatrix(dtype: str, operand: str, trans: bool):
+    index = fragment_index if operand == "a" else fragment_index_b
+
+    def entry(v0, v1):
+        """The fragment's (lane, element) of the stored tile's entry [v0, v1]."""
+        return index(v1, v0) if trans else index(v0, v1)
+
+    desc = ldmatrix_desc(dtype, entry)
 
     @T.prim_func(s_tir=True)
     def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:

@@ -89,20 +89,7 @@ def _ldmatrix_row(lane, operand: str, call: int):
 def _ldmatrix(operand: str):
     index = fragment_index_a if operand == "a" else fragment_index_b
 
-    @T.prim_func(s_tir=True)
-    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
-        shared = T.match_buffer(shared_handle, (TILE, TILE), DTYPE, align=64, offset_factor=TILE, scope=SHARED)
-        warp = T.match_buffer(warp_handle, (LANES, ELEMENTS), DTYPE, align=64, offset_factor=TILE, scope="warp")
-        with T.sblock("root"):
-            T.reads(shared[0:TILE, 0:TILE])
-            T.writes(warp[0:LANES, 0:ELEMENTS])
-            for ax0, ax1 in T.grid(TILE, TILE):
-                with T.sblock("shared_warp"):
-                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
-                    lane, element = T.meta_var(index(v0, v1))
-                    T.reads(shared[v0, v1])
-                    T.writes(warp[lane, element])
-                    warp[lane, element] = shared[v0, v1]
+    desc = mma.ldmatrix_desc(DTYPE, index)
 
     @T.prim_func(s_tir=True)
     def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
