@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-BACKENDS = ("tvm_stitch", "inductor")
+BACKENDS = ("tvm_stitch", "inductor", "eager")
 
 CHILD = """
 import json, sys, time
@@ -44,7 +44,7 @@ if name == "mlp":
     inputs = (torch.randn(4, 8),)
 else:
     model, inputs = prepared_model(name, size, train=step == "train")
-backend = ts.backend(cache=directory) if backend_name == "tvm_stitch" else "inductor"
+backend = ts.backend(cache=directory) if backend_name == "tvm_stitch" else backend_name
 spent = [0.0]
 
 

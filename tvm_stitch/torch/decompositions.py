@@ -13,9 +13,14 @@ from __future__ import annotations
 
 
 def decompositions() -> dict:
-    from torch._decomp import core_aten_decompositions
+    """PyTorch's core ATen decompositions for tracing after autograd. The public
+    `core_aten_decompositions()` adds an entry for every CompositeImplicitAutograd op of every namespace
+    (a scan of about 0.1-0.4 s per process, most of a warm start's own work); aot_autograd traces below
+    the autograd key, where those ops have already decomposed, so the ATen graphs are the same (checked
+    for the models' forward and training graphs: tests/test_decompositions.py)."""
+    from torch._decomp import _core_aten_decompositions_post_autograd
 
-    return dict(core_aten_decompositions())
+    return _core_aten_decompositions_post_autograd()
 
 
 def attention_as_math(gm) -> None:
