@@ -35,7 +35,7 @@ UNROLL = 64
 def _split_over_threads(sch: s_tir.Schedule, loop, threads: int, bind: bool, plan: StitchPlan):
     outer, inner = sch.split(loop, thread_factors(sch, loop, threads, plan))
     if bind:
-        sch.bind(inner, "threadIdx.x")
+        sch.bind(inner, "threadIdx.y" if plan.mapping.across else "threadIdx.x")
     return outer, inner
 
 
@@ -130,7 +130,7 @@ def _bind_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool):
         block_loop, row = sch.split(row, [None, packed])
         if bind:
             sch.bind(block_loop, "blockIdx.x")
-            sch.bind(row, "threadIdx.x" if threads == 1 else "threadIdx.y")
+            sch.bind(row, "threadIdx.x" if threads == 1 or plan.mapping.across else "threadIdx.y")
     elif bind:
         sch.bind(row, "blockIdx.x")
     return row
@@ -148,7 +148,7 @@ def _map_within_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool) -> 
             continue  # one thread per row: the row's loops run in that thread
         spatial_extent = loops_extent(sch, spatial)
         if reduce and (spatial_extent is None or spatial_extent < threads):
-            if threads <= plan.spec.warp_size and name in kept_on_chip:
+            if threads <= plan.spec.warp_size and name in kept_on_chip and not plan.mapping.across:
                 warp_reduced.append(name)
             # Few outputs per row: the threads share each output's reduction.
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]

@@ -12,7 +12,9 @@ variants listed here, over the knobs the schedules honour:
   (the planner's demotion, asked for), and for row-split plans other chunk
   counts per row (SPLIT_FACTORS of the rule's), and for a row-resident plan
   that leaves SMs idle with rows that come through a reshape (GroupNorm's
-  groups), row-split plans over those rows (analysis/reshaped_rows.py);
+  groups), row-split plans over those rows (analysis/reshaped_rows.py), and for a
+  row-resident plan of a thread per column walk (a reduction over a middle axis) under one wave,
+  column tiles with each row cut over threads (planning/cuda/column_tiles.py);
   pricing/timed_choice.py prices them.
 Every variant keeps the rule plan's outputs, so it computes the same values;
 the first candidate is always the rule plan.
@@ -28,6 +30,7 @@ from tvm import tirx
 from tvm_stitch.analysis.reshaped_rows import reshaping_blocks, rows_through_reshape
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.common import Analyses, PlanError, block_threads
+from tvm_stitch.planning.cuda.column_tiles import column_tile_plans
 from tvm_stitch.planning.plan import MIN_LANES, SHARED, StitchPlan
 from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
 from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
@@ -55,7 +58,7 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
         analyses = Analyses()  # the re-plans below share block views and inlining trials
         found = _cuda(rule, spec)
         found += _scalar([rule] + found) + _recomputing(func, rule, spec, analyses) + _splits(func, rule, spec, analyses)
-        found += _through_reshape(func, rule, spec)
+        found += _through_reshape(func, rule, spec) + column_tile_plans(func, rule, spec)
     out, seen = [], set()
     for plan in [rule] + found:
         key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, plan.mapping.across, tuple(plan.inlined()))
