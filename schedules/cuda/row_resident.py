@@ -138,7 +138,8 @@ def _bind_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool):
 
 def _map_within_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool) -> tuple:
     """Each block's loops inside a row over the row's threads; (intermediates reduced across the
-    threads of one warp, (intermediate, its thread loop) of those reduced serially in each thread)."""
+    threads of one warp or, across (column tiles), over threadIdx.y: their result is in every
+    thread, (intermediate, its thread loop) of those reduced serially in each thread)."""
     threads = plan.mapping.threads
     kept_on_chip = {i.name for i in plan.intermediates if not i.inlined}
     warp_reduced, serial_reduced = [], []
@@ -148,7 +149,8 @@ def _map_within_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool) -> 
             continue  # one thread per row: the row's loops run in that thread
         spatial_extent = loops_extent(sch, spatial)
         if reduce and (spatial_extent is None or spatial_extent < threads):
-            if threads <= plan.spec.warp_size and name in kept_on_chip and not plan.mapping.across:
+            # Across (column tiles): the all-reduce over threadIdx.y leaves the result in every thread too.
+            if (threads <= plan.spec.warp_size or plan.mapping.across) and name in kept_on_chip:
                 warp_reduced.append(name)
             # Few outputs per row: the threads share each output's reduction.
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]

@@ -34,7 +34,7 @@ from tvm_stitch.planning.common import PlanError
 from tvm_stitch.planning.cuda import row_resident as cuda_rows
 from tvm_stitch.planning.cuda.launch import widest_bytes
 from tvm_stitch.planning.cuda.row_resident import CudaRowMapping
-from tvm_stitch.planning.plan import StitchPlan, ThreadMapping
+from tvm_stitch.planning.plan import REGISTER, SHARED, Intermediate, StitchPlan, ThreadMapping
 from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
 from tvm_stitch.planning.row_resident import analyse, assemble, choose_rows, intermediates
 from tvm_stitch.planning.spec import TargetSpec
@@ -60,8 +60,7 @@ def column_tile_plans(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec) -
         return []
     moved = func if func.attrs is not None and ROW_AXES_ATTR in func.attrs else rows_first(func, rule.row_axes)
     try:
-        analysis = analyse(moved, "cuda", cuda_rows.LEVELS)
-        rows = choose_rows(analysis, rule.rank, None, use_bounds=False)
+        analysis, rows = _analysed(moved, rule.rank)
     except PlanError:
         return []
     if not rows.columns or rows.rows is None or rows.within_max is None or rows.spatial_only:
@@ -84,11 +83,41 @@ def _tiles(rows: int, analysis, spec: TargetSpec) -> list:
     return [sector * k for k in TILE_SECTORS if rows % (sector * k) == 0 and sector * k <= spec.warp_size]
 
 
+def _analysed(moved: tirx.PrimFunc, rank: int) -> tuple:
+    """(analysis, rows) at `rank` row axes, the values per row that are not reductions (a mean's divide)
+    recomputed in their consumers: kept once in shared memory, one thread would store one and the others
+    read it with no barrier between (TVM's ThreadSync compares the indices, which name the column, not the
+    thread along it), and kept in a thread's registers, TVM stores it over the all-reduce's shared result,
+    which the other threads of the column read: races, found by Oclgrind."""
+    analysis = analyse(moved, "cuda", cuda_rows.LEVELS)
+    rows = choose_rows(analysis, rank, None, use_bounds=False)
+    inter, _, _ = intermediates(analysis, rows.rank, False, {})
+    views = {v.name: v for v in analysis.views}
+    per_row = tuple(i.name for i in inter if i.level == SHARED and not views[i.name].has_reduction
+                    and i.bytes_per_row <= max(1, views[i.name].writes[0].buffer.dtype.bits // 8))
+    if not per_row:
+        return analysis, rows
+    analysis = analyse(moved, "cuda", cuda_rows.LEVELS, per_row)
+    return analysis, choose_rows(analysis, rank, None, use_bounds=False)
+
+
+def _in_every_thread(inter: Intermediate, reduced: set) -> Intermediate:
+    """A reduction's result kept on chip: TVM's all-reduce over threadIdx.y leaves it in every thread of
+    the column (see _analysed)."""
+    if inter.level != SHARED or inter.name not in reduced:
+        return inter
+    return dataclasses.replace(inter, level=REGISTER, why=f"{inter.why}; reduced over threadIdx.y: the all-reduce "
+                                                          "leaves it in every thread of its column")
+
+
 def _plan(analysis, rows, tile: int, threads: int, spec: TargetSpec, rule: StitchPlan) -> StitchPlan | None:
     """The plan of `tile` rows per block, `threads` along each; None where its shared memory does not fit."""
-    inter, shared_rows, symbolic = intermediates(analysis, rows.rank, False, {})
+    inter, _, symbolic = intermediates(analysis, rows.rank, False, {})
     if symbolic:
         return None
+    reduced = {v.name for v in analysis.views if v.has_reduction}
+    inter = [_in_every_thread(i, reduced) for i in inter]
+    shared_rows = [i.bytes_per_row for i in inter if i.level == SHARED]
     reductions = cuda_rows.reductions_of(list(analysis.kept), rows)
     limit = spec.shared_bytes_per_block
 
