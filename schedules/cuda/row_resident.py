@@ -126,7 +126,16 @@ def _bind_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool):
     """The row loop, split into blocks of `rows_per_task` rows where packed, bound to blocks (and
     the packed rows to threads); the loop of one row."""
     threads, packed = plan.mapping.threads, plan.mapping.rows_per_task
-    if packed > 1:
+    if threads == 1 and plan.mapping.row_elements == 1 and plan.mapping.vector > 1:
+        # Element-wise, `vector` elements per thread a block's width apart (each load coalesced),
+        # unrolled: that many independent loads in flight per thread.
+        block_loop, lane, row = sch.split(row, [None, plan.mapping.vector, packed])
+        sch.annotate(lane, "pragma_unroll_explicit", 1)
+        sch.unroll(lane)
+        if bind:
+            sch.bind(block_loop, "blockIdx.x")
+            sch.bind(row, "threadIdx.x")
+    elif packed > 1:
         block_loop, row = sch.split(row, [None, packed])
         if bind:
             sch.bind(block_loop, "blockIdx.x")
