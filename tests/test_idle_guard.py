@@ -1,4 +1,4 @@
-"""The idle guard: every stitched CUDA kernel that moves 4 MB or more and is modeled under 40% of the
+"""The idle guard: every stitched CUDA kernel that moves 4 MB or more and is modeled under 50% of the
 peak bandwidth carries a reason code saying why no fuller plan exists (pricing/idle_guard.py)."""
 
 import dataclasses
@@ -78,9 +78,9 @@ def test_a_kernel_idle_for_no_known_cause_gets_no_reason():
     finds neither an under-filled grid nor a launch-bound kernel, so the plan stays unexplained."""
     spec = TargetSpec.from_target(SM90)
     geometry = KernelGeometry("k", 100000, 256, loads=((4, 1),), stores=((4, 1),), load_sites=1, load_phases=1,
-                              serial_iterations=100000, dram_bytes=IDLE_BYTES * 2)
+                              serial_iterations=100000, dram_bytes=IDLE_BYTES * 25)
     time = kernel_time(geometry, spec)
-    plan = _plan(IDLE_BYTES * 2, time.us)
+    plan = _plan(IDLE_BYTES * 25, time.us)
     assert is_idle(plan)
     assert idle_reason(plan, None, spec, [time]) is None
 
