@@ -59,7 +59,7 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
     else:
         analyses = Analyses()  # the re-plans below share block views and inlining trials
         found = _cuda(rule, spec)
-        found = found[:1] + _elements_per_thread(rule, spec) + found[1:]
+        found = found[:1] + _elements_per_thread(rule) + found[1:]
         found += _scalar([rule] + found) + _recomputing(func, rule, spec, analyses) + _splits(func, rule, spec, analyses)
         found += _through_reshape(func, rule, spec) + column_tile_plans(func, rule, spec)
     out, seen = [], set()
@@ -142,7 +142,7 @@ def _cuda(rule: StitchPlan, spec: TargetSpec) -> list:
     return out
 
 
-def _elements_per_thread(rule: StitchPlan, spec: TargetSpec) -> list:
+def _elements_per_thread(rule: StitchPlan) -> list:
     """An element-wise row-resident plan (a thread per element) with ELEMENTS_PER_THREAD elements per
     thread instead, a block's width apart (`vector`; unrolled loads in flight), where they divide its blocks."""
     m = rule.mapping
