@@ -1,4 +1,4 @@
-"""The idle guard: every stitched CUDA kernel that moves 4 MB or more and is modeled under 40% of the
+"""The idle guard: every stitched CUDA kernel that moves 4 MB or more and is modeled under 50% of the
 peak bandwidth carries a reason code saying why no fuller plan exists (pricing/idle_guard.py)."""
 
 import dataclasses
@@ -45,7 +45,8 @@ def test_no_kernel_of_an_under_filling_graph_is_idle_without_a_reason(name):
 
 def test_a_group_norm_through_a_reshape_is_split_over_its_groups_and_says_why_it_stays_idle():
     """The groups (batch x group: 64 rows of 16384) come through a reshape: split over 512 blocks, still
-    under one wave of resident blocks; the reason names the rows, the blocks and the split."""
+    under one wave of resident blocks; the reason names the rows, the blocks and the split (its two
+    launches of 8.4 MB are capped under the share too: the under-filled grid is checked first)."""
     report = tvm_stitch.explain(GRAPHS["group_norm_8x32x64x64_g8"](), SM90)
     (plan,) = report.plans
     assert plan.scheme == "row-split" and plan.reshaped
@@ -78,9 +79,9 @@ def test_a_kernel_idle_for_no_known_cause_gets_no_reason():
     finds neither an under-filled grid nor a launch-bound kernel, so the plan stays unexplained."""
     spec = TargetSpec.from_target(SM90)
     geometry = KernelGeometry("k", 100000, 256, loads=((4, 1),), stores=((4, 1),), load_sites=1, load_phases=1,
-                              serial_iterations=100000, dram_bytes=IDLE_BYTES * 2)
+                              serial_iterations=100000, dram_bytes=IDLE_BYTES * 25)
     time = kernel_time(geometry, spec)
-    plan = _plan(IDLE_BYTES * 2, time.us)
+    plan = _plan(IDLE_BYTES * 25, time.us)
     assert is_idle(plan)
     assert idle_reason(plan, None, spec, [time]) is None
 
@@ -103,3 +104,22 @@ def test_a_launch_bound_kernel_says_so():
     reason = idle_reason(_plan(geometry.memory_bytes, time.us), None, spec, [time])
     assert isinstance(reason, Reason) and reason.code == "idle-launch-bound"
     assert reason.params["launch_us"] == round(spec.launch_us, 2)
+
+
+def test_a_kernel_whose_launch_caps_it_under_the_share_says_so():
+    """attention_softmax's one kernel of 12.6 MB: 3 us of launch and 2.9 us of bytes at the achievable
+    bandwidth leave any one-launch plan at 44% of the peak or less, under the guard's 50%."""
+    graph = SUITE["attention_softmax"]
+    (plan,) = tvm_stitch.explain(graph.build("float32", dims("bench")), SM90).plans
+    assert is_idle(plan) and plan.idle.code == "idle-launch-cap"
+    params = plan.idle.params
+    assert params["launches"] == 1 and bandwidth_share(plan) <= params["cap"] < IDLE_SHARE
+
+
+def test_a_latency_bound_kernel_chosen_among_its_candidates_says_so():
+    graph = SUITE["layernorm_softmax"]
+    (plan,) = tvm_stitch.explain(graph.build("float32", dims("bench")), SM90).plans
+    assert is_idle(plan) and plan.idle.code == "idle-latency-bound"
+    params = plan.idle.params
+    assert params["latency_us"] > params["bandwidth_us"] and params["phases"] >= 2 and params["candidates"] > 1
+

@@ -156,10 +156,10 @@ def _cuda_block(m) -> str:
     """A CUDA row-resident block: its threads and rows; with a thread per row (element-wise: an
     element per thread), what each thread takes."""
     if m.threads > 1:
-        spread = f" ({m.threads} thr/row)" if m.rows_per_task > 1 else ""
+        spread = f" ({m.threads} thr/row{', rows across' if m.across else ''})" if m.rows_per_task > 1 else ""
         return f"{m.threads * m.rows_per_task} thr, {m.rows_per_task} row/blk{spread}"
     if m.row_elements == 1:
-        return f"{m.rows_per_task} thr, 1 elem/thr"
+        return f"{m.rows_per_task} thr, {max(1, m.vector)} elem/thr"
     length = f" ({m.row_elements} elem)" if m.row_elements > 1 else ""
     return f"{m.rows_per_task} thr, 1 row/thr{length}"
 

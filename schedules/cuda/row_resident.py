@@ -35,7 +35,7 @@ UNROLL = 64
 def _split_over_threads(sch: s_tir.Schedule, loop, threads: int, bind: bool, plan: StitchPlan):
     outer, inner = sch.split(loop, thread_factors(sch, loop, threads, plan))
     if bind:
-        sch.bind(inner, "threadIdx.x")
+        sch.bind(inner, "threadIdx.y" if plan.mapping.across else "threadIdx.x")
     return outer, inner
 
 
@@ -126,11 +126,20 @@ def _bind_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool):
     """The row loop, split into blocks of `rows_per_task` rows where packed, bound to blocks (and
     the packed rows to threads); the loop of one row."""
     threads, packed = plan.mapping.threads, plan.mapping.rows_per_task
-    if packed > 1:
+    if threads == 1 and plan.mapping.row_elements == 1 and plan.mapping.vector > 1:
+        # Element-wise, `vector` elements per thread a block's width apart (each load coalesced),
+        # unrolled: that many independent loads in flight per thread.
+        block_loop, lane, row = sch.split(row, [None, plan.mapping.vector, packed])
+        sch.annotate(lane, "pragma_unroll_explicit", 1)
+        sch.unroll(lane)
+        if bind:
+            sch.bind(block_loop, "blockIdx.x")
+            sch.bind(row, "threadIdx.x")
+    elif packed > 1:
         block_loop, row = sch.split(row, [None, packed])
         if bind:
             sch.bind(block_loop, "blockIdx.x")
-            sch.bind(row, "threadIdx.x" if threads == 1 else "threadIdx.y")
+            sch.bind(row, "threadIdx.x" if threads == 1 or plan.mapping.across else "threadIdx.y")
     elif bind:
         sch.bind(row, "blockIdx.x")
     return row
@@ -138,7 +147,8 @@ def _bind_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool):
 
 def _map_within_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool) -> tuple:
     """Each block's loops inside a row over the row's threads; (intermediates reduced across the
-    threads of one warp, (intermediate, its thread loop) of those reduced serially in each thread)."""
+    threads of one warp or, across (column tiles), over threadIdx.y: their result is in every
+    thread, (intermediate, its thread loop) of those reduced serially in each thread)."""
     threads = plan.mapping.threads
     kept_on_chip = {i.name for i in plan.intermediates if not i.inlined}
     warp_reduced, serial_reduced = [], []
@@ -148,7 +158,8 @@ def _map_within_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool) -> 
             continue  # one thread per row: the row's loops run in that thread
         spatial_extent = loops_extent(sch, spatial)
         if reduce and (spatial_extent is None or spatial_extent < threads):
-            if threads <= plan.spec.warp_size and name in kept_on_chip:
+            # Across (column tiles): the all-reduce over threadIdx.y leaves the result in every thread too.
+            if (threads <= plan.spec.warp_size or plan.mapping.across) and name in kept_on_chip:
                 warp_reduced.append(name)
             # Few outputs per row: the threads share each output's reduction.
             loop = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]

@@ -9,10 +9,13 @@ variants listed here, over the knobs the schedules honour:
 - CUDA: threads per block and rows per block, within the thread and shared
   memory limits, scalar accesses instead of vectors, and each on-chip
   intermediate recomputed in its consumers instead of kept in shared memory
-  (the planner's demotion, asked for), and for row-split plans other chunk
+  (the planner's demotion, asked for), several elements per thread for an
+  element-wise plan of one, and for row-split plans other chunk
   counts per row (SPLIT_FACTORS of the rule's), and for a row-resident plan
   that leaves SMs idle with rows that come through a reshape (GroupNorm's
-  groups), row-split plans over those rows (analysis/reshaped_rows.py);
+  groups), row-split plans over those rows (analysis/reshaped_rows.py), and for a
+  row-resident plan of a thread per column walk (a reduction over a middle axis) under one wave,
+  column tiles with each row cut over threads (planning/cuda/column_tiles.py);
   pricing/timed_choice.py prices them.
 Every variant keeps the rule plan's outputs, so it computes the same values;
 the first candidate is always the rule plan.
@@ -28,6 +31,7 @@ from tvm import tirx
 from tvm_stitch.analysis.reshaped_rows import reshaping_blocks, rows_through_reshape
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.common import Analyses, PlanError, block_threads
+from tvm_stitch.planning.cuda.column_tiles import column_tile_plans
 from tvm_stitch.planning.plan import MIN_LANES, SHARED, StitchPlan
 from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
 from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
@@ -36,6 +40,7 @@ from tvm_stitch.planning.spec import TargetSpec
 
 CUDA_THREADS = (32, 64, 128, 256)  # threads per block tried (those within the spec's limit)
 SPLIT_FACTORS = (4, 2)  # row-split: the rule's chunks per row times and over these
+ELEMENTS_PER_THREAD = (2, 4)  # element-wise: elements per thread tried besides the rule's one
 
 
 def knobs(plan: StitchPlan) -> dict:
@@ -54,8 +59,9 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
     else:
         analyses = Analyses()  # the re-plans below share block views and inlining trials
         found = _cuda(rule, spec)
+        found = found[:1] + _elements_per_thread(rule) + found[1:]
         found += _scalar([rule] + found) + _recomputing(func, rule, spec, analyses) + _splits(func, rule, spec, analyses)
-        found += _through_reshape(func, rule, spec)
+        found += _through_reshape(func, rule, spec) + column_tile_plans(func, rule, spec)
     out, seen = [], set()
     for plan in [rule] + found:
         key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, plan.mapping.across, tuple(plan.inlined()))
@@ -133,6 +139,22 @@ def _cuda(rule: StitchPlan, spec: TargetSpec) -> list:
                 mapping = dataclasses.replace(m, threads=threads, rows_per_task=per, grid=-(-m.rows // per))
                 out.append(with_resources(dataclasses.replace(rule, mapping=mapping, shared_bytes=shared)))
             per *= 2
+    return out
+
+
+def _elements_per_thread(rule: StitchPlan) -> list:
+    """An element-wise row-resident plan (a thread per element) with ELEMENTS_PER_THREAD elements per
+    thread instead, a block's width apart (`vector`; unrolled loads in flight), where they divide its blocks."""
+    m = rule.mapping
+    if (rule.scheme != "row-resident" or rule.row_axes or rule.bounds or m.threads != 1 or m.row_elements != 1
+            or m.vector != 1 or m.rows <= 0):
+        return []
+    out = []
+    for lanes in ELEMENTS_PER_THREAD:
+        if m.rows % (m.rows_per_task * lanes) == 0:
+            mapping = dataclasses.replace(m, vector=lanes, grid=m.rows // (m.rows_per_task * lanes))
+            note = f"{lanes} elements per thread, a block's width apart (unrolled: {lanes} loads in flight)"
+            out.append(with_resources(dataclasses.replace(rule, mapping=mapping, notes=rule.notes + (note,))))
     return out
 
 

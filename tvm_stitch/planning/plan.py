@@ -54,7 +54,10 @@ class ThreadMapping:
     `vector` lanes instead (a lane per row, each row's loops unrolled).
     Row-split (CUDA): `split` blocks per row, `grid` = rows x split.
     With one thread per row (CUDA `threads` 1: element-wise, or rows walking columns), a block's
-    `rows_per_task` threads take a row each, `row_elements` elements long (1: an element each).
+    `rows_per_task` threads take a row each, `row_elements` elements long (1: an element each;
+    then `vector` elements per thread, a block's width apart). With `across` (CUDA row-resident,
+    column tiles), a block's `rows_per_task` rows go across threadIdx.x and each row's `threads`
+    threads along threadIdx.y.
     """
 
     rows: int  # row tasks in total (product of the row extents)
@@ -63,7 +66,7 @@ class ThreadMapping:
     vector: int
     grid: int  # CUDA blocks, or CPU parallel iterations
     split: int = 1  # chunks per row: one thread block each (CUDA row-split), parallel partials (CPU)
-    across: bool = False  # CPU: vector lanes across rows (a lane per row), not along each row
+    across: bool = False  # CPU: vector lanes across rows (a lane per row); CUDA: rows across threadIdx.x
     row_elements: int = -1  # CUDA row-resident: the most elements a block has in one row (-1: not static)
 
 

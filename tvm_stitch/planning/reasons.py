@@ -85,6 +85,13 @@ MESSAGES = MappingProxyType({
     "idle-launch-bound": lambda p: (f"launch-bound: {p['launch_us']} of {p['us']} us is launch overhead "
                                     f"({p['launches']} launches), the bytes take {p['bandwidth_us']} us at the "
                                     "achievable bandwidth"),
+    "idle-launch-cap": lambda p: (f"{p['launches']} launches of {p['mb']} MB: {p['launch_us']} us of launch overhead "
+                                  f"and {p['bytes_us']} us for the bytes at the achievable bandwidth cap any plan of "
+                                  f"as many launches at {p['cap']:.0%} of the peak"),
+    "idle-latency-bound": lambda p: (f"latency-bound: {p['loads']} loads per thread in {p['phases']} phases, DRAM "
+                                     f"round trips in each of {p['waves']} waves take {p['latency_us']} of {p['us']} us "
+                                     f"(the bytes {p['bandwidth_us']} us); chosen by the time model among "
+                                     f"{p['candidates']} candidate plans"),
     # attention chains (analysis/attention_chain.py, planning/attention.py)
     "attention-weights-read": lambda p: f"the attention weights {p['binding']} are read outside the chain",
     "attention-softmax-axis": lambda p: f"softmax {p['binding']} is not over the last axis",

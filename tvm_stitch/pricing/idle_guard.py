@@ -2,12 +2,19 @@
 
 A kernel that moves IDLE_BYTES or more of device memory and is modeled under
 IDLE_SHARE of its arch's peak bandwidth carries a reason code (planning/reasons.py)
-naming why no fuller plan exists, read from its priced launches:
-- `idle-few-rows` / `idle-middle-axis`: its grid is less than one wave of resident
-  blocks (the rows, or the columns of a reduction over a middle axis, give no more
-  blocks), with the row-split scheme's verdict on cutting the rows over blocks;
+naming why no fuller plan exists, read from its priced launches, in this order:
 - `idle-launch-bound`: the launch overhead is half its time or more (no plan
-  shortens a launch).
+  shortens a launch);
+- `idle-few-rows` / `idle-middle-axis`: a launch taking a quarter of its time or
+  more has less than one wave of resident blocks (the rows, or the columns of a
+  reduction over a middle axis, give no more blocks), with the row-split scheme's
+  verdict on cutting the rows over blocks;
+- `idle-launch-cap`: its launches' overhead plus its bytes at the achievable
+  bandwidth already take more than its bytes at IDLE_SHARE of the peak: no plan of
+  as many launches reaches the share (a kernel of 12.6 MB in one launch: 44% at most);
+- `idle-latency-bound`: its slowest launch waits on DRAM round trips (the loads a
+  thread keeps in flight, a round trip per barrier-separated phase that loads, in
+  every wave) more than on bandwidth, and the time model chose it among its candidates.
 A kernel idle for none of these causes gets no reason: tests flag it.
 """
 
@@ -29,7 +36,7 @@ from tvm_stitch.planning.time_model import peak_bytes_per_us, resident_blocks
 from tvm_stitch.pricing.modeled_time import modeled_times, plan_times
 
 IDLE_BYTES = 4_000_000  # a kernel moving this much device memory or more is guarded
-IDLE_SHARE = 0.4  # ... when modeled under this share of the arch's peak bandwidth
+IDLE_SHARE = 0.5  # ... when modeled under this share of the arch's peak bandwidth
 
 
 def bandwidth_share(plan: StitchPlan) -> float:
@@ -61,21 +68,42 @@ def with_idle_reason(plan: StitchPlan, fused: tirx.PrimFunc, spec: TargetSpec,
 
 def idle_reason(plan: StitchPlan, fused: tirx.PrimFunc, spec: TargetSpec, times: list) -> Reason | None:
     """The reason code of an idle plan from its launches' KernelTimes; None where none applies."""
-    slowest = max(times, key=lambda t: t.us)
-    per_wave, _ = resident_blocks(slowest.geometry, spec)
-    if slowest.geometry.grid < per_wave:
-        code = "idle-middle-axis" if plan.scheme == "column-split" or plan.row_axes else "idle-few-rows"
-        return Reason(code, {
-            "rows": plan.mapping.rows, "length": _row_length(fused, plan), "blocks": slowest.geometry.grid,
-            "threads": slowest.launched_threads, "resident": per_wave * slowest.geometry.threads,
-            "candidates": len(candidates(fused, plan, spec)), "split": _split_verdict(fused, plan, spec)})
     total = sum(t.us for t in times)
     launch = sum(t.launch_us for t in times)
     if 2 * launch >= total:
         return Reason("idle-launch-bound", {
             "us": round(total, 2), "launch_us": round(launch, 2),
             "bandwidth_us": round(sum(t.bandwidth_us for t in times), 2), "launches": len(times)})
+    under = [t for t in times if t.geometry.grid < resident_blocks(t.geometry, spec)[0] and t.us * 4 >= total]
+    if under:
+        slowest = max(under, key=lambda t: t.us)
+        per_wave, _ = resident_blocks(slowest.geometry, spec)
+        code = "idle-middle-axis" if plan.scheme == "column-split" or plan.row_axes else "idle-few-rows"
+        return Reason(code, {
+            "rows": plan.mapping.rows, "length": _row_length(fused, plan), "blocks": slowest.geometry.grid,
+            "threads": slowest.launched_threads, "resident": per_wave * slowest.geometry.threads,
+            "candidates": len(candidates(fused, plan, spec)), "split": _split_verdict(fused, plan, spec)})
+    cap = _launch_cap(plan, spec, len(times))
+    if cap < IDLE_SHARE:
+        return Reason("idle-launch-cap", {
+            "launches": len(times), "mb": round(plan.modeled_bytes / 1e6, 1), "launch_us": round(launch, 2),
+            "bytes_us": round(plan.modeled_bytes / spec.hbm_bytes_per_us, 2), "cap": round(cap, 3)})
+    slowest = max(times, key=lambda t: t.us)
+    if slowest.bound == "latency":
+        geometry = slowest.geometry
+        return Reason("idle-latency-bound", {
+            "us": round(total, 2), "latency_us": round(sum(t.latency_us for t in times), 2),
+            "bandwidth_us": round(sum(t.bandwidth_us for t in times), 2),
+            "loads": sum(count for _, count in geometry.loads), "phases": geometry.load_phases,
+            "waves": slowest.waves + (1 if slowest.tail else 0), "candidates": len(candidates(fused, plan, spec))})
     return None
+
+
+def _launch_cap(plan: StitchPlan, spec: TargetSpec, launches: int) -> float:
+    """The highest share of the peak bandwidth a plan of `launches` launches moving the plan's bytes can be
+    modeled at: its bytes at the peak over the launch overheads plus the bytes at the achievable bandwidth."""
+    floor = launches * spec.launch_us + plan.modeled_bytes / spec.hbm_bytes_per_us
+    return plan.modeled_bytes / peak_bytes_per_us(spec) / floor
 
 
 def _row_length(fused: tirx.PrimFunc, plan: StitchPlan) -> int:

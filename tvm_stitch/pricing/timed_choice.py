@@ -3,8 +3,8 @@
 The variants are planning/candidates.py's (threads per block, rows per
 block, vector width, an on-chip intermediate recomputed in its consumers
 instead of kept in shared memory, chunks per row of a row-split plan, row-split plans of rows a
-row-resident rule leaves on too few blocks). Priced are the plans of another scheme than the
-rule's, and the rule plan's neighbours:
+row-resident rule leaves on too few blocks, column tiles). Priced are the plans of another scheme or
+thread layout than the rule's, and the rule plan's neighbours:
 the variants that change one knob, a count by at most a factor of
 NEIGHBOURHOOD (threads per block by at most half fewer), the first
 PRICED_NEIGHBOURS of them in candidates.py's order (a kernel of many
@@ -51,8 +51,10 @@ def choose_in_time(fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec,
     plans = candidates(fused, rule, spec)
     best, best_us, chosen = priced, rule_us, 1
     neighbours = [(index, plan) for index, plan in enumerate(plans[1:], start=2) if _neighbour(plan, rule)]
-    # Plans of another scheme (a split of rows the rule leaves on too few blocks) are always priced.
-    others = [(index, plan) for index, plan in enumerate(plans[1:], start=2) if plan.scheme != rule.scheme]
+    # Plans of another scheme (a split of rows the rule leaves on too few blocks) or of another thread
+    # layout (column tiles of rows that walk columns) are always priced.
+    others = [(index, plan) for index, plan in enumerate(plans[1:], start=2)
+              if plan.scheme != rule.scheme or plan.mapping.across != rule.mapping.across]
     for index, plan in others + neighbours[:PRICED_NEIGHBOURS]:
         neighbour = prices.plan_times(fused, plan)
         us = total_us(neighbour) if neighbour else -1.0

@@ -1,5 +1,6 @@
 """Graphs whose resident-row plans leave the GPU under-filled: a GroupNorm through a reshape, a mean over
-a middle axis with the subtract and exp after it, a LayerNorm backward of few rows (Relax modules)."""
+a middle axis with the subtract and exp after it, a normalisation over a middle axis after a reshape, a
+LayerNorm backward of few rows (Relax modules)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ def middle_axis_exp(shape=(64, 1024, 32), dtype: str = "float32"):
     return rx.function([rx.tensor("x", shape, dtype)], body)
 
 
+def middle_axis_norm(shape=(32, 2048, 64), reshaped: bool = False, dtype: str = "float32"):
+    """x (A, B, C) normalised over B (mean and variance over the middle axis); `reshaped`: x comes as
+    (A, B * C), reshaped to (A, B, C) and back."""
+    a, b, c = shape
+
+    def body(bb, x):
+        y = bb.emit(op.reshape(x, shape)) if reshaped else x
+        mean = bb.emit(op.mean(y, axis=[1], keepdims=True))
+        centred = bb.emit(op.subtract(y, mean))
+        var = bb.emit(op.mean(op.multiply(centred, centred), axis=[1], keepdims=True))
+        normed = bb.emit(op.multiply(centred, op.rsqrt(op.add(var, rx.const(1e-5, dtype)))))
+        return bb.emit(op.reshape(normed, (a, b * c))) if reshaped else normed
+
+    return rx.function([rx.tensor("x", (a, b * c) if reshaped else shape, dtype)], body)
+
+
 def layernorm_backward(rows: int = 2048, cols: int = 768, dtype: str = "float32"):
     """The suite's LayerNorm backward (dx, dgamma, dbeta) at rows x cols."""
     return SUITE["layernorm_backward"].build(dtype, dict(dims("bench"), rows=rows, cols=cols))
@@ -46,5 +63,7 @@ GRAPHS = {
     "group_norm_2x64x128x128_g32": lambda: group_norm((2, 64, 128, 128), 32),
     "middle_axis_exp_64x1024x32": middle_axis_exp,
     "middle_axis_exp_64x512x64": lambda: middle_axis_exp((64, 512, 64)),
+    "middle_axis_norm_32x2048x64": middle_axis_norm,
+    "middle_axis_norm_reshaped_32x2048x64": lambda: middle_axis_norm(reshaped=True),
     "layernorm_backward_2048x768": layernorm_backward,
 }

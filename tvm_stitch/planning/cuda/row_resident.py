@@ -132,7 +132,7 @@ def _vector(kept: list, rows: Rows, threads: int, thread_per_row: bool, spec: Ta
                              "in element-wise loops"]
 
 
-def _reductions(kept: list, rows: Rows) -> tuple:
+def reductions_of(kept: list, rows: Rows) -> tuple:
     """Each reduced value: (bytes, outputs per row); with fewer outputs than threads, threads share it."""
     rank = rows.rank
     return tuple(
@@ -159,7 +159,7 @@ def _cacheable_inputs(views: list, params: list, rank: int) -> list:
     return out
 
 
-def _cached_inputs(analysis: Analysis, rows: Rows, thread_per_row: bool, shared_rows: list, fits) -> tuple:
+def inputs_on_chip(analysis: Analysis, rows: Rows, thread_per_row: bool, shared_rows: list, fits) -> tuple:
     """(inputs whose row is loaded once into shared memory, bytes per row of every shared buffer):
     each cacheable input whose row still `fits(shared rows)` with those kept so far."""
     cached, shared_rows = [], list(shared_rows)
@@ -204,12 +204,12 @@ def mapping(analysis: Analysis, rows: Rows, inter: list, shared_rows: list, symb
     threads, notes = _threads(rows, thread_per_row, spec)
     vector, threads, vector_notes = _vector(kept, rows, threads, thread_per_row, spec)
     notes += vector_notes
-    reductions = _reductions(kept, rows)
+    reductions = reductions_of(kept, rows)
 
     def shared_at(per_block: int, buffers: list) -> int:
         return cuda_shared_bytes(buffers, reductions, threads, per_block, spec.warp_size)
 
-    cached_inputs, shared_rows = _cached_inputs(analysis, rows, thread_per_row, shared_rows,
+    cached_inputs, shared_rows = inputs_on_chip(analysis, rows, thread_per_row, shared_rows,
                                                 lambda buffers: shared_at(1, buffers) <= limit)
     _check_fits(analysis, rows, inter, symbolic_shared, shared_at(1, shared_rows), threads, cached_inputs, limit)
     per_block = rows_per_block(rows.rows, threads, lambda n: shared_at(n, shared_rows), rows.spatial_only, spec)
