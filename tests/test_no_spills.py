@@ -8,10 +8,10 @@ import pytest
 from tvm import relax
 
 from conftest import needs_nvcc, nvcc
-from test_mix_order import _rmsnorm_backward
 from tvm_stitch.tools.build import build
 from tvm_stitch.tools.idle_graphs import group_norm, middle_axis_exp
 from tvm_stitch.tools.launches import cuda_source
+from tvm_stitch.tools.norm_backward_graphs import norm_backward
 from tvm_stitch.tools.workloads import SUITE, dims
 from tvm_stitch.tools.workloads import relax_blocks as rx
 
@@ -49,7 +49,7 @@ DEFAULT = [
     # the LayerNorm backward of the issue: one mix-order group (dx, dgamma, dbeta; partials, then their combine)
     ("layernorm_backward_2048x768", lambda: _suite("layernorm_backward", 2048, 768), {"mix-order"}),
     ("layernorm_backward_1024x4096", lambda: _suite("layernorm_backward", 1024, 4096), {"mix-order"}),
-    ("rmsnorm_backward_4096x768", lambda: _rmsnorm_backward(4096, 768, "float32")[0], {"mix-order"}),
+    ("rmsnorm_backward_4096x768", lambda: norm_backward("rmsnorm_backward", rows=4096, cols=768)[0], {"mix-order"}),
     ("column_sum_4096x1024", lambda: _column_sum(4096, 1024), {"column-split"}),
     ("softmax_64x30000", lambda: _suite("softmax", 64, 30000), {"row-split"}),
     ("group_norm", group_norm, {"row-split"}),  # its groups, through the reshape, split over blocks
