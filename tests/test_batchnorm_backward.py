@@ -3,18 +3,22 @@ N, H, W (one order of reduction, unlike LayerNorm's rows and columns): the mix-o
 group, and the channel-as-row plans take it (row-resident where a channel fits a block, row-split's
 partials then combine where few long channels do not).
 
-Numerics: emulated CUDA (llvm) against numpy; modeled launches and time against greedy's groups.
+Numerics: emulated CUDA (llvm) against numpy; modeled launches and time against greedy's groups;
+nvcc for sm_80 and sm_90 without spills.
 """
+
+import re
 
 import numpy as np
 import pytest
 
 from tvm_stitch.planning.cuda.mix_order import MixOrderError, plan_mix_order
 from tvm_stitch.tools.build import build, run_cpu
+from tvm_stitch.tools.launches import cuda_source
 from tvm_stitch.tools.norm_backward_graphs import norm_backward
 from tvm_stitch.tools.workloads import reference
 
-from conftest import CUDA, LLVM
+from conftest import CUDA, LLVM, needs_nvcc, nvcc
 from test_mix_order import SM90, _whole_group
 
 
@@ -50,3 +54,13 @@ def test_batchnorm_backward_is_one_group_at_bench(shape, launches, greedy_launch
     assert (counts["search"], counts["greedy"]) == (launches, greedy_launches)
     assert len(plans["search"]) == 1
     assert sum(p.modeled_us for p in plans["search"]) < sum(p.modeled_us for p in plans["greedy"])
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("shape", [(32, 64, 56, 56), (32, 256, 14, 14)])
+def test_batchnorm_backward_compiles_without_spills(shape, arch, tmp_path):
+    built = build(_module(shape)[0], {"kind": "cuda", "arch": arch}, stitched=True, fusion="search")
+    report = nvcc(cuda_source(built.executable), tmp_path, arch=arch)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert spills and all(s == ("0", "0") for s in spills), report
