@@ -3,7 +3,7 @@ N, H, W (one order of reduction, unlike LayerNorm's rows and columns): the mix-o
 group, and the channel-as-row plans take it (row-resident where a channel fits a block, row-split's
 partials then combine where few long channels do not).
 
-Numerics: emulated CUDA (llvm) against numpy; modeled launches and time against greedy's groups;
+Numerics: emulated CUDA (llvm) and SIMT (pocl, Oclgrind small) against numpy; modeled launches and time against greedy's groups;
 nvcc for sm_80 and sm_90 without spills.
 """
 
@@ -18,7 +18,7 @@ from tvm_stitch.tools.launches import cuda_source
 from tvm_stitch.tools.norm_backward_graphs import norm_backward
 from tvm_stitch.tools.workloads import reference
 
-from conftest import CUDA, LLVM, needs_nvcc, nvcc
+from conftest import CUDA, LLVM, needs_nvcc, nvcc, opencl_device
 from test_mix_order import SM90, _whole_group
 
 
@@ -66,3 +66,18 @@ def test_batchnorm_backward_compiles_without_spills(shape, arch, tmp_path):
     report = nvcc(cuda_source(built.executable), tmp_path, arch=arch)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert spills and all(s == ("0", "0") for s in spills), report
+
+
+@pytest.mark.parametrize("oclgrind,shape,dtype", [(False, (8, 4, 64, 64), "float32"), (False, (8, 4, 64, 64), "float16"),
+                                                  (True, (4, 2, 64, 64), "float32")],
+                         ids=["pocl", "pocl-float16", "oclgrind"])
+def test_batchnorm_backward_row_split_is_clean_under_simt(oclgrind, shape, dtype):
+    """Few long channels: the partials of both sums per chunk, then their combine with dx, with SIMT
+    semantics against numpy (races and bounds: Oclgrind)."""
+    pytest.importorskip("pyopencl")
+    from tvm_stitch import simt
+    opencl_device(oclgrind)
+    report = simt.check(_module(shape, dtype)[0], oclgrind=oclgrind)
+    assert report.ok, str(report)
+    assert [p.scheme for p in report.stitch.plans] == ["row-split"], str(report)
+    assert [k.launches for k in report.kernels] == [2], str(report)
