@@ -87,7 +87,8 @@ def _over_columns(sch: s_tir.Schedule, name: str, plan: StitchPlan, bind: bool, 
         sch.vectorize(lanes)
     if bind and unroll:
         sch.unroll(steps)
-        sch.unroll(lanes)
+        if not vectorize:
+            sch.unroll(lanes)
 
 
 def _row_reduction(sch: s_tir.Schedule, name: str, plan: StitchPlan, bind: bool) -> None:
@@ -177,7 +178,11 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for name in rows:
         sch.split(sch.get_loops(sch.get_sblock(name))[0], [plan.mapping.grid, None])
     kernel_of = {n: 0 for n in blocks_by_name(sch)}
-    kernel_of.update({n: 1 for n in list(columns) + epilogues})
+    # The epilogues after every column reduction: `merge` moves the merged combine loops to the last
+    # reduction's place, and an epilogue left before them got its whole extent in every thread when
+    # moved under them (reading other threads' registers).
+    kernel_of.update({n: 1 for n in columns})
+    kernel_of.update({n: 2 for n in epilogues})
     sch = in_kernel_order(sch, kernel_of, {})
     grid = _merged(sch, partials + rows + write_backs, 0)
     row = _merged(sch, partials + rows, 1)
@@ -188,7 +193,7 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
     for name in partials + write_backs:
         _over_columns(sch, name, plan, bind, vectorize=False, unroll=True)
     for name in cached:
-        _over_columns(sch, name, plan, bind, vectorize=False, unroll=True)
+        _over_columns(sch, name, plan, bind, vectorize=bind, unroll=True)
     for name in rows:
         if name in reductions:
             _row_reduction(sch, name, plan, bind)

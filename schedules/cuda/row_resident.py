@@ -23,8 +23,10 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from tvm_stitch.analysis.tir_view import buffer_params
 from tvm_stitch.planning.common import rows_first_in_stage
 from tvm_stitch.planning.plan import REGISTER, SHARED, StitchPlan
+from tvm_stitch.planning.resources import unrolled_steps
 
 from ..common import (blocks_by_name, inline_cheap_blocks, loops_extent, loops_to_bounds, merge_row_loops,
                       regions_to_bounds, thread_factors, within_row_loops)
@@ -168,8 +170,7 @@ def _map_within_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool) -> 
             outer, inner = _split_over_threads(sch, loop, threads, bind, plan)
             sch.reorder(inner, outer)
             if bind:  # on the CPU the thread loop is serial: unrolling around it only bloats the code
-                sch.annotate(outer, "pragma_auto_unroll_max_step", UNROLL)
-                sch.annotate(outer, "pragma_unroll_explicit", 1)
+                _unroll_within_registers(sch, block, outer, plan)
         elif spatial:
             # One output per thread (or `vector` consecutive ones, as one 128-bit access);
             # its reduction, if any, runs serially in the thread.
@@ -184,6 +185,18 @@ def _map_within_rows(sch: s_tir.Schedule, row, plan: StitchPlan, bind: bool) -> 
         else:
             _split_over_threads(sch, sch.add_unit_loop(block), threads, bind, plan)
     return warp_reduced, serial_reduced
+
+
+def _unroll_within_registers(sch: s_tir.Schedule, block, loop, plan: StitchPlan) -> None:
+    """Unroll a thread's serial steps over a row (at most UNROLL) where the values they load from
+    global memory fit the thread's registers (resources.unrolled_steps); more steps stay a loop."""
+    params = buffer_params(sch.mod["main"])
+    loads = {r.source.name for r in sch.get(block).reads if any(r.source.same_as(p) for p in params)}
+    extent = sch.get(loop).extent
+    steps = int(extent) if isinstance(extent, tirx.IntImm) else UNROLL + 1
+    if steps <= unrolled_steps(plan.threads_per_block, len(loads), plan.spec):
+        sch.annotate(loop, "pragma_auto_unroll_max_step", UNROLL)
+        sch.annotate(loop, "pragma_unroll_explicit", 1)
 
 
 def _set_scopes(sch: s_tir.Schedule, plan: StitchPlan, warp_reduced: list) -> None:

@@ -42,7 +42,12 @@ from tvm_stitch.planning.resources import with_resources
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.modeled_time import plan_us
 
-MAX_THREADS = 256  # kernel 0's threads per block at most: each keeps a column partial per lane and step
+MAX_THREADS = 256  # kernel 0's threads per block where a thread keeps at most MAX_VALUES columns
+# Columns a thread keeps (x, dy and a partial per column reduction, each): more take more threads.
+# Measured (nvcc 13, ptxas -v): bfloat16 LayerNorm backward 1024x4096, 256 threads of 16 columns, spilled
+# 4 bytes on sm_80 (64 registers); 512 threads of 8, none (51). float16 512x8192: 512 threads of 16
+# spilled 8 bytes on sm_80.
+MAX_VALUES = 8
 ROWS_PER_BLOCK = (1, 2, 4, 8, 16, 32)  # candidates of rows per block, priced by the time model
 
 
@@ -85,16 +90,30 @@ def _classify(views: list) -> tuple:
 
 
 def _threads(columns: int, dtype_bytes: int, spec: TargetSpec) -> tuple:
-    """(threads, vector): the widest vector, then the most threads (a warp multiple, at most
-    MAX_THREADS) whose threads x vector divide the columns."""
+    """(threads, vector): the widest vector whose lanes divide the columns with a warp multiple of
+    threads, then the most threads up to MAX_THREADS, or more (up to the target's per block) while a
+    thread would keep more than MAX_VALUES columns (its x, dy and partial lanes)."""
     vector = max(1, spec.vector_bytes // dtype_bytes)
     while vector >= 1:
         if columns % vector == 0:
-            fits = [t for t in range(spec.warp_size, MAX_THREADS + 1, spec.warp_size) if (columns // vector) % t == 0]
+            fits = [t for t in range(spec.warp_size, spec.max_threads_per_block + 1, spec.warp_size)
+                    if (columns // vector) % t == 0]
             if fits:
-                return max(fits), vector
+                few = [t for t in fits if t <= MAX_THREADS]
+                threads = max(few) if few else min(fits)
+                wider = [t for t in fits if t > threads and columns // t <= MAX_VALUES]
+                if columns // threads > MAX_VALUES:
+                    threads = min(wider) if wider else max(fits)
+                return threads, vector
         vector //= 2
     raise MixOrderError("mix-columns-indivisible", columns=columns, vector=spec.vector_bytes // dtype_bytes)
+
+
+def _row_bytes(params: list, rows: int, columns: int) -> int:
+    """Bytes of an element of the widest (rows, columns) parameter (x, dy, dx): the accesses the
+    vector lanes widen (a half-precision sum's float32 accumulators stay in registers)."""
+    return max(tvm.DataType(p.dtype).bits // 8 for p in params
+               if tuple(static_int(e) for e in p.shape) == (rows, columns))
 
 
 def _inlined(views: list, func: tirx.PrimFunc) -> list:
@@ -113,9 +132,8 @@ def plan_mix_order(func: tirx.PrimFunc, spec: TargetSpec, name: str, analyses: A
     inlined = _inlined(views, func)
     _, kept = inline_trial(func, inlined, MixOrderError, analyses)
     rows, columns, column_reductions = _classify(kept)
-    dtype_bytes = max(tvm.DataType(w.buffer.dtype).bits // 8 for v in kept for w in v.writes)
-    threads, vector = _threads(columns, dtype_bytes, spec)
     params = buffer_params(func)
+    threads, vector = _threads(columns, _row_bytes(params, rows, columns), spec)
     outputs = tuple(v.name for v in kept if any(w.buffer.same_as(p) for w in v.writes for p in params))
     base = StitchPlan(
         kernel=name, target="cuda", scheme="mix-order", ops=tuple(v.name for v in views),
