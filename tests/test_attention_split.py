@@ -18,8 +18,12 @@ from tvm_stitch.planning import attention_mma
 from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
 from tvm_stitch.planning.attention_cost import modeled_us
 from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.pricing.attention_default import default_us
 from tvm_stitch.rewrites.attention import kernel_for
 from tvm_stitch.simt.simt_kernel import Reference, check_kernel
+from tvm_stitch.tools.build import build
+from tvm_stitch.tools.launches import count_launches
+from tvm_stitch.tools.workloads.attention import Chain
 
 SM90 = TargetSpec.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
 N, M = tirx.Var("n", "int64"), tirx.Var("m", "int64")
@@ -120,3 +124,23 @@ def test_split_kernels_compile_without_spills_on_sm80_and_sm90(shape, split, tmp
     for arch in ("sm_80", "sm_90"):
         report = nvcc(source, tmp_path, arch=arch)
         assert re.search(r"0 bytes spill stores, 0 bytes spill loads", report), report
+
+
+@pytest.mark.parametrize("dtype, fused", [("float16", True), ("float32", False)])
+def test_fusion_follows_the_modeled_prices_of_both_paths(dtype, fused):
+    """Cross-attention 128 x 2048: on tensor cores the fused kernel is modeled faster than TVM's default path
+    (two batched matmuls around a softmax); in float32 (FMA kernel, 24 blocks) the default's tensor-core-free
+    matmuls are modeled faster, and the chain keeps TVM's path with the two prices in the report."""
+    chain = Chain(1, 12, 128, 2048, 64, dtype, form="4d")
+    built = build(chain.module(), {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    [record] = built.report.attention
+    shape = _shape(1, 12, 128, 2048, 64, dtype)
+    fused_us = modeled_us(plan_attention(shape, SM90))
+    default = default_us(shape, tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), SM90)
+    assert record.fused == fused == (fused_us < default)
+    if fused:
+        assert record.default_us == pytest.approx(default) and "TVM's default path" in record.line()
+        assert count_launches(built.lowered, built.executable) == 1
+    else:
+        assert record.reason.code == "attention-default-faster" and count_launches(built.lowered, built.executable) > 1
+        assert f"{round(default, 1)} us" in record.line()

@@ -71,7 +71,8 @@ def candidates(shape, spec, plan_type) -> list:
     if not supported(shape, spec):
         return []
     out = []
-    for q_tile in Q_TILES:
+    rows = shape.priced().q_len
+    for q_tile in [q for q in Q_TILES if q == Q_TILES[0] or q // 2 < rows]:  # no tile of only padding warps
         for kv_splits in KV_SPLITS:
             for warp_keys in WARP_KEYS:
                 plan = plan_type(shape, spec, q_tile=q_tile, k_tile=kv_splits * warp_keys, mma=True,
