@@ -145,7 +145,7 @@ def test_symbolic_cuda_kernel_is_clean_under_oclgrind_at_two_lengths(shape, poin
 @pytest.mark.parametrize("chain", [Chain(2, 12, 512, 512, 64, symbolic=True),
                                    Chain(1, 32, 1024, 1024, 128, "float16", kv_heads=8, mask="additive",
                                          symbolic=True),
-                                   Chain(1, 12, 128, 2048, 64, form="4d", symbolic=True)], ids=str)
+                                   Chain(1, 12, 128, 2048, 64, "float16", form="4d", symbolic=True)], ids=str)
 def test_symbolic_kernels_compile_with_nvcc_without_spills(chain, tmp_path):
     built = build(chain.module(), CUDA, stitched=True)
     assert count_launches(built.lowered, built.executable) == 1

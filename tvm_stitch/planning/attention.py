@@ -194,7 +194,8 @@ def check_shape(shape: AttentionShape) -> None:
 
 def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
     """Of the tiles that fit the spec's shared memory and threads per block, those the time model
-    (planning/attention_cost.py) prices fastest; the largest among equals."""
+    (planning/attention_cost.py) prices fastest; among equals the fewest key splits, then the query
+    tile nearest 64 rows (4 warps of the tensor-core kernel), then the largest."""
     check_shape(shape)
     d, priced = shape.head_dim, shape.priced()
     lanes = next((n for n in (4, 2, 1) if d % n == 0 and d // n <= 32), None)
@@ -208,7 +209,8 @@ def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
     fitting += attention_mma.candidates(shape, spec, AttentionPlan)
     if not fitting:
         raise PlanError("attention-shared-memory", head_dim=d, limit=spec.shared_bytes_per_block)
-    return min(fitting, key=lambda plan: (max(modeled_us(plan), 0.0), -plan.q_tile, plan.kv_splits))
+    return min(fitting, key=lambda plan: (max(modeled_us(plan), 0.0), plan.kv_splits, abs(plan.q_tile.bit_length() - 7),
+                                          -plan.q_tile))
 
 
 def plan_cpu(shape: AttentionShape, spec: TargetSpec, fast_exp: bool = True) -> AttentionPlan:
