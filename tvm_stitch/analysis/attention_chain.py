@@ -274,7 +274,7 @@ def _chain_at(graph: _Graph, p_var) -> AttentionChain:
         raise _Stop("attention-no-second-matmul", binding=p_var.name)
     output = reader
     cast = graph.single_reader(output)  # a half matmul of float32 out_dtype, cast back to the inputs' dtype
-    if cast is not None and graph.call(cast, "relax.astype") is not None:
+    if cast is not None and graph.call(cast, "relax.astype") is not None and _dtype(reader) != _dtype(call.args[1]):
         output = cast
         names.append(cast)
     after = graph.single_reader(output)
