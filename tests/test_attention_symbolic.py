@@ -46,14 +46,15 @@ def test_symbolic_chain_is_one_kernel_matching_numpy_at_three_lengths_on_llvm(ch
 
 
 def test_symbolic_chain_is_one_cuda_launch_priced_at_its_bound():
-    chain = Chain(2, 4, 256, 256, 64, kv_heads=2, mask="additive", symbolic=True)
+    """float16 (in float32 TVM's default path is modeled faster at n = 256: 24.3 vs 37.9 us, and is kept)."""
+    chain = Chain(2, 4, 256, 256, 64, "float16", kv_heads=2, mask="additive", symbolic=True)
     built = build(chain.module(), CUDA, stitched=True)
     assert count_launches(built.lowered, built.executable) == 1
     record = built.report.attention[0]
     assert "q n x kv n (symbolic, planned at n=256)" in record.line() and "blocks x" in record.line()
     modeled, _ = program_traffic(built.lowered, CUDA)
-    qkvo = sum(int(np.prod(s)) for s in chain.shapes()[:3]) * 4 + int(np.prod(chain.shapes()[0])) * 4
-    mask = int(np.prod(chain.shapes()[3])) * 4
+    qkvo = sum(int(np.prod(s)) for s in chain.shapes()[:3]) * 2 + int(np.prod(chain.shapes()[0])) * 2
+    mask = int(np.prod(chain.shapes()[3])) * 2
     assert abs(modeled - qkvo - mask) <= 0.1 * qkvo
 
 
