@@ -14,6 +14,8 @@ from conftest import attention_simt, needs_nvcc, nvcc
 from tvm_stitch.analysis.attention_chain import find_chains, mask_kind
 from tvm_stitch.rewrites.attention import kernel_for, shape_of
 from tvm_stitch.planning.attention import AttentionShape, plan_attention
+from tvm_stitch.planning.attention_cost import modeled_us
+from tvm_stitch.pricing.attention_default import default_us
 from tvm_stitch.analysis.attention_operand import OperandView, source_index
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
@@ -131,10 +133,19 @@ def test_cuda_kernel_is_clean_under_oclgrind(shape):
 @pytest.mark.slow
 @pytest.mark.parametrize("chain", DONE_WHEN, ids=str)
 def test_issue_shapes_one_launch_traffic_and_llvm_numerics(chain, rng):
+    """On CUDA a chain whose kernel is modeled slower than TVM's default path keeps that path
+    (pricing/attention_default.py): in float32 the cross-attention (FMA kernel, 24 blocks: 282 vs 86 us) and
+    (2, 12, 512, 512, 64) (72.8 vs 72.0 us)."""
     built = build(chain.module(), CUDA, stitched=True)
-    assert count_launches(built.lowered, built.executable) == 1
-    modeled, ideal = program_traffic(built.lowered, CUDA)
-    assert abs(modeled - ideal) <= 0.1 * ideal
+    [record] = built.report.attention
+    shape = shape_of(find_chains(chain.module()["main"])[0][0])
+    spec = TargetSpec.from_target(tvm.target.Target(CUDA))
+    if modeled_us(plan_attention(shape, spec)) > default_us(shape, tvm.target.Target(CUDA), spec):
+        assert record.reason.code == "attention-default-faster"
+    else:
+        assert record.fused and count_launches(built.lowered, built.executable) == 1
+        modeled, ideal = program_traffic(built.lowered, CUDA)
+        assert abs(modeled - ideal) <= 0.1 * ideal
     _, got, want = _run_llvm(chain, rng)
     assert _rel_error(got, want) < (1e-4 if chain.dtype == "float32" else 2e-3)
 

@@ -46,14 +46,15 @@ def test_symbolic_chain_is_one_kernel_matching_numpy_at_three_lengths_on_llvm(ch
 
 
 def test_symbolic_chain_is_one_cuda_launch_priced_at_its_bound():
-    chain = Chain(2, 4, 256, 256, 64, kv_heads=2, mask="additive", symbolic=True)
+    """float16 (in float32 TVM's default path is modeled faster at n = 256: 24.3 vs 37.9 us, and is kept)."""
+    chain = Chain(2, 4, 256, 256, 64, "float16", kv_heads=2, mask="additive", symbolic=True)
     built = build(chain.module(), CUDA, stitched=True)
     assert count_launches(built.lowered, built.executable) == 1
     record = built.report.attention[0]
     assert "q n x kv n (symbolic, planned at n=256)" in record.line() and "blocks x" in record.line()
     modeled, _ = program_traffic(built.lowered, CUDA)
-    qkvo = sum(int(np.prod(s)) for s in chain.shapes()[:3]) * 4 + int(np.prod(chain.shapes()[0])) * 4
-    mask = int(np.prod(chain.shapes()[3])) * 4
+    qkvo = sum(int(np.prod(s)) for s in chain.shapes()[:3]) * 2 + int(np.prod(chain.shapes()[0])) * 2
+    mask = int(np.prod(chain.shapes()[3])) * 2
     assert abs(modeled - qkvo - mask) <= 0.1 * qkvo
 
 
@@ -145,7 +146,7 @@ def test_symbolic_cuda_kernel_is_clean_under_oclgrind_at_two_lengths(shape, poin
 @pytest.mark.parametrize("chain", [Chain(2, 12, 512, 512, 64, symbolic=True),
                                    Chain(1, 32, 1024, 1024, 128, "float16", kv_heads=8, mask="additive",
                                          symbolic=True),
-                                   Chain(1, 12, 128, 2048, 64, form="4d", symbolic=True)], ids=str)
+                                   Chain(1, 12, 128, 2048, 64, "float16", form="4d", symbolic=True)], ids=str)
 def test_symbolic_kernels_compile_with_nvcc_without_spills(chain, tmp_path):
     built = build(chain.module(), CUDA, stitched=True)
     assert count_launches(built.lowered, built.executable) == 1

@@ -34,12 +34,15 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from schedules.attention_common import NEG, arguments, causal_key_tiles, load, operand, score, seen
+from schedules.cuda import attention_split
 from schedules.mma_intrinsics import DTYPES, ldmatrix_row
 
 TILE = 16  # rows of a warp, and the depth and width of one ldmatrix .x4 / two mma
 PAD = 8  # elements each shared-memory row is padded by
 C_ELEMENTS = 4  # float32 accumulators a lane holds of one 16 x 8 mma tile
 FULL_MASK = 0xFFFFFFFF
+MIN_BLOCKS_PER_SM = 1  # __launch_bounds__(threads, 1): else ptxas trades registers for occupancy and spills
+#                        (16-key warp tiles: 80 registers, 16 bytes spilled); the plan prices its own occupancy
 
 
 def build(plan) -> tirx.PrimFunc:
@@ -51,10 +54,11 @@ def build(plan) -> tirx.PrimFunc:
             with T.sblock("root"):
                 with T.thread_binding(plan.tasks, thread="blockIdx.x") as bx:
                     with T.thread_binding(plan.threads, thread="threadIdx.x") as tx:
-                        smem = {name: _Tile(rows, s.head_dim, s.dtype)
-                                for name, rows in (("q", plan.q_tile), ("k", plan.k_tile), ("v", plan.k_tile))}
-                        regs = _registers(plan)
-                        _block_body(plan, bufs, smem, regs, bx, tx)
+                        with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", MIN_BLOCKS_PER_SM):
+                            smem = {name: _Tile(rows, s.head_dim, s.dtype) for name, rows in
+                                    (("q", plan.q_tile), ("k", plan.k_tile), ("v", plan.k_tile))}
+                            regs = _registers(plan)
+                            _block_body(plan, bufs, smem, regs, bx, tx)
     return ib.get()
 
 
@@ -72,11 +76,11 @@ class _Tile:
 def _registers(plan) -> dict:
     """Per-lane fragments (local arrays the mma instructions address by offset) and row statistics."""
     s = plan.shape
-    d, kt = s.head_dim, plan.k_tile
+    d, kt = s.head_dim, plan.k_tile // plan.kv_splits
     local = {
         "q": ((d // TILE) * 8, s.dtype),  # A fragments of the warp's 16 rows, per 16 of head_dim
         "b": (8, s.dtype),  # one ldmatrix .x4 of K or V: the B fragments of two mma
-        "s": ((kt // 8) * C_ELEMENTS, "float32"),  # the scores, per 8 keys
+        "s": ((kt // 8) * C_ELEMENTS, "float32"),  # the scores of the warp's keys, per 8 keys
         "p": ((kt // 8) * C_ELEMENTS, s.dtype),  # exp(s - m') in the input dtype: A fragments per 16 keys
         "o": ((d // 8) * C_ELEMENTS, "float32"),  # the output accumulators, per 8 of head_dim
         "m": (2, "float32"),  # rows g and g + 8: running max
@@ -93,8 +97,10 @@ def _block_body(plan, bufs, smem, regs, bx, tx):
     b, h = tirx.truncdiv(bx, s.heads * q_tiles), tirx.truncmod(tirx.truncdiv(bx, q_tiles), s.heads)
     q0 = tirx.truncmod(bx, q_tiles) * plan.q_tile
     warp, lane = tx // plan.spec.warp_size, tx % plan.spec.warp_size
+    rows, split = warp // plan.kv_splits, warp % plan.kv_splits
     ids = {"b": b, "h": h, "hk": h // s.group, "q0": q0, "tx": tx, "lane": lane, "warp": plan.spec.warp_size,
-           "row": q0 + warp * TILE + lane // 4, "col": 2 * (lane % 4), "warp_row": warp * TILE}
+           "row": q0 + rows * TILE + lane // 4, "col": 2 * (lane % 4), "warp_row": rows * TILE, "split": split,
+           "warp_keys": plan.k_tile // plan.kv_splits}
     _stage(plan, smem["q"], bufs, "q", (b, h), q0, s.q_len, plan.q_tile, tx)
     T.evaluate(T.tvm_storage_sync("shared"))
     with T.unroll(0, s.head_dim // TILE) as kk:
@@ -104,7 +110,11 @@ def _block_body(plan, bufs, smem, regs, bx, tx):
     _fill(regs["l"], 0.0)
     with T.serial(0, causal_key_tiles(plan, q0)) as kt:
         _key_tile(plan, bufs, smem, regs, ids, kt)
-    _write(plan, bufs, regs, ids)
+    _fold_sums(regs, ids)
+    if plan.kv_splits > 1:
+        attention_split.combine(plan, bufs, regs, ids, _store_output)
+    else:
+        _write(plan, bufs, regs, ids)
 
 
 def _fill(buf, value):
@@ -155,16 +165,18 @@ def _key_tile(plan, bufs, smem, regs, ids, kt):
     _stage(plan, smem["v"], bufs, "v", (ids["b"], ids["hk"]), k0, s.kv_len, plan.k_tile, ids["tx"])
     T.evaluate(T.tvm_storage_sync("shared"))
     sf, frag = regs["s"], regs["b"]
+    wk = ids["warp_keys"]
+    key_row = ids["split"] * wk  # the warp's first key in the staged tiles
     _fill(sf, 0.0)
-    with T.unroll(0, plan.k_tile // TILE) as nn:
+    with T.unroll(0, wk // TILE) as nn:
         with T.unroll(0, s.head_dim // TILE) as kk:
-            _ldmatrix(plan, frag, 0, smem["k"], nn * TILE, kk * TILE, "b", False, ids["lane"])
+            _ldmatrix(plan, frag, 0, smem["k"], key_row + nn * TILE, kk * TILE, "b", False, ids["lane"])
             for half in range(2):
                 _mma(plan, regs["q"], kk * 8, frag, 4 * half, sf, (2 * nn + half) * C_ELEMENTS)
-    _softmax(plan, bufs, regs, ids, k0)
-    with T.unroll(0, plan.k_tile // TILE) as kk:
+    _softmax(plan, bufs, regs, ids, k0 + key_row)
+    with T.unroll(0, wk // TILE) as kk:
         with T.unroll(0, s.head_dim // TILE) as dn:
-            _ldmatrix(plan, frag, 0, smem["v"], kk * TILE, dn * TILE, "b", True, ids["lane"])
+            _ldmatrix(plan, frag, 0, smem["v"], key_row + kk * TILE, dn * TILE, "b", True, ids["lane"])
             for half in range(2):
                 _mma(plan, regs["p"], kk * 8, frag, 4 * half, regs["o"], (2 * dn + half) * C_ELEMENTS)
 
@@ -182,7 +194,7 @@ def _softmax(plan, bufs, regs, ids, k0):
     output accumulators, and write p = exp(s - m') (0 for unseen keys) to the P fragments."""
     s = plan.shape
     sf, m, l, t = regs["s"], regs["m"], regs["l"], regs["t"]
-    blocks = plan.k_tile // 8
+    blocks = ids["warp_keys"] // 8
     with T.unroll(0, 2) as half:
         qi = ids["row"] + 8 * half
         T.buffer_store(t, load(m, half), [half])
@@ -212,16 +224,26 @@ def _softmax(plan, bufs, regs, ids, k0):
             T.buffer_store(regs["o"], load(regs["o"], i) * load(alpha, half), [i])
 
 
-def _write(plan, bufs, regs, ids):
-    """out[row, col] = acc / l (l folded over the quad) of each of the lane's output elements."""
-    s = plan.shape
+def _fold_sums(regs, ids):
+    """Each row's running sum l, folded over the 4 lanes of its quad (each held its own columns')."""
     l = regs["l"]
     with T.unroll(0, 2) as half:
-        qi = ids["row"] + 8 * half
         T.buffer_store(l, _quad(lambda x, y: x + y, load(l, half), ids["warp"]), [half])
-        with T.If(qi < s.q_len):
-            with T.Then():
-                with T.unroll(0, s.head_dim // 8 * 2) as e:
-                    i = (e // 2) * C_ELEMENTS + 2 * half + e % 2
-                    value = tirx.Cast(s.dtype, load(regs["o"], i) / load(l, half))
-                    T.buffer_store(bufs["out"], value, [ids["b"], ids["h"], qi, (e // 2) * 8 + ids["col"] + e % 2])
+
+
+def _write(plan, bufs, regs, ids):
+    """out[row, col] = acc / l of each of the lane's output elements."""
+    l = regs["l"]
+    with T.unroll(0, 2) as half:
+        _store_output(plan, bufs, regs, ids, half, lambda i, col, half=half: load(regs["o"], i) / load(l, half))
+
+
+def _store_output(plan, bufs, regs, ids, half, value_of):
+    """out[row g (+ 8 `half`), the lane's columns] = value_of(accumulator index, column), where the row exists."""
+    s = plan.shape
+    qi = ids["row"] + 8 * half
+    with T.If(qi < s.q_len):
+        with T.Then():
+            with T.unroll(0, s.head_dim // 8 * 2) as e:
+                i, col = (e // 2) * C_ELEMENTS + 2 * half + e % 2, (e // 2) * 8 + ids["col"] + e % 2
+                T.buffer_store(bufs["out"], tirx.Cast(s.dtype, value_of(i, col)), [ids["b"], ids["h"], qi, col])

@@ -212,7 +212,7 @@ def _product(graph: _Graph, expr):
         else:
             return None
         break
-    expr = _unwrap(graph, expr, VIEW_OPS)
+    expr = _unwrap(graph, expr, VIEW_OPS + ("relax.astype",))  # a half matmul of float32 out_dtype, cast back
     matmul = graph.call(expr, "relax.matmul")
     if matmul is None or graph.uses.get(expr, 0) != 1:
         return None
@@ -273,9 +273,13 @@ def _chain_at(graph: _Graph, p_var) -> AttentionChain:
     if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
         raise _Stop("attention-no-second-matmul", binding=p_var.name)
     output = reader
-    after = graph.single_reader(reader)
+    cast = graph.single_reader(output)  # a half matmul of float32 out_dtype, cast back to the inputs' dtype
+    if cast is not None and graph.call(cast, "relax.astype") is not None and _dtype(reader) != _dtype(call.args[1]):
+        output = cast
+        names.append(cast)
+    after = graph.single_reader(output)
     reshape = graph.call(after, "relax.reshape") if after is not None else None
-    if reshape is not None and _shape(after) is not None and len(_shape(after)) == 4 and len(_shape(reader)) == 3:
+    if reshape is not None and _shape(after) is not None and len(_shape(after)) == 4 and len(_shape(output)) == 3:
         output = after
         names.append(after)
     v, v_group = _kv_heads(graph, _through_views(graph, call.args[1]))

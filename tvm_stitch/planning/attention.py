@@ -116,6 +116,7 @@ class AttentionPlan:
     out_cols: int = 0  # CPU: head-dim columns of a register block of the P V update
     fast_exp: bool = False  # CPU: exp as topi.fast_exp's polynomial (vectorised), else libm's (scalar)
     mma: bool = False  # CUDA: on tensor cores (mma.sync m16n8k16), a warp per 16 query rows (attention_mma.py)
+    kv_splits: int = 1  # CUDA tensor cores: warps per 16 query rows, each taking k_tile / kv_splits keys of a tile
 
     @property
     def q_tiles(self):
@@ -142,20 +143,23 @@ class AttentionPlan:
     @property
     def threads(self) -> int:
         if self.mma:
-            return self.q_tile // 16 * self.spec.warp_size
+            return self.q_tile // 16 * self.kv_splits * self.spec.warp_size
         return self.q_tile * self.lanes if self.spec.family == "cuda" else 1
 
     def shared_bytes(self) -> int:
         """CUDA: shared memory per block (Q, K, V tiles and the scores, float32, rows padded; on tensor
-        cores Q, K and V in their dtype, rows padded by 8 elements)."""
+        cores Q, K and V in their dtype, rows padded by 8 elements, and where the key tile is split
+        over warps the float32 combine: each split's row max and sum, and the summed output)."""
         if self.mma:
-            return 2 * (self.q_tile + 2 * self.k_tile) * (self.shape.head_dim + 8)
+            return attention_mma.shared_bytes(self.q_tile, self.k_tile, self.kv_splits, self.shape.head_dim)
         return cuda_shared_bytes(self.q_tile, self.k_tile, self.shape.head_dim)
 
     def describe(self) -> str:
         s = self.shape
         tasks = text(self.tasks)
-        rows = (f"a warp per 16 query rows, mma.sync m16n8k16 {s.dtype}" if self.mma
+        split = (f", each key tile split over {self.kv_splits} warps of {self.k_tile // self.kv_splits} keys "
+                 f"combined in shared memory" if self.kv_splits > 1 else "")
+        rows = (f"a warp per 16 query rows{split}, mma.sync m16n8k16 {s.dtype}" if self.mma
                 else f"{self.lanes} per query row")
         where = (f"{tasks} blocks x {self.threads} threads ({rows}), "
                  f"{self.shared_bytes()} B shared" if self.spec.family == "cuda" else
@@ -190,7 +194,8 @@ def check_shape(shape: AttentionShape) -> None:
 
 def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
     """Of the tiles that fit the spec's shared memory and threads per block, those the time model
-    (planning/attention_cost.py) prices fastest; the largest among equals."""
+    (planning/attention_cost.py) prices fastest; among equals the fewest key splits, then the query
+    tile nearest 64 rows (4 warps of the tensor-core kernel), then the largest."""
     check_shape(shape)
     d, priced = shape.head_dim, shape.priced()
     lanes = next((n for n in (4, 2, 1) if d % n == 0 and d // n <= 32), None)
@@ -204,7 +209,8 @@ def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
     fitting += attention_mma.candidates(shape, spec, AttentionPlan)
     if not fitting:
         raise PlanError("attention-shared-memory", head_dim=d, limit=spec.shared_bytes_per_block)
-    return min(fitting, key=lambda plan: max(modeled_us(plan), 0.0))
+    return min(fitting, key=lambda plan: (max(modeled_us(plan), 0.0), plan.kv_splits, abs(plan.q_tile.bit_length() - 7),
+                                          -plan.q_tile))
 
 
 def plan_cpu(shape: AttentionShape, spec: TargetSpec, fast_exp: bool = True) -> AttentionPlan:

@@ -113,6 +113,8 @@ MESSAGES = MappingProxyType({
     "attention-mask": lambda p: f"mask kind {p['mask']}",
     "attention-heads": lambda p: f"{p['heads']} heads are not a multiple of {p['kv_heads']} KV heads",
     "attention-causal-short": lambda p: f"a causal mask over {p['kv_len']} keys for {p['q_len']} queries",
+    "attention-default-faster": lambda p: (f"TVM's default path (two batched matmuls around a softmax) is modeled "
+                                           f"faster: {p['default_us']} us, the fused kernel {p['fused_us']} us"),
     "attention-head-dim": lambda p: f"head dimension {p['head_dim']}: no split into lanes of at most 32 elements",
     "attention-shared-memory": lambda p: (f"head dimension {p['head_dim']}: the smallest tiles exceed "
                                           f"{p['limit']} B of shared memory"),

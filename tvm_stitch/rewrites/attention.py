@@ -40,6 +40,7 @@ from tvm_stitch.rewrites.host_constants import evaluate_bindings
 from tvm_stitch.analysis.op_patterns import OPAQUE
 from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
 from tvm_stitch.planning.attention_cost import modeled_us, traffic
+from tvm_stitch.pricing.attention_default import default_floor_us, default_us
 from tvm_stitch.planning.reasons import PlanError, Reason
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.stitch_target import StitchTarget
@@ -53,6 +54,8 @@ class AttentionRecord:
     plan: AttentionPlan | None = None
     kernel: str = ""
     reason: Reason | None = None
+    default_us: float = -1.0  # TVM's default path for the chain, modeled (CUDA; -1: not priced)
+    default_floor: bool = False  # default_us is the default path's floor (the fused kernel is faster than it)
 
     @property
     def fused(self) -> bool:
@@ -65,7 +68,9 @@ class AttentionRecord:
             loaded, stored, ideal = traffic(self.plan)
             us = modeled_us(self.plan)
             cost = f"; modeled {(loaded + stored) / 1e6:.2f} MB (ideal {ideal / 1e6:.2f})" + (
-                f", {us:.1f} us" if us >= 0 else "")
+                f", {us:.1f} us" if us >= 0 else "") + (
+                f" (TVM's default path {'at least ' if self.default_floor else ''}{self.default_us:.1f} us)"
+                if self.default_us >= 0 else "")
             return f"attention {self.kernel} {where}: {self.plan.describe()}{cost}"
         return f"attention fallback {where}: {self.reason.text}"
 
@@ -103,6 +108,7 @@ class FuseAttention:
     def __init__(self, target, report=None, fast_math: bool = True):
         made = StitchTarget.of(target)
         self.target, self.spec, self.report, self.fast_math = made.target, made.kernel_spec, report, fast_math
+        self.default_prices = {}  # TVM's default path per priced chain shape, modeled (this pass's chains)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         spec = self.spec
@@ -126,6 +132,7 @@ class FuseAttention:
     def _planned(self, function: str, chain: AttentionChain, spec: TargetSpec, bounds: dict) -> tuple:
         try:
             plan = plan_attention(shape_of(chain, bounds), spec, fast_exp=self.fast_math)
+            default, floor = self._default_faster(plan)
             kernel = kernel_for(plan).with_attrs({"op_pattern": OPAQUE, "tvm_stitch.attention": plan.describe(),
                                                   "tvm_stitch.traffic": list(traffic(plan))})
             check_builds(kernel, self.target)
@@ -135,7 +142,26 @@ class FuseAttention:
             lines = str(err).strip().splitlines()
             reason = Reason("error", {"type": type(err).__name__, "message": lines[-1][:200] if lines else ""})
             return AttentionRecord(function, chain.bindings, reason=reason), None
-        return AttentionRecord(function, chain.bindings, plan, kernel="fused_attention"), kernel
+        return AttentionRecord(function, chain.bindings, plan, kernel="fused_attention", default_us=default,
+                               default_floor=floor), kernel
+
+    def _default_faster(self, plan: AttentionPlan) -> tuple:
+        """(TVM's default path for the chain modeled, or its floor where `plan` is faster than that; -1 off
+        CUDA, whether it is the floor); PlanError where the default is modeled faster than `plan`."""
+        fused = modeled_us(plan)
+        if fused < 0:
+            return -1.0, False
+        floor = default_floor_us(plan.shape, self.spec)
+        if fused < floor:
+            return floor, True
+        s = plan.shape.priced()
+        key = (s.batch, s.heads, s.kv_heads, s.q_len, s.kv_len, s.head_dim, s.dtype, s.mask)
+        if key not in self.default_prices:
+            self.default_prices[key] = default_us(plan.shape, self.target, self.spec)
+        default = self.default_prices[key]
+        if 0 <= default < fused:
+            raise PlanError("attention-default-faster", default_us=round(default, 1), fused_us=round(fused, 1))
+        return default, False
 
 
 def _with_evaluated_mask(func: relax.Function, chain: AttentionChain) -> AttentionChain:

@@ -20,7 +20,7 @@ from tvm_stitch.kernels.variants import launches_at
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.target import as_target
 
-_KERNEL = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\(\d+\))? (\w+)\(')
+_KERNEL = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\(\d+(?:, \d+)?\))? (\w+)\(')
 
 
 def cuda_module(executable):
