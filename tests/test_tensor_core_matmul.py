@@ -145,13 +145,16 @@ def test_mma_dtypes_follow_the_arch():
 
 @pytest.mark.parametrize("extents,warps,fragments", [
     ((16, 16, 16), (1, 1), (1, 1)),
-    ((64, 64, 64), (2, 2), (2, 2)),
+    ((64, 64, 64), (2, 2), (1, 1)),  # one block of 64 x 64 split four ways: more SMs busy
+    ((512, 1376, 512), (2, 2), (4, 1)),  # 1376 = 43 x 32: no padding
+    ((512, 512, 512), (2, 2), (1, 2)),  # 128 blocks of 32 x 64 on 132 SMs (sm_90)
     ((48, 32, 64), (1, 2), (3, 1)),
     ((4096, 4096, 4096), (2, 2), (4, 2)),
     ((None, 64, None), (2, 2), (4, 2)),
 ])
 def test_the_tile_fits_small_extents(extents, warps, fragments):
-    """Extents of 64 or less get a block tile of their size rounded up to 16, not the large one."""
+    """Extents of 64 or less get a block tile of their size rounded up to 16, not the large one; a tile
+    that divides an extent is preferred to one that pads it, and small GEMMs get one block per SM."""
     spec = TargetSpec.from_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
     tile = tensor_core_matmul.choose_tile(extents, spec, 2)
     assert (tile.warps, tile.fragments) == (warps, fragments)

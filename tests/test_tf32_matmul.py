@@ -26,7 +26,8 @@ from tvm_stitch.tools.module_time import stitched_module_time
 from tvm_stitch.torch.dynamo_backend import Options, _compile
 
 from conftest import needs_nvcc, nvcc, opencl_device
-from mma_gemm import gemm, with_static_shared
+from mma_gemm import gemm
+from tir_text import with_static_shared
 from test_tensor_core_matmul import GEMMS, gemm_module, gemm_reference, kernel_rules, spills
 
 TF32_MMA = r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32"
