@@ -311,9 +311,11 @@ def _store(sch: s_tir.Schedule, c_shared, spec: TargetSpec, padded: bool) -> Non
     sch.vectorize(vec)
 
 
-def apply(func: tirx.PrimFunc, spec: TargetSpec, allow_tf32: bool = False) -> s_tir.Schedule | None:
+def apply(func: tirx.PrimFunc, spec: TargetSpec, allow_tf32: bool = False,
+          tile: Tile | None = None) -> s_tir.Schedule | None:
     """A tensor-core schedule of a float16/bfloat16 GEMM with a float32 accumulator (with `allow_tf32`,
-    of a float32 GEMM on TF32 tensor cores as well); None otherwise."""
+    of a float32 GEMM on TF32 tensor cores as well); None otherwise. `tile`: the block tile (default:
+    choose_tile's for the GEMM's extents)."""
     if spec.family != "cuda" or tensorize_faults() or (func.attrs is not None and NO_TENSORIZE in func.attrs):
         return None
     sch = s_tir.Schedule(func)
@@ -326,7 +328,8 @@ def apply(func: tirx.PrimFunc, spec: TargetSpec, allow_tf32: bool = False) -> s_
         return None
     batch, *extents = (_static(iv.dom.extent) for iv in sch.get(main).iter_vars)
     extents = tuple(extents)
-    tile = choose_tile(extents, spec, tvm.DataType(dtype).bits // 8, batch if batch is not None else spec.sms)
+    if tile is None:
+        tile = choose_tile(extents, spec, tvm.DataType(dtype).bits // 8, batch if batch is not None else spec.sms)
     if tile is None:
         return None
     steps = (tile.rows(0), tile.rows(1), tile.k_steps * mma.TILE)
