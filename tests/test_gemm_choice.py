@@ -65,3 +65,14 @@ def test_untimed_the_tensor_core_schedule_stays():
     with TARGET:
         out = GuardedDefaultSchedule(SPEC, timed=False, report=report)(mod)
     assert str(out["gemm"].attrs[RULE_ATTR]) == TENSOR_CORE_RULE and report.gemms == []
+
+
+def test_the_module_comparison_names_the_schedule_kept():
+    """`tvm-stitch explain`'s CUDA comparison lists each GEMM's choice after the stitched build's kernels."""
+    from test_tensor_core_matmul import gemm_module
+    from tvm_stitch.tools.module_time import comparison
+
+    text = comparison(gemm_module("square", "bfloat16"), TARGET, SPEC, bounds=True)
+    stitched, default = text.split("kernels of TVM's default build:")
+    (line,) = [row for row in stitched.splitlines() if row.startswith("GEMM ")]
+    assert "modeled" in line and "(time model)" in line and "GEMM " not in default
