@@ -4,11 +4,11 @@ shared memory in steps of 32. Test material for the SIMT checker's tensor-core e
 
 from __future__ import annotations
 
-import re
-
 import tvm
 from tvm import s_tir, te
 from tvm.s_tir.tensor_intrin import cuda as intrinsics
+
+from tir_text import reparsed
 
 TILE = 16
 WARPS = (2, 2)  # warps along M and N per block
@@ -91,16 +91,4 @@ def tensorized(func, b_transposed: bool, out_dtype: str = "float32"):
 def as_bfloat16(func):
     """A float16 tensorized GEMM made bfloat16 (TVM 0.27 registers no bfloat16 mma intrinsic): every
     float16 buffer bfloat16 and the mma's multiplicands .bf16, as a bfloat16 kernel calls them."""
-    return _reparsed(func.script().replace('"float16"', '"bfloat16"').replace('"fp16"', '"bf16"'))
-
-
-def with_static_shared(func):
-    """`func` with its dynamic shared memory (`shared.dyn`) declared static (`shared`): the SIMT checker's
-    launch geometry takes static shared memory only."""
-    return _reparsed(func.script().replace('"shared.dyn"', '"shared"'))
-
-
-def _reparsed(text: str):
-    # TVMScript prints mma_fill/mma_store without the dtype its parser requires (float32 accumulators here)
-    text = re.sub(r"(T\.cuda\.mma_(?:fill|store)_legacy\(.*)\)$", r'\1, dtype="float32")', text, flags=re.M)
-    return tvm.script.from_source(text)
+    return reparsed(func.script().replace('"float16"', '"bfloat16"').replace('"fp16"', '"bf16"'))

@@ -26,8 +26,9 @@ from tvm_stitch.tools.module_time import stitched_module_time
 from tvm_stitch.torch.dynamo_backend import Options, _compile
 
 from conftest import needs_nvcc, nvcc, opencl_device
-from mma_gemm import gemm, with_static_shared
-from test_tensor_core_matmul import GEMMS, gemm_module, gemm_reference, kernel_rules, spills
+from mma_gemm import gemm
+from tir_text import with_static_shared
+from test_tensor_core_matmul import GEMMS, gemm_module, gemm_reference, kernel_rules, spills, untimed  # noqa: F401 - a fixture
 
 TF32_MMA = r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32"
 # TF32 keeps 10 of float32's 23 mantissa bits: each product's operands within 2^-10 relative
@@ -49,7 +50,7 @@ TARGETS = [(name, "sm_90") for name in GEMMS] + [("square", "sm_80"), ("weight-g
 
 @needs_nvcc
 @pytest.mark.parametrize("name,arch", TARGETS)
-def test_float32_gemms_run_on_tf32_tensor_cores_without_spills(name, arch, tmp_path):
+def test_float32_gemms_run_on_tf32_tensor_cores_without_spills(name, arch, tmp_path, untimed):
     built = build(gemm_module(name, "float32"), _cuda(arch), stitched=True, allow_tf32=True)
     assert list(kernel_rules(built).values()) == [TENSOR_CORE_RULE]
     source = cuda_source(built.executable)

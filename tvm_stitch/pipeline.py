@@ -37,7 +37,8 @@
         TVM's dlight rules for the rest, each guarded, then a per-block
         schedule that is always valid (dlight 0.27 crashes on some graphs);
         each function records the rule in `tvm_stitch.schedule_rule`;
-        dlight's tensor-core path is switched off first where TVM's
+        a GEMM both schedule keeps the faster by the time model
+        (pricing/gemm_choice); dlight's tensor-core path is switched off first where TVM's
         Tensorize segfaults (tensorize_guard: a tvm-ffi newer than TVM's);
         then VectorSelectsAsBranches (a select under a vectorised loop as
         if_then_else: TVM's CUDA codegen emits code nvcc rejects for it)
@@ -59,6 +60,7 @@ from schedules.cuda.dlight_default import first_dlight_schedule
 from schedules.cuda.vector_selects import selects_as_branches
 
 from tvm_stitch.analysis.classify import TENSOR_CORE_RULE
+from tvm_stitch.pricing.gemm_choice import faster_gemm, scheduled
 from tvm_stitch.rewrites.attention import FuseAttention
 from tvm_stitch.rewrites.closed_forms import ComputeClosedForms
 from tvm_stitch.rewrites.cpu_epilogue import ReshapesJoin
@@ -98,11 +100,16 @@ class GuardedDefaultSchedule:
     rule's class name, or "per_block") in its `tvm_stitch.schedule_rule`
     attribute. `spec`: the target's TargetSpec, for the per-block schedule
     (default: made from the current target). `allow_tf32`: float32 GEMMs on TF32 tensor cores too.
+    `timed` (the default): a GEMM the tensor-core rule schedules keeps the faster of that schedule and
+    dlight's by the time model (pricing/gemm_choice.py), each choice recorded in `report.gemms`.
     """
 
-    def __init__(self, spec: TargetSpec | None = None, allow_tf32: bool = False):
+    def __init__(self, spec: TargetSpec | None = None, allow_tf32: bool = False, timed: bool = True,
+                 report: StitchReport | None = None):
         self.spec = spec
         self.allow_tf32 = allow_tf32
+        self.timed = timed
+        self.report = report
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = Target.current(allow_none=False)
@@ -111,15 +118,26 @@ class GuardedDefaultSchedule:
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
                 continue
-            sch, name = _tensor_core_schedule(func, spec, self.allow_tf32), TENSOR_CORE_RULE
-            if sch is None:
-                sch, name = first_dlight_schedule(func, target)
+            tensor_core = _tensor_core_schedule(func, spec, self.allow_tf32)
+            if tensor_core is not None:
+                updates[gv] = self._gemm(func, tensor_core, target, spec, gv.name_hint)
+                continue
+            sch, name = first_dlight_schedule(func, target)
             if sch is None:
                 sch, name = per_block.apply(func, spec), "per_block"
-            updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, "tvm_stitch.schedule_rule": name})
+            updates[gv] = scheduled(sch, name)
         for gv, func in updates.items():
             mod[gv] = func
         return mod
+
+    def _gemm(self, func: tirx.PrimFunc, tensor_core, target: Target, spec: TargetSpec, name: str) -> tirx.PrimFunc:
+        """The tensor-core schedule of a GEMM, or dlight's where `timed` and the time model prices it faster."""
+        if not self.timed:
+            return scheduled(tensor_core, TENSOR_CORE_RULE)
+        chosen, choice = faster_gemm(func, tensor_core, target, spec, name)
+        if self.report is not None:
+            self.report.gemms.append(choice)
+        return chosen
 
 
 @tvm.transform.module_pass(opt_level=0, name="VectorSelectsAsBranches")
@@ -284,7 +302,8 @@ def pipeline(target, *, strict: bool = False, report: StitchReport | None = None
     passes = (
         stitch_passes(made, strict=strict, report=report, fast_math=fast_math, cost_model=cost_model, fusion=fusion)
         + [relax.transform.FuseTIR()]
-        + ([GuardedDefaultSchedule(made.target_spec, allow_tf32), guarded(VectorSelectsAsBranches(), report)]
+        + ([GuardedDefaultSchedule(made.target_spec, allow_tf32, report=report),
+            guarded(VectorSelectsAsBranches(), report)]
            if made.builds_cuda else [GuardedCpuSchedule(made.target_spec)])
         + backend_passes(target).dataflow_lower_passes(target)
         + backend_passes(target).finalize_passes(target)

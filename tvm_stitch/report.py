@@ -47,6 +47,7 @@ class StitchReport:
     searches: list = field(default_factory=list)  # fusion_search.SearchRecord per block searched
     attention: list = field(default_factory=list)  # rewrites/attention.AttentionRecord per attention chain
     scatters: list = field(default_factory=list)  # rewrites/scatter_add.ScatterRecord per scatter_nd (CUDA)
+    gemms: list = field(default_factory=list)  # pricing/gemm_choice.GemmChoice per GEMM the tensor-core rule took
 
     @property
     def plans(self) -> list:
@@ -96,6 +97,7 @@ class StitchReport:
                              f"instead of read from memory)")
         lines.extend(record.line() for record in self.attention)
         lines.extend(record.line() for record in self.scatters)
+        lines.extend(record.line() for record in self.gemms)
         lines.extend(self.notes)
         return "\n".join(lines)
 

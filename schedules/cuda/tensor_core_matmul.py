@@ -44,6 +44,7 @@ from tvm_stitch.planning.spec import TargetSpec
 MAX_WARPS = (2, 2)  # warps along I and J
 MAX_FRAGMENTS = (4, 2)  # 16x16 accumulator tiles per warp along I and J
 K_STEPS = 2  # 16-deep steps per shared-memory stage
+DEEP_K_STEPS = 4  # where K is a multiple of 64
 PAD_BYTES = 16  # added to each shared row: ldmatrix's 8 row addresses fall in different banks
 STORE_VECTOR = 4  # accumulator elements per thread and store (16 bytes of float32)
 ACCUMULATOR_BYTES = 4  # float32
@@ -88,13 +89,48 @@ def _split_extent(extent, warps: int, fragments: int) -> tuple:
     return use_warps, -(-tiles // use_warps)
 
 
-def choose_tile(extents: tuple, spec: TargetSpec, dtype_bytes: int) -> Tile | None:
-    """The tile for static (I, J, K) extents (None where symbolic), within the block's shared memory."""
+def _divides(extent, warps: int, fragments: int) -> bool:
+    return extent is None or extent % (warps * fragments * mma.TILE) == 0
+
+
+def _fill(extents: tuple, warps: tuple, fragments: tuple, batch: int, sms: int) -> tuple:
+    """Fragments per warp along I and J, halved where the halved tile divides an extent the tile does
+    not (no padding, vector copies), then, the larger first, while the halved tile's grid has at most one
+    block per SM (a small GEMM on a few large blocks leaves most SMs idle, each block a long K loop)."""
+    fragments = list(fragments)
+    for axis in (0, 1):
+        while (fragments[axis] % 2 == 0 and not _divides(extents[axis], warps[axis], fragments[axis])
+               and _divides(extents[axis], warps[axis], fragments[axis] // 2)):
+            fragments[axis] //= 2
+
+    def blocks() -> int:
+        rows = [-(-e // (w * f * mma.TILE)) if e is not None else sms for e, w, f in zip(extents, warps, fragments)]
+        return batch * rows[0] * rows[1]
+
+    while 2 * blocks() <= sms:
+        axis = 0 if fragments[0] >= fragments[1] else 1
+        if fragments[axis] % 2:
+            axis = 1 - axis
+        if fragments[axis] % 2:
+            break
+        fragments[axis] //= 2
+    return tuple(fragments)
+
+
+def choose_tile(extents: tuple, spec: TargetSpec, dtype_bytes: int, batch: int = 1) -> Tile | None:
+    """The tile for static (I, J, K) extents (None where symbolic) and `batch` GEMMs, within the block's
+    shared memory: at most 128 x 64, fitted to extents of 64 or less, smaller where that avoids padding
+    or gives every SM a block (_fill); 64 deep per stage where K is a multiple of 64 (half the stages,
+    half the barriers), else 32 (16 for K of 16 or less)."""
     i, j, k = extents
     wi, fi = _split_extent(i, MAX_WARPS[0], MAX_FRAGMENTS[0])
     wj, fj = _split_extent(j, MAX_WARPS[1], MAX_FRAGMENTS[1])
-    k_steps = K_STEPS if k is None or k > mma.TILE else 1
-    tile = Tile((wi, wj), (fi, fj), k_steps)
+    fragments = _fill(extents, (wi, wj), (fi, fj), batch, spec.sms)
+    if k is None or k % (DEEP_K_STEPS * mma.TILE) == 0:
+        k_steps = DEEP_K_STEPS
+    else:
+        k_steps = K_STEPS if k > mma.TILE else 1
+    tile = Tile((wi, wj), fragments, k_steps)
     return tile if tile.shared_bytes(dtype_bytes) <= spec.shared_bytes_per_block else None
 
 
@@ -128,17 +164,30 @@ def _normalise(sch: s_tir.Schedule, main) -> bool:
     return True
 
 
-def _vector_along(access, var: tirx.Var, vector: int) -> bool:
-    """Whether `access` (one element per block iteration) moves by one element as `var` steps and
-    starts every run of `vector` steps on a `vector`-element boundary: a vector access is aligned."""
-    buffer, last = access.source, access.region[-1].min
-    extent = buffer.shape[-1]
-    if not isinstance(extent, tirx.IntImm) or int(extent) % vector:
+def _vector_along(block: tirx.SBlock, access, axis: int, vector: int) -> bool:
+    """Whether `access` of `block` (one element per block iteration) reads or writes `vector`
+    consecutive elements of its buffer's last axis, starting on a `vector`-element boundary, as the
+    block's iteration variable `axis` runs through each aligned run of `vector` values, its other
+    indices fixed over the run: a vector access is aligned. The iteration variables range over their
+    domains, so an index that wraps (a reshape's `k % 512` inlined) is read within them."""
+    extent = block.iter_vars[axis].dom.extent
+    last = access.source.shape[-1]
+    if not all(isinstance(e, tirx.IntImm) and int(e) % vector == 0 for e in (extent, last)):
         return False
+    var = block.iter_vars[axis].var
     analyzer = sym.Analyzer()
-    step = analyzer.simplify(substitute(last, {var: var + 1}) - last)
-    start = analyzer.simplify(tirx.floormod(substitute(last, {var: tirx.const(0, str(var.ty))}), vector))
-    return isinstance(step, tirx.IntImm) and int(step) == 1 and isinstance(start, tirx.IntImm) and int(start) == 0
+    for k, iv in enumerate(block.iter_vars):
+        if k != axis:
+            analyzer.bind(iv.var, iv.dom)
+    run, lane = tirx.Var("run", var.ty), tirx.Var("lane", var.ty)
+    analyzer.bind(run, tvm.ir.Range(0, int(extent) // vector))
+    analyzer.bind(lane, tvm.ir.Range(0, vector))
+    start = run * vector
+    indices = [region.min for region in access.region]
+    moved = [analyzer.simplify(substitute(i, {var: start + lane}) - substitute(i, {var: start})) for i in indices]
+    first = analyzer.simplify(tirx.floormod(substitute(indices[-1], {var: start}), vector))
+    return (all(analyzer.can_prove_equal(m, 0) for m in moved[:-1]) and analyzer.can_prove_equal(moved[-1], lane)
+            and analyzer.can_prove_equal(first, 0))
 
 
 def _layout(sch: s_tir.Schedule, copy, vector: int, padded: bool, transposable: bool) -> tuple:
@@ -149,10 +198,10 @@ def _layout(sch: s_tir.Schedule, copy, vector: int, padded: bool, transposable: 
     if padded or len(block.reads) != 1:
         return False, 1
     (access,) = block.reads
-    rows, depth = (iv.var for iv in block.iter_vars[-2:])
-    if _vector_along(access, depth, vector):
+    rows, depth = len(block.iter_vars) - 2, len(block.iter_vars) - 1
+    if _vector_along(block, access, depth, vector):
         return False, vector
-    if transposable and _vector_along(access, rows, vector):
+    if transposable and _vector_along(block, access, rows, vector):
         return True, vector
     return False, 1
 
@@ -254,17 +303,19 @@ def _store(sch: s_tir.Schedule, c_shared, spec: TargetSpec, padded: bool) -> Non
     output is written contiguously and unpadded."""
     auto_inline_consumer_chain(sch, c_shared)
     block = sch.get(c_shared)
-    column = block.iter_vars[-1].var
-    aligned = not padded and len(block.writes) == 1 and _vector_along(block.writes[0], column, STORE_VECTOR)
+    aligned = not padded and len(block.writes) == 1 and _vector_along(block, block.writes[0],
+                                                                      len(block.iter_vars) - 1, STORE_VECTOR)
     _, tx, vec = sch.split(sch.fuse(*sch.get_loops(c_shared)[-2:]),
                            [None, spec.warp_size, STORE_VECTOR if aligned else 1])
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(vec)
 
 
-def apply(func: tirx.PrimFunc, spec: TargetSpec, allow_tf32: bool = False) -> s_tir.Schedule | None:
+def apply(func: tirx.PrimFunc, spec: TargetSpec, allow_tf32: bool = False,
+          tile: Tile | None = None) -> s_tir.Schedule | None:
     """A tensor-core schedule of a float16/bfloat16 GEMM with a float32 accumulator (with `allow_tf32`,
-    of a float32 GEMM on TF32 tensor cores as well); None otherwise."""
+    of a float32 GEMM on TF32 tensor cores as well); None otherwise. `tile`: the block tile (default:
+    choose_tile's for the GEMM's extents)."""
     if spec.family != "cuda" or tensorize_faults() or (func.attrs is not None and NO_TENSORIZE in func.attrs):
         return None
     sch = s_tir.Schedule(func)
@@ -275,8 +326,10 @@ def apply(func: tirx.PrimFunc, spec: TargetSpec, allow_tf32: bool = False) -> s_
     dtype = _operand_dtype(sch.get(main), spec, allow_tf32)
     if dtype is None or not _normalise(sch, main):
         return None
-    extents = tuple(_static(iv.dom.extent) for iv in sch.get(main).iter_vars[1:])
-    tile = choose_tile(extents, spec, tvm.DataType(dtype).bits // 8)
+    batch, *extents = (_static(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    extents = tuple(extents)
+    if tile is None:
+        tile = choose_tile(extents, spec, tvm.DataType(dtype).bits // 8, batch if batch is not None else spec.sms)
     if tile is None:
         return None
     steps = (tile.rows(0), tile.rows(1), tile.k_steps * mma.TILE)

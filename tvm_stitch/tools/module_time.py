@@ -82,26 +82,33 @@ def default_module_time(mod: tvm.IRModule, target, spec: TargetSpec) -> ModuleTi
 
 
 def stitched_module_time(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = DEFAULT_FUSION,
-                         allow_tf32: bool = False) -> ModuleTime:
+                         allow_tf32: bool = False, report=None) -> ModuleTime:
     """`mod` built by the stitch pipeline for the CUDA `target` (grouped by `fusion`; float32 GEMMs on TF32
-    tensor cores with `allow_tf32`), priced."""
+    tensor cores with `allow_tf32`; `report`: a StitchReport the pipeline fills), priced."""
     from tvm_stitch.pipeline import pipeline
 
     target = as_target(target)
     with target:
-        lowered = pipeline(target, fusion=fusion, allow_tf32=allow_tf32)(tvm.IRModule(mod.functions, attrs=mod.attrs))
+        lowered = pipeline(target, fusion=fusion, allow_tf32=allow_tf32, report=report)(
+            tvm.IRModule(mod.functions, attrs=mod.attrs))
     return module_time(lowered, spec)
 
 
 def comparison(mod: tvm.IRModule, target, spec: TargetSpec, fusion: str = DEFAULT_FUSION, bounds: bool = False) -> str:
     """One line: the module's modeled time stitched (grouped by `fusion`) beside TVM's default build, both
     priced by the model; with `bounds`, then each build's kernels with their bound and share of the peaks
-    (report.kernel_bound_lines)."""
-    stitched, default = stitched_module_time(mod, target, spec, fusion), default_module_time(mod, target, spec)
+    (report.kernel_bound_lines), and the schedule kept for each GEMM the tensor-core rule took, with
+    both schedules' modeled times (pricing/gemm_choice.py)."""
+    from tvm_stitch.report import StitchReport
+
+    report = StitchReport()
+    stitched = stitched_module_time(mod, target, spec, fusion, report=report)
+    default = default_module_time(mod, target, spec)
     line = _comparison_line(stitched, default, spec)
     if not bounds:
         return line
     return "\n".join([line] + kernel_bound_lines("kernels of the stitched build:", stitched.kernels)
+                     + [choice.line() for choice in report.gemms]
                      + kernel_bound_lines("kernels of TVM's default build:", default.kernels))
 
 
