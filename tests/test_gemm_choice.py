@@ -10,7 +10,7 @@ from tvm import te
 from schedules.cuda import tensor_core_matmul
 from tvm_stitch.analysis.classify import TENSOR_CORE_RULE
 from tvm_stitch.pipeline import GuardedDefaultSchedule
-from tvm_stitch.pricing.gemm_choice import RULE_ATTR, faster_gemm
+from tvm_stitch.pricing.gemm_choice import RULE_ATTR, faster_gemm, on_tensor_cores
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.report import StitchReport
 
@@ -38,15 +38,24 @@ def _choose(func, tile=None):
 
 @pytest.mark.parametrize("tile,rule", [(None, TENSOR_CORE_RULE), (LARGE_SHALLOW, "Matmul")])
 def test_the_faster_modeled_schedule_is_kept(tile, rule):
-    """512^3 in bfloat16: the rule's tile beats dlight's FMA Matmul in the model; a tile of 32 blocks and
-    32 stages does not, and dlight's schedule is kept instead."""
-    func, choice = _choose(gemm(512, 512, 512), tile)
+    """512^3 in float16: the rule's tile beats dlight's wmma Matmul in the model; a tile of 32 blocks and
+    32 stages does not, and dlight's schedule (on tensor cores too) is kept instead."""
+    func, choice = _choose(gemm(512, 512, 512, "float16"), tile)
     assert choice.rule == rule and str(func.attrs[RULE_ATTR]) == rule
     assert choice.timed and choice.default_rule == "Matmul"
     kept, other = ((choice.tensor_core_us, choice.default_us) if rule == TENSOR_CORE_RULE
                    else (choice.default_us, choice.tensor_core_us))
     assert 0 < kept < other
     assert f"{rule}, modeled {kept:.1f} us" in choice.line()
+
+
+def test_dlights_fma_schedule_is_not_taken_for_a_tensor_core_gemm():
+    """bfloat16: dlight has no tensor-core path; its FMA Matmul, modeled faster than the large shallow
+    tile, is still not taken: the GEMM stays on tensor cores (mma in its TIR), the line says why."""
+    func, choice = _choose(gemm(512, 512, 512), LARGE_SHALLOW)
+    assert choice.rule == TENSOR_CORE_RULE and 0 < choice.default_us < choice.tensor_core_us
+    assert not choice.default_on_tensor_cores and on_tensor_cores(func)
+    assert "on FMA units: not a candidate" in choice.line()
 
 
 def test_the_pass_records_each_choice_in_the_report():

@@ -6,14 +6,21 @@ for float16 extents over 64, else FMA), and both are priced by the time model
 (modeled_time.modeled_times, as the contractions they are). The tensor-core
 schedule is kept unless dlight's is modeled faster by more than TIE; it is
 kept as well where either is not priced (symbolic sizes without bounds, a
-lowering that fails) or dlight schedules nothing. The choice is a
-`GemmChoice`: the rule kept, both modeled times and the reason in words.
+lowering that fails) or dlight schedules nothing. dlight's schedule is a
+candidate only where it runs on tensor cores too (its wmma path): its FMA
+schedule of a GEMM the rule puts on tensor cores is not taken, whatever the
+model says of a small GEMM's latency (every half-precision GEMM of a model
+carries mma instructions; dlight's FMA schedules of the models' backward
+GEMMs also spill registers under ptxas). The choice is a `GemmChoice`: the
+rule kept, both modeled times and the reason in words.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.target import Target
 
@@ -25,6 +32,7 @@ from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.planning.time_model import total_us
 
 RULE_ATTR = "tvm_stitch.schedule_rule"
+TENSOR_CORE_OPS = frozenset({"tirx.tvm_mma_sync", "tirx.tvm_bmma_sync", "tirx.ptx_legacy.mma", "tirx.ptx.mma"})
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class GemmChoice:
     tensor_core_us: float  # modeled; -1: not priced
     default_us: float  # dlight's schedule, modeled; -1: not priced or no dlight schedule
     default_rule: str = ""
+    default_on_tensor_cores: bool = True  # dlight's schedule multiplies on tensor cores (else not a candidate)
 
     @property
     def timed(self) -> bool:
@@ -48,7 +57,8 @@ class GemmChoice:
         kept, other = ((self.tensor_core_us, self.default_us) if self.rule == TENSOR_CORE_RULE
                        else (self.default_us, self.tensor_core_us))
         rival = self.default_rule if self.rule == TENSOR_CORE_RULE else TENSOR_CORE_RULE
-        return (f"GEMM {self.kernel}: {self.rule}, modeled {kept:.1f} us against {rival}'s {other:.1f} us "
+        fma = "" if self.default_on_tensor_cores else ", on FMA units: not a candidate"
+        return (f"GEMM {self.kernel}: {self.rule}, modeled {kept:.1f} us against {rival}'s {other:.1f} us{fma} "
                 f"(time model)")
 
 
@@ -62,6 +72,18 @@ def _us(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> float:
     return total_us(times) if times else -1.0
 
 
+def on_tensor_cores(func: tirx.PrimFunc) -> bool:
+    """Whether a scheduled PrimFunc multiplies on tensor cores (a wmma or mma intrinsic)."""
+    names = []
+
+    def visit(call):
+        if isinstance(call.op, tvm.ir.Op):
+            names.append(call.op.name)
+
+    tvm_ffi.structural_walk(func.body, (tvm.ir.Call, visit), order="pre")
+    return any(name in TENSOR_CORE_OPS for name in names)
+
+
 def faster_gemm(func: tirx.PrimFunc, tensor_core, target: Target, spec: TargetSpec, name: str = "") -> tuple:
     """(scheduled PrimFunc, GemmChoice) of `func`: its `tensor_core` schedule (tensor_core_matmul.apply's)
     or dlight's default schedule of it, whichever the time model prices faster (see the module)."""
@@ -73,6 +95,7 @@ def faster_gemm(func: tirx.PrimFunc, tensor_core, target: Target, spec: TargetSp
         return mine, GemmChoice(name, TENSOR_CORE_RULE, _us(mine, spec, name), -1.0)
     theirs = scheduled(default, rule)
     mine_us, theirs_us = _us(mine, spec, name), _us(theirs, spec, name)
-    if mine_us >= 0 and 0 <= theirs_us < mine_us * (1 - TIE):
+    tensor_cores = on_tensor_cores(theirs)
+    if mine_us >= 0 and 0 <= theirs_us < mine_us * (1 - TIE) and tensor_cores:
         return theirs, GemmChoice(name, rule, mine_us, theirs_us, rule)
-    return mine, GemmChoice(name, TENSOR_CORE_RULE, mine_us, theirs_us, rule)
+    return mine, GemmChoice(name, TENSOR_CORE_RULE, mine_us, theirs_us, rule, tensor_cores)
