@@ -5,7 +5,6 @@ mma.sync emulated lane by lane, matches numpy."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import ml_dtypes
 import numpy as np
@@ -17,13 +16,10 @@ from schedules.cuda import tensor_core_matmul
 from schedules.tensorize_guard import tensorize_faults
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.kernel_geometry import kernel_geometries
-from tvm_stitch.simt import mma_emulation, narrow_floats, opencl_run
-from tvm_stitch.simt.opencl_build import build_opencl
 from tvm_stitch.simt.simt_inputs import concrete_shape
 from tvm_stitch.simt.simt_kernel import tolerance
 
-from conftest import opencl_device
-from tir_text import with_static_shared
+from tir_text import run_on_pocl, with_static_shared
 
 pytestmark = pytest.mark.skipif(tensorize_faults(), reason="TVM's Tensorize faults with this tvm-ffi")
 
@@ -65,14 +61,9 @@ def test_the_tile_runs_under_the_simt_checker():
     of 64 along K."""
     func = tensor_core_matmul.apply(reshaped_gemm(4, 32, 128, 64), SPEC).mod["main"]
     func = with_static_shared(func)
-    device_func = narrow_floats.widen(mma_emulation.lane_calls(func))
-    program = build_opencl(device_func, "gemm")
-    program = dataclasses.replace(program, source=narrow_floats.HELPERS + program.source)
-    specs = [(str(p.name), "float32", concrete_shape(p)) for p in device_func.params]
     rng = np.random.default_rng(0)
     x, w = (rng.uniform(-1, 1, concrete_shape(p)).astype(ml_dtypes.bfloat16) for p in func.params[:2])
-    result = opencl_run.run(program, specs, {0: x.astype(np.float32), 1: w.astype(np.float32)},
-                            opencl_device(False), False)
+    result = run_on_pocl(func, {0: x.astype(np.float32), 1: w.astype(np.float32)})
     assert not result.guard_problems
     want = x.astype(np.float64).reshape(-1, x.shape[-1]) @ w.astype(np.float64)
     rtol, atol = tolerance("bfloat16")

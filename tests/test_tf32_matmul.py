@@ -3,7 +3,6 @@ sm_80 and sm_90 finds mma.sync m16n8k8 .tf32 in every such kernel's PTX and ptxa
 model prices them on the tf32_tc unit; the SIMT checker runs the tensorized kernel; without the option float32 CUDA source is byte for byte what it
 was; the torch.compile backend passes the option on."""
 
-import dataclasses
 import hashlib
 import re
 
@@ -14,8 +13,6 @@ import tvm
 from schedules import mma_tf32_intrinsics as tf32
 from schedules.cuda import tensor_core_matmul
 from schedules.tensorize_guard import tensorize_faults
-from tvm_stitch.simt import mma_emulation, narrow_floats, opencl_run
-from tvm_stitch.simt.opencl_build import build_opencl
 from tvm_stitch.simt.simt_inputs import concrete_shape
 from tvm_stitch.analysis.classify import TENSOR_CORE_RULE
 from tvm_stitch.planning.spec import TargetSpec
@@ -25,9 +22,9 @@ from tvm_stitch.tools.launches import cuda_source
 from tvm_stitch.tools.module_time import stitched_module_time
 from tvm_stitch.torch.dynamo_backend import Options, _compile
 
-from conftest import needs_nvcc, nvcc, opencl_device
+from conftest import needs_nvcc, nvcc
 from mma_gemm import gemm
-from tir_text import with_static_shared
+from tir_text import run_on_pocl, with_static_shared
 from test_tensor_core_matmul import GEMMS, gemm_module, gemm_reference, kernel_rules, spills, untimed  # noqa: F401 - a fixture
 
 TF32_MMA = r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32"
@@ -140,13 +137,9 @@ def test_the_tf32_gemm_matches_numpy_under_the_simt_checker(b_transposed):
     spec = TargetSpec.from_target(tvm.target.Target(_cuda("sm_90")))
     func = with_static_shared(tensor_core_matmul.apply(gemm(64, 48, 96, b_transposed, "float32", "float32"), spec,
                                                        allow_tf32=True).mod["main"])
-    device_func = narrow_floats.widen(mma_emulation.lane_calls(func))
-    program = build_opencl(device_func, "gemm")
-    program = dataclasses.replace(program, source=narrow_floats.HELPERS + program.source)
-    specs = [(str(p.name), "float32", concrete_shape(p)) for p in device_func.params]
     rng = np.random.default_rng(0)
     a, b = (rng.uniform(-1, 1, concrete_shape(p)).astype(np.float32) for p in func.params[:2])
-    result = opencl_run.run(program, specs, {0: a, 1: b}, opencl_device(False), False)
+    result = run_on_pocl(func, {0: a, 1: b})
     assert not result.guard_problems
 
     def product(x, y):

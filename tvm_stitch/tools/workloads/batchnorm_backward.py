@@ -41,19 +41,19 @@ def inputs(rng, dtype, d):
             normal(rng, (1, _shape(d)[1], 1, 1), dtype)]
 
 
-def numpy_reference(x, dy, mean, rstd, g):
+def _backward(x, dy, mean, rstd, g, channel_sums):
+    """The formula, for numpy arrays or torch tensors (`channel_sums`: their sum over N, H, W, kept)."""
     xhat = (x - mean) * rstd
-    dgamma = (dy * xhat).sum((0, 2, 3), keepdims=True)
-    dbeta = dy.sum((0, 2, 3), keepdims=True)
+    dgamma = channel_sums(dy * xhat)
+    dbeta = channel_sums(dy)
     count = x.shape[0] * x.shape[2] * x.shape[3]
     dx = g * rstd * (dy - dbeta / count - xhat * dgamma / count)
     return dx, dgamma.reshape(-1), dbeta.reshape(-1)
+
+
+def numpy_reference(x, dy, mean, rstd, g):
+    return _backward(x, dy, mean, rstd, g, lambda t: t.sum((0, 2, 3), keepdims=True))
 
 
 def torch_graph(x, dy, mean, rstd, g):
-    xhat = (x - mean) * rstd
-    dgamma = (dy * xhat).sum((0, 2, 3), keepdim=True)
-    dbeta = dy.sum((0, 2, 3), keepdim=True)
-    count = x.shape[0] * x.shape[2] * x.shape[3]
-    dx = g * rstd * (dy - dbeta / count - xhat * dgamma / count)
-    return dx, dgamma.reshape(-1), dbeta.reshape(-1)
+    return _backward(x, dy, mean, rstd, g, lambda t: t.sum((0, 2, 3), keepdim=True))
