@@ -3,7 +3,10 @@ and which keys a query sees (kernels built with TVM's IR builder from an `Attent
 
 from __future__ import annotations
 
+import contextlib
+
 from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from tvm_stitch.analysis.attention_operand import source_index
@@ -76,3 +79,28 @@ def causal_key_tiles(plan, q0):
         return plan.k_tiles
     last_row = tirx.min(q0 + plan.q_tile, s.q_len) - 1
     return tirx.min(plan.k_tiles, (last_row + (s.kv_len - s.q_len)) // plan.k_tile + 1)
+
+
+def cuda_kernel(plan, body, min_blocks_per_sm: int | None = None) -> tirx.PrimFunc:
+    """The PrimFunc (q, k, v, [mask], out) of a CUDA attention plan: `plan.tasks` blocks of `plan.threads`
+    threads, `body(bufs, bx, tx)` writing a block's statements (under `__launch_bounds__(threads,
+    min_blocks_per_sm)` where given)."""
+    with IRBuilder() as ib:
+        with T.prim_func(is_private=True):
+            bufs = arguments(plan.shape)
+            with T.sblock("root"):
+                with T.thread_binding(plan.tasks, thread="blockIdx.x") as bx:
+                    with T.thread_binding(plan.threads, thread="threadIdx.x") as tx:
+                        bounds = (T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", min_blocks_per_sm)
+                                  if min_blocks_per_sm is not None else contextlib.nullcontext())
+                        with bounds:
+                            body(bufs, bx, tx)
+    return ib.get()
+
+
+def query_tile(plan, bx) -> tuple:
+    """(batch, head, first query row) of CUDA block `bx`: blocks run over (batch, head, query tile).
+    Block indices are non-negative: truncated division (no sign fix-up where q_tiles is symbolic)."""
+    s, q_tiles = plan.shape, plan.q_tiles
+    b, h = tirx.truncdiv(bx, s.heads * q_tiles), tirx.truncmod(tirx.truncdiv(bx, q_tiles), s.heads)
+    return b, h, tirx.truncmod(bx, q_tiles) * plan.q_tile

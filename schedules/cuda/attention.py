@@ -12,36 +12,31 @@ rescaled by `exp(m - m')`. Key tiles past a causal diagonal are not visited.
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from schedules.attention_common import NEG, arguments, causal_key_tiles, f32, load, operand, seen, score
+from schedules.attention_common import NEG, causal_key_tiles, cuda_kernel, f32, load, operand, query_tile, seen, score
 
 
 def build(plan) -> tirx.PrimFunc:
     """The scheduled PrimFunc (q, k, v, [mask], out) of `plan`."""
-    s = plan.shape
-    with IRBuilder() as ib:
-        with T.prim_func(is_private=True):
-            bufs = arguments(s)
-            with T.sblock("root"):
-                with T.thread_binding(plan.tasks, thread="blockIdx.x") as bx:
-                    with T.thread_binding(plan.threads, thread="threadIdx.x") as tx:
-                        smem = {
-                            "q": _Padded(plan.q_tile, s.head_dim),
-                            "k": _Padded(plan.k_tile, s.head_dim),
-                            "v": _Padded(plan.k_tile, s.head_dim),
-                            "p": _Padded(plan.q_tile, plan.k_tile),
-                        }
-                        regs = {
-                            "acc": T.alloc_buffer((s.head_dim // plan.lanes,), "float32", scope="local"),
-                            "m": T.alloc_buffer((1,), "float32", scope="local"),
-                            "l": T.alloc_buffer((1,), "float32", scope="local"),
-                            "t": T.alloc_buffer((1,), "float32", scope="local"),
-                            "a": T.alloc_buffer((1,), "float32", scope="local"),
-                        }
-                        _block_body(plan, bufs, smem, regs, bx, tx)
-    return ib.get()
+    def body(bufs, bx, tx):
+        s = plan.shape
+        smem = {
+            "q": _Padded(plan.q_tile, s.head_dim),
+            "k": _Padded(plan.k_tile, s.head_dim),
+            "v": _Padded(plan.k_tile, s.head_dim),
+            "p": _Padded(plan.q_tile, plan.k_tile),
+        }
+        regs = {
+            "acc": T.alloc_buffer((s.head_dim // plan.lanes,), "float32", scope="local"),
+            "m": T.alloc_buffer((1,), "float32", scope="local"),
+            "l": T.alloc_buffer((1,), "float32", scope="local"),
+            "t": T.alloc_buffer((1,), "float32", scope="local"),
+            "a": T.alloc_buffer((1,), "float32", scope="local"),
+        }
+        _block_body(plan, bufs, smem, regs, bx, tx)
+
+    return cuda_kernel(plan, body)
 
 
 class _Padded:
@@ -61,10 +56,7 @@ class _Padded:
 
 def _block_body(plan, bufs, smem, regs, bx, tx):
     s = plan.shape
-    q_tiles = plan.q_tiles
-    # block indices are non-negative: truncated division (no sign fix-up where q_tiles is symbolic)
-    b, h = tirx.truncdiv(bx, s.heads * q_tiles), tirx.truncmod(tirx.truncdiv(bx, q_tiles), s.heads)
-    q0 = tirx.truncmod(bx, q_tiles) * plan.q_tile
+    b, h, q0 = query_tile(plan, bx)
     ids = {"b": b, "h": h, "hk": h // s.group, "q0": q0, "r": tx // plan.lanes, "lane": tx % plan.lanes,
            "tx": tx}
     _stage_rows(plan, smem["q"], bufs, "q", (b, h), q0, s.q_len, plan.q_tile, tx)

@@ -30,10 +30,9 @@ emulates each lane by lane (simt/mma_emulation.py).
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from schedules.attention_common import NEG, arguments, causal_key_tiles, load, operand, score, seen
+from schedules.attention_common import NEG, causal_key_tiles, cuda_kernel, load, operand, query_tile, score, seen
 from schedules.cuda import attention_split
 from schedules.mma_intrinsics import DTYPES, ldmatrix_row
 
@@ -47,19 +46,12 @@ MIN_BLOCKS_PER_SM = 1  # __launch_bounds__(threads, 1): else ptxas trades regist
 
 def build(plan) -> tirx.PrimFunc:
     """The scheduled PrimFunc (q, k, v, [mask], out) of an `mma` plan."""
-    s = plan.shape
-    with IRBuilder() as ib:
-        with T.prim_func(is_private=True):
-            bufs = arguments(s)
-            with T.sblock("root"):
-                with T.thread_binding(plan.tasks, thread="blockIdx.x") as bx:
-                    with T.thread_binding(plan.threads, thread="threadIdx.x") as tx:
-                        with T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", MIN_BLOCKS_PER_SM):
-                            smem = {name: _Tile(rows, s.head_dim, s.dtype) for name, rows in
-                                    (("q", plan.q_tile), ("k", plan.k_tile), ("v", plan.k_tile))}
-                            regs = _registers(plan)
-                            _block_body(plan, bufs, smem, regs, bx, tx)
-    return ib.get()
+    def body(bufs, bx, tx):
+        smem = {name: _Tile(rows, plan.shape.head_dim, plan.shape.dtype) for name, rows in
+                (("q", plan.q_tile), ("k", plan.k_tile), ("v", plan.k_tile))}
+        _block_body(plan, bufs, smem, _registers(plan), bx, tx)
+
+    return cuda_kernel(plan, body, MIN_BLOCKS_PER_SM)
 
 
 class _Tile:
@@ -93,9 +85,7 @@ def _registers(plan) -> dict:
 
 def _block_body(plan, bufs, smem, regs, bx, tx):
     s = plan.shape
-    q_tiles = plan.q_tiles
-    b, h = tirx.truncdiv(bx, s.heads * q_tiles), tirx.truncmod(tirx.truncdiv(bx, q_tiles), s.heads)
-    q0 = tirx.truncmod(bx, q_tiles) * plan.q_tile
+    b, h, q0 = query_tile(plan, bx)
     warp, lane = tx // plan.spec.warp_size, tx % plan.spec.warp_size
     rows, split = warp // plan.kv_splits, warp % plan.kv_splits
     ids = {"b": b, "h": h, "hk": h // s.group, "q0": q0, "tx": tx, "lane": lane, "warp": plan.spec.warp_size,
