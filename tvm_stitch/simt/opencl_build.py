@@ -16,6 +16,7 @@ from tvm import tirx
 from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
 
+from tvm_stitch.simt.arrivals_opencl import arrivals_as_extern_calls, with_helper
 from tvm_stitch.simt.launch_geometry import LaunchPlan, launch_plan
 from tvm_stitch.simt.mma_emulation import with_exchange
 from tvm_stitch.simt.opencl_semantics import (bool_casts_as_selects, cuda_atomics_as_opencl,
@@ -34,7 +35,8 @@ class OpenclProgram:
 
 def build_opencl(func: tirx.PrimFunc, name: str = "simt") -> OpenclProgram:
     """Lower `func` for OpenCL (raises what TVM raises when it cannot)."""
-    func = cuda_atomics_as_opencl(tan_as_sin_over_cos(bool_casts_as_selects(func))).with_attr("global_symbol", name)
+    func = arrivals_as_extern_calls(cuda_atomics_as_opencl(tan_as_sin_over_cos(bool_casts_as_selects(func))))
+    func = func.with_attr("global_symbol", name)
     params = list(func.params)
     mod = tvm.tirx.transform.BindTarget(OPENCL)(tvm.IRModule({name: func}))
     pipeline, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(OPENCL)
@@ -49,7 +51,7 @@ def build_opencl(func: tirx.PrimFunc, name: str = "simt") -> OpenclProgram:
         gv.name_hint: tuple(str(p.ty.dtype) if hasattr(p.ty, "dtype") else "handle" for p in f.params)
         for gv, f in device_mod.functions_items()
     }
-    source = emulated_atomics_read_atomically(libm_names_as_builtins(
-        tvm.get_global_func("target.build.opencl")(device_mod, device_target).inspect_source("")))
+    source = with_helper(emulated_atomics_read_atomically(libm_names_as_builtins(
+        tvm.get_global_func("target.build.opencl")(device_mod, device_target).inspect_source(""))))
     plan = launch_plan(hosts[0], params, {k: len(v) for k, v in kernel_params.items()})
     return OpenclProgram(with_exchange(source, plan), plan, kernel_params)

@@ -23,7 +23,7 @@ except ImportError:  # the test extra is not installed: device_for says so
     cl = None
 
 from tvm_stitch.environment import environment_set
-from tvm_stitch.simt import oclgrind_log, pocl_probe
+from tvm_stitch.simt import arrivals_opencl, oclgrind_log, pocl_probe
 from tvm_stitch.simt.guarded_buffers import GuardedBuffer
 from tvm_stitch.simt.opencl_build import OpenclProgram
 
@@ -106,7 +106,10 @@ def run(program: OpenclProgram, params: list, inputs: dict, device, oclgrind: bo
     Parameters not in `inputs` (outputs) and workspaces start uninitialised.
     Oclgrind 21.10's uninitialised-value plugin stops on LLVM's `freeze`
     instruction; such a kernel is run again with that check off (races and
-    bounds still checked), and `notes` says so.
+    bounds still checked), and `notes` says so. A program with arrival
+    counters (arrivals_opencl) is run twice on new buffers: the second run
+    finds the counters at zero only if the first left them so, and must give
+    the same outputs.
     """
     if not oclgrind:
         return _launch_all(program, params, inputs, cl.Context([device]), guard=True)
@@ -126,20 +129,32 @@ def _run_oclgrind(program: OpenclProgram, params: list, inputs: dict, device, se
         result = _launch_all(program, params, inputs, ctx, guard=False, options=OCLGRIND_BUILD_OPTIONS)
         if os.path.exists(log_path):
             with open(log_path, encoding="utf-8", errors="replace") as log:
-                result.findings = oclgrind_log.parse(log.read())
+                result.findings = oclgrind_log.parse(arrivals_opencl.without_ordered_races(log.read(), program.source))
     return result
 
 
 def _launch_all(program: OpenclProgram, params: list, inputs: dict, ctx, guard: bool, options=()) -> RunResult:
     queue = cl.CommandQueue(ctx)
+    if arrivals_opencl.uses_arrivals(program.source):
+        options = tuple(options) + arrivals_opencl.BUILD_OPTIONS
     with warnings.catch_warnings(), _native_stderr_silenced():
         warnings.simplefilter("ignore", cl.CompilerWarning)  # pocl's notes on TVM's source
         built = cl.Program(ctx, program.source).build(options=list(options))
+    result = _launched(program, built, queue, params, inputs, guard)
+    if arrivals_opencl.uses_arrivals(program.source):
+        again = _launched(program, built, queue, params, inputs, guard)
+        if any(again.outputs[i].tobytes() != out.tobytes() for i, out in result.outputs.items()):
+            result.guard_problems.append("a second run gave other outputs: arrival counters not left at zero")
+    return result
+
+
+def _launched(program: OpenclProgram, built, queue, params: list, inputs: dict, guard: bool) -> RunResult:
+    ctx = queue.context
     buffers = [GuardedBuffer(ctx, name, dtype, shape, inputs.get(i), guard) if shape is not None else None
                for i, (name, dtype, shape) in enumerate(params)]
     workspaces = [GuardedBuffer(ctx, w.name, w.dtype, (w.elements,), None, guard) for w in program.plan.workspaces]
     for launch in program.plan.launches:
-        kernel = getattr(built, launch.kernel)
+        kernel = cl.Kernel(built, launch.kernel)
         dtypes = program.kernel_params[launch.kernel]
         for position, ((kind, value), dtype) in enumerate(zip(launch.args, dtypes)):
             if kind == "param":
