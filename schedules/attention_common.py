@@ -81,14 +81,17 @@ def causal_key_tiles(plan, q0):
     return tirx.min(plan.k_tiles, (last_row + (s.kv_len - s.q_len)) // plan.k_tile + 1)
 
 
-def cuda_kernel(plan, body, min_blocks_per_sm: int | None = None) -> tirx.PrimFunc:
+def cuda_kernel(plan, body, min_blocks_per_sm: int | None = None, workspaces=None) -> tirx.PrimFunc:
     """The PrimFunc (q, k, v, [mask], out) of a CUDA attention plan: `plan.tasks` blocks of `plan.threads`
     threads, `body(bufs, bx, tx)` writing a block's statements (under `__launch_bounds__(threads,
-    min_blocks_per_sm)` where given)."""
+    min_blocks_per_sm)` where given); `workspaces`: {name: float32 elements} of global buffers the host
+    allocates for the launch (uninitialised), in `bufs` under their names."""
     with IRBuilder() as ib:
         with T.prim_func(is_private=True):
             bufs = arguments(plan.shape)
             with T.sblock("root"):
+                for name, elements in (workspaces or {}).items():
+                    bufs[name] = T.alloc_buffer((elements,), "float32", scope="global")
                 with T.thread_binding(plan.tasks, thread="blockIdx.x") as bx:
                     with T.thread_binding(plan.threads, thread="threadIdx.x") as tx:
                         bounds = (T.attr(0, "tirx.launch_bounds_min_blocks_per_sm", min_blocks_per_sm)

@@ -33,8 +33,9 @@ from tvm import tirx
 from tvm.script.ir_builder import tirx as T
 
 from schedules.attention_common import NEG, causal_key_tiles, cuda_kernel, load, operand, query_tile, score, seen
-from schedules.cuda import attention_split
+from schedules.cuda import attention_kv_blocks, attention_split
 from schedules.mma_intrinsics import DTYPES, ldmatrix_row
+from tvm_stitch.planning import attention_kv_blocks as attention_kv_blocks_plan
 
 TILE = 16  # rows of a warp, and the depth and width of one ldmatrix .x4 / two mma
 PAD = 8  # elements each shared-memory row is padded by
@@ -51,7 +52,8 @@ def build(plan) -> tirx.PrimFunc:
                 (("q", plan.q_tile), ("k", plan.k_tile), ("v", plan.k_tile))}
         _block_body(plan, bufs, smem, _registers(plan), bx, tx)
 
-    return cuda_kernel(plan, body, MIN_BLOCKS_PER_SM)
+    workspaces = attention_kv_blocks_plan.workspace_elements(plan) if plan.kv_blocks > 1 else None
+    return cuda_kernel(plan, body, MIN_BLOCKS_PER_SM, workspaces)
 
 
 class _Tile:
@@ -85,12 +87,13 @@ def _registers(plan) -> dict:
 
 def _block_body(plan, bufs, smem, regs, bx, tx):
     s = plan.shape
-    b, h, q0 = query_tile(plan, bx)
+    tile, chunk = (bx // plan.kv_blocks, bx % plan.kv_blocks) if plan.kv_blocks > 1 else (bx, 0)
+    b, h, q0 = query_tile(plan, tile)
     warp, lane = tx // plan.spec.warp_size, tx % plan.spec.warp_size
     rows, split = warp // plan.kv_splits, warp % plan.kv_splits
     ids = {"b": b, "h": h, "hk": h // s.group, "q0": q0, "tx": tx, "lane": lane, "warp": plan.spec.warp_size,
            "row": q0 + rows * TILE + lane // 4, "col": 2 * (lane % 4), "warp_row": rows * TILE, "split": split,
-           "warp_keys": plan.k_tile // plan.kv_splits}
+           "warp_keys": plan.k_tile // plan.kv_splits, "tile": tile, "chunk_index": bx}
     _stage(plan, smem["q"], bufs, "q", (b, h), q0, s.q_len, plan.q_tile, tx)
     T.evaluate(T.tvm_storage_sync("shared"))
     with T.unroll(0, s.head_dim // TILE) as kk:
@@ -98,10 +101,17 @@ def _block_body(plan, bufs, smem, regs, bx, tx):
     _fill(regs["o"], 0.0)
     _fill(regs["m"], NEG)
     _fill(regs["l"], 0.0)
-    with T.serial(0, causal_key_tiles(plan, q0)) as kt:
-        _key_tile(plan, bufs, smem, regs, ids, kt)
+    if plan.kv_blocks > 1:
+        first, count = attention_kv_blocks.chunk_tiles(plan, chunk, causal_key_tiles(plan, q0))
+        with T.serial(0, count) as kt:
+            _key_tile(plan, bufs, smem, regs, ids, first + kt)
+    else:
+        with T.serial(0, causal_key_tiles(plan, q0)) as kt:
+            _key_tile(plan, bufs, smem, regs, ids, kt)
     _fold_sums(regs, ids)
-    if plan.kv_splits > 1:
+    if plan.kv_blocks > 1:
+        attention_kv_blocks.finish(plan, bufs, regs, ids)
+    elif plan.kv_splits > 1:
         attention_split.combine(plan, bufs, regs, ids, _store_output)
     else:
         _write(plan, bufs, regs, ids)

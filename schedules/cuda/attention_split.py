@@ -27,9 +27,11 @@ from schedules.attention_common import NEG, load
 C_ELEMENTS = 4  # float32 accumulators a lane holds of one 16 x 8 mma tile
 
 
-def combine(plan, bufs, regs, ids, store_output):
+def combine(plan, bufs, regs, ids, store_output, normalise: bool = True):
     """Combine the splits' (m, l, o) of each query row and write the output through
-    `store_output(plan, bufs, regs, ids, half, value_of)` (value_of(accumulator index, column))."""
+    `store_output(plan, bufs, regs, ids, half, value_of)` (value_of(accumulator index, column));
+    `normalise=False`: the output not divided by the row sum, which stays in regs["a"] (the row max in
+    regs["t"]) for a combine across blocks (schedules/cuda/attention_kv_blocks.py)."""
     s, splits = plan.shape, plan.kv_splits
     stats = T.alloc_buffer((2 * splits * plan.q_tile,), "float32", scope="shared")
     acc = T.alloc_buffer((plan.q_tile * s.head_dim,), "float32", scope="shared")
@@ -47,7 +49,7 @@ def combine(plan, bufs, regs, ids, store_output):
                 T.buffer_store(stats, load(regs["m"], half), [at(0, ids["split"], half)])
                 T.buffer_store(stats, load(regs["l"], half), [at(1, ids["split"], half)])
     T.evaluate(T.tvm_storage_sync("shared"))
-    _weights(s, ids, regs, stats, at, splits)
+    _weights(s, ids, regs, stats, at, splits, normalise)
     o = regs["o"]
     for split in range(1, splits):
         with T.If(ids["split"] == split - 1):
@@ -65,9 +67,9 @@ def combine(plan, bufs, regs, ids, store_output):
                 store_output(plan, bufs, regs, ids, half, lambda i, col: load(o, i))
 
 
-def _weights(shape, ids, regs, stats, at, splits):
-    """Per row half: t = the row max over the splits, a = the row sum, m = this warp's weight exp(m - t) / a,
-    the output accumulators o multiplied by it."""
+def _weights(shape, ids, regs, stats, at, splits, normalise):
+    """Per row half: t = the row max over the splits, a = the row sum, m = this warp's weight exp(m - t) / a
+    (exp(m - t) unless `normalise`), the output accumulators o multiplied by it."""
     m, t, a = regs["m"], regs["t"], regs["a"]
     with T.unroll(0, 2) as half:
         T.buffer_store(t, tirx.const(NEG, "float32"), [half])
@@ -77,7 +79,8 @@ def _weights(shape, ids, regs, stats, at, splits):
         with T.unroll(0, splits) as split:
             weight = tirx.exp(load(stats, at(0, split, half)) - load(t, half))
             T.buffer_store(a, load(a, half) + load(stats, at(1, split, half)) * weight, [half])
-        T.buffer_store(m, tirx.exp(load(m, half) - load(t, half)) / load(a, half), [half])
+        weight = tirx.exp(load(m, half) - load(t, half))
+        T.buffer_store(m, weight / load(a, half) if normalise else weight, [half])
         _each_output(shape, ids, half, lambda i, col, half=half: T.buffer_store(
             regs["o"], load(regs["o"], i) * load(m, half), [i]))
 

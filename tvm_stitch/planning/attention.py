@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 
 from tvm_stitch.analysis.shape_dims import at_least, at_values, ceil_div, is_static, text
-from tvm_stitch.planning import attention_mma
+from tvm_stitch.planning import attention_kv_blocks, attention_mma
 from tvm_stitch.planning.attention_cost import modeled_us
 from tvm_stitch.planning.reasons import PlanError
 from tvm_stitch.planning.spec import TargetSpec
@@ -117,6 +117,8 @@ class AttentionPlan:
     fast_exp: bool = False  # CPU: exp as topi.fast_exp's polynomial (vectorised), else libm's (scalar)
     mma: bool = False  # CUDA: on tensor cores (mma.sync m16n8k16), a warp per 16 query rows (attention_mma.py)
     kv_splits: int = 1  # CUDA tensor cores: warps per 16 query rows, each taking k_tile / kv_splits keys of a tile
+    kv_blocks: int = 1  # CUDA tensor cores: blocks per query tile, each taking a chunk of its key tiles
+    #                     (attention_kv_blocks.py: partials in a workspace, combined by the last to arrive)
 
     @property
     def q_tiles(self):
@@ -128,8 +130,9 @@ class AttentionPlan:
 
     @property
     def tasks(self) -> int:
-        """Thread blocks (CUDA) or parallel tasks (CPU): one per (batch, `shared_heads` heads, query tile)."""
-        return self.shape.batch * self.shape.heads // self.shared_heads * self.q_tiles
+        """Thread blocks (CUDA) or parallel tasks (CPU): one per (batch, `shared_heads` heads, query tile)
+        and chunk of its key range (`kv_blocks`)."""
+        return self.shape.batch * self.shape.heads // self.shared_heads * self.q_tiles * self.kv_blocks
 
     @property
     def rows(self) -> int:
@@ -159,6 +162,9 @@ class AttentionPlan:
         tasks = text(self.tasks)
         split = (f", each key tile split over {self.kv_splits} warps of {self.k_tile // self.kv_splits} keys "
                  f"combined in shared memory" if self.kv_splits > 1 else "")
+        if self.kv_blocks > 1:
+            split += (f", the key range cut into {self.kv_blocks} chunks of {-(-self.k_tiles // self.kv_blocks)} "
+                      f"key tiles, a block each, combined by the last to arrive")
         rows = (f"a warp per 16 query rows{split}, mma.sync m16n8k16 {s.dtype}" if self.mma
                 else f"{self.lanes} per query row")
         where = (f"{tasks} blocks x {self.threads} threads ({rows}), "
@@ -206,10 +212,11 @@ def plan_cuda(shape: AttentionShape, spec: TargetSpec) -> AttentionPlan:
                for q_tile in (64, 32, 16) for k_tile in (64, 32, 16)
                if k_tile % lanes == 0 and q_tile * lanes <= spec.max_threads_per_block
                and cuda_shared_bytes(q_tile, k_tile, d) <= spec.shared_bytes_per_block]
-    fitting += attention_mma.candidates(shape, spec, AttentionPlan)
+    mma = attention_mma.candidates(shape, spec, AttentionPlan)
+    fitting += mma + attention_kv_blocks.candidates(mma)
     if not fitting:
         raise PlanError("attention-shared-memory", head_dim=d, limit=spec.shared_bytes_per_block)
-    return min(fitting, key=lambda plan: (max(modeled_us(plan), 0.0), plan.kv_splits, abs(plan.q_tile.bit_length() - 7),
+    return min(fitting, key=lambda plan: (max(modeled_us(plan), 0.0), plan.kv_blocks, plan.kv_splits, abs(plan.q_tile.bit_length() - 7),
                                           -plan.q_tile))
 
 

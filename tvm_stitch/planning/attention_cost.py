@@ -6,7 +6,8 @@ heads (CPU: by every query tile, the heads of a KV head sharing its tiles), coun
 tiles of a head run at about the same time, the later ones find them in L2;
 CPU: in the last-level cache), else at every read (causal: only the key tiles
 up to the diagonal); an additive mask likewise, once or per (batch, head) it
-is broadcast over; rotary embeddings' cos and sin tables once. Ideal: Q, K,
+is broadcast over; rotary embeddings' cos and sin tables once; a key range split across blocks
+(attention_kv_blocks.py) writes its workspace of partials once and reads it once. Ideal: Q, K,
 V, O, the mask and the tables once (Q, K, V read from the tensor they are
 views of move the same bytes: a split projection is read once in all).
 Symbolic sizes are counted at their priced values (their upper bounds).
@@ -19,7 +20,7 @@ visited x head dim per task) as FP32 FMA (`flops`).
 
 from __future__ import annotations
 
-from tvm_stitch.planning import attention_mma
+from tvm_stitch.planning import attention_kv_blocks, attention_mma
 from tvm_stitch.planning.spec import CPU_RESIDENT_PER_MILLE, CUDA_RESIDENT_PER_MILLE
 from tvm_stitch.planning.time_model import KernelGeometry, kernel_time
 
@@ -60,7 +61,8 @@ def traffic(plan) -> tuple:
         mask_read = mask if mask <= resident else mask * broadcast
     tables = sum(_elements(view.cos) + _elements(view.sin) for view in s.operands if view.cos)
     tables *= _bytes(next((view.table_dtype for view in s.operands if view.cos), "float32"))
-    return q + kv_read + mask_read + tables, q, 2 * q + kv + mask + tables
+    workspace = attention_kv_blocks.workspace_bytes(plan) if plan.kv_blocks > 1 else 0  # written, read once
+    return q + kv_read + mask_read + tables + workspace, q + workspace, 2 * q + kv + mask + tables
 
 
 def _elements(shape: tuple) -> int:
@@ -73,6 +75,8 @@ def _elements(shape: tuple) -> int:
 def geometry(plan, name: str = "fused_attention") -> KernelGeometry:
     """The CUDA launch of `plan` as the time model reads it (symbolic sizes at their priced values)."""
     plan = plan.priced()
+    if plan.kv_blocks > 1:
+        return attention_kv_blocks.geometry(plan, sum(traffic(plan)[:2]), name)
     if plan.mma:
         return attention_mma.geometry(plan, sum(traffic(plan)[:2]), visited_fraction(plan), name)
     s = plan.shape
