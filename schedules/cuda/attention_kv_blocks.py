@@ -23,6 +23,7 @@ from tvm.script.ir_builder import tirx as T
 
 from schedules.attention_common import NEG, load
 from schedules.cuda import arrivals, attention_split
+from tvm_stitch.planning import attention_kv_blocks as attention_kv_blocks_plan
 
 C_ELEMENTS = 4  # float32 accumulators a lane holds of one 16 x 8 mma tile
 
@@ -77,15 +78,10 @@ def _store_partial(plan, bufs, regs, ids, half, value_of):
         T.buffer_store(bufs["partial_o"], value_of(i, col), [r * d + col])
 
 
-def combine_columns(plan) -> int:
-    """Columns of one row a combining thread takes (the block's threads share the tile's rows evenly)."""
-    return plan.shape.head_dim // (plan.threads // plan.q_tile)
-
-
 def _combine(plan, bufs, ids):
     """out[tile's rows] = sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M): a row and `cols` columns a thread."""
     s = plan.shape
-    cols = combine_columns(plan)
+    cols = attention_kv_blocks_plan.combine_columns(plan)
     parts = s.head_dim // cols
     row, c0 = ids["tx"] // parts, ids["tx"] % parts * cols
     acc = T.alloc_buffer((cols,), "float32", scope="local")

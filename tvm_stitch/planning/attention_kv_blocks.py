@@ -19,8 +19,8 @@ The time model prices the launch as two parts one after the other
 priced as the unsplit kernel's geometry over their share of the key tiles,
 storing their partials and taking a ticket (a fence and an atomic: one
 more round trip to memory); then the combine of each tile by one block,
-its threads reading every chunk's partial (16-byte loads) and the rows'
-statistics. The workspace is written once and read once.
+a thread per row and share of its columns reading every chunk's partial
+of them and the row's max and sum (float32, unrolled over the chunks). The workspace is written once and read once.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from tvm_stitch.planning import attention_mma
 from tvm_stitch.planning.time_model import SERIAL_UNROLL, KernelGeometry
 
 KV_BLOCKS = (2, 4, 8, 16, 32)  # chunks a query tile's key range may be cut into
-COMBINE_VECTOR = 4  # float32 partial elements a combining thread reads at once (16 bytes)
-COMBINE_OPS_PER_CHUNK = 6  # per chunk and output unit: its max and sum, the exp argument, the weight, the sum
+COMBINE_OPS_PER_CHUNK = 4  # per chunk of a combining thread's row: the max, the exp argument, the weighted sum
 
 
 def slots() -> int:
@@ -66,6 +65,11 @@ def candidates(plans) -> list:
     return [dataclasses.replace(plan, kv_blocks=n) for plan in plans for n in KV_BLOCKS if offered(plan, n)]
 
 
+def combine_columns(plan) -> int:
+    """Columns of one row a combining thread takes: the block's threads share the tile's rows evenly."""
+    return plan.shape.head_dim // (plan.threads // plan.q_tile)
+
+
 def workspace_elements(plan) -> dict:
     """float32 elements of the workspace buffers: each chunk's output tile, and its rows' (max, sum)."""
     chunks = tiles(plan) * plan.kv_blocks
@@ -85,14 +89,13 @@ def geometry(plan, dram_bytes: int, name: str = "fused_attention") -> KernelGeom
     chunk = dataclasses.replace(
         chunk, grid=plan.tasks, stores=((4, outputs + 2),), load_phases=chunk.load_phases + 1,
         barriers=chunk.barriers + 2)
-    units = -(-plan.q_tile * plan.shape.head_dim // (COMBINE_VECTOR * plan.threads))  # per thread
+    cols, kb = combine_columns(plan), plan.kv_blocks
+    loads = kb * (3 + cols)  # per chunk: the row's max (twice), its sum, its output columns
     combine = KernelGeometry(
-        name=f"{name}_combine", grid=tiles(plan), threads=plan.threads,
-        loads=((4 * COMBINE_VECTOR, units * plan.kv_blocks), (4, 3 * units * plan.kv_blocks)),
-        stores=((2 * COMBINE_VECTOR, units),), load_sites=3 * SERIAL_UNROLL, load_phases=1,
-        serial_iterations=2 * units * plan.kv_blocks, sfu_ops=units * (plan.kv_blocks + 1),
-        registers=chunk.registers, shared_bytes=chunk.shared_bytes,
-        flops=(("fp32", COMBINE_OPS_PER_CHUNK * COMBINE_VECTOR * units * plan.kv_blocks),))
+        name=f"{name}_combine", grid=tiles(plan), threads=plan.threads, loads=((4, loads),),
+        stores=((2, cols),), load_sites=loads, load_phases=1,
+        serial_iterations=2 * kb, sfu_ops=kb + 1, registers=chunk.registers, shared_bytes=chunk.shared_bytes,
+        flops=(("fp32", COMBINE_OPS_PER_CHUNK * kb + 2 * cols * kb),))
     return KernelGeometry(name=name, grid=plan.tasks, threads=plan.threads, registers=chunk.registers,
                           shared_bytes=chunk.shared_bytes, dram_bytes=dram_bytes,
                           members=(chunk, combine))
