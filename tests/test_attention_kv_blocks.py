@@ -128,7 +128,10 @@ def test_counters_left_set_fail_the_check(monkeypatch):
 
 @pytest.mark.slow
 def test_key_chunks_are_clean_under_oclgrind():
-    check = _check(_plan(_shape(1, 1, 16, 40, 16, "float16"), 16, 1, 16, 2), oclgrind=True)
+    """bfloat16: the float16 rounding helper's vstore_half takes a generic pointer in OpenCL C 2.0 (the
+    programs with counters), whose cast Oclgrind cannot interpret. Oclgrind runs a work-group's threads one
+    after another: a thread reading the counter after thread 0 reset it would spin here."""
+    check = _check(_plan(_shape(1, 1, 16, 40, 16, "bfloat16"), 16, 1, 16, 2), oclgrind=True)
     assert check.ok, check
 
 

@@ -9,11 +9,16 @@ memory without the division by the sum) it writes, as chunk
 (`partial_ml`). Then the arrival protocol of schedules/cuda/arrivals.py
 with one counter per tile and one combining block: every thread fences,
 the block synchronises, thread 0 takes the tile's ticket, and the block
-whose ticket is `kv_blocks - 1` (it sees every ticket taken) combines:
+whose ticket is `kv_blocks - 1` (it sees every ticket taken) combines
+(its thread 0, which took the ticket, passes the wait for all arrivals
+and resets the counter at once: a thread of the block that read the
+counter after the reset would wait forever; the others read the partials
+after the barrier that follows the ticket, as every block's writes were
+fenced before its ticket):
 each thread takes one query row and `head_dim / (threads / q_tile)` of its
 columns, the row's max `M` over the chunks, then per chunk the weight
 `exp(m - M)`, the sum of `l` weighted and the chunk's output weighted;
-it writes `O / L` where the row exists. Thread 0 resets the tile's counter.
+it writes `O / L` where the row exists.
 """
 
 from __future__ import annotations
@@ -62,11 +67,11 @@ def finish(plan, bufs, regs, ids):
     T.buffer_store(mine, load(turn, 0), [0])
     with T.If(load(mine, 0) == plan.kv_blocks - 1):
         with T.Then():
-            T.evaluate(arrivals.await_arrivals(ids["tile"], plan.kv_blocks))
-            _combine(plan, bufs, ids)
-            with T.If(ids["tx"] == 0):
+            with T.If(ids["tx"] == 0):  # the thread that took the ticket: no other thread reads the counter
                 with T.Then():
+                    T.evaluate(arrivals.await_arrivals(ids["tile"], plan.kv_blocks))
                     T.evaluate(arrivals.reset(ids["tile"]))
+            _combine(plan, bufs, ids)
 
 
 def _store_partial(plan, bufs, regs, ids, half, value_of):

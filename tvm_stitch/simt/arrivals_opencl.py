@@ -43,20 +43,21 @@ ADDRESS_SPACES = ("__global", "__local", "__private", "__constant")
 def _vector_access(scalar: str, n: int, space: str) -> str:
     """vload`n` (and vstore`n`, but to __constant) of `scalar`s in `space`, element by element."""
     lanes = ", ".join(f"q[{i}]" for i in range(n))
-    load = (f"__attribute__((overloadable)) {scalar}{n} _cl_vload{n}(size_t i, const {space} {scalar}* p) "
+    load = (f"__attribute__((overloadable)) {scalar}{n} vload{n}(size_t i, const {space} {scalar}* p) "
             f"{{ const {space} {scalar}* q = p + {n} * i; return ({scalar}{n})({lanes}); }}\n")
     if space == "__constant":
         return load
     stores = " ".join(f"q[{i}] = v.s{i:x};" for i in range(n))
-    return load + (f"__attribute__((overloadable)) void _cl_vstore{n}({scalar}{n} v, size_t i, {space} {scalar}* p) "
+    return load + (f"__attribute__((overloadable)) void vstore{n}({scalar}{n} v, size_t i, {space} {scalar}* p) "
                    f"{{ {space} {scalar}* q = p + {n} * i; {stores} }}\n")
 
 
-# pocl, in OpenCL C 2.0, declares vloadn and vstoren for generic pointers only and lacks the generic
-# address space on CPU devices: TVM's vector loads and stores (of global, local and private memory) need
-# overloads of its renamed built-ins (pocl defines vloadn as a macro; Oclgrind has its own built-ins).
-VECTOR_ACCESS = ("#ifdef vload4\n" + "".join(_vector_access(scalar, n, space) for scalar in VECTOR_TYPES
-                                            for n in VECTOR_WIDTHS for space in ADDRESS_SPACES) + "#endif\n")
+# In OpenCL C 2.0 the built-in vloadn and vstoren take generic pointers: pocl's CPU devices lack the
+# generic address space (no overload matches) and Oclgrind cannot interpret the casts to it. TVM's vector
+# loads and stores of global, local and private memory get overloads of their own address space (pocl
+# renames the built-ins by macros, which rename these definitions alike).
+VECTOR_ACCESS = "".join(_vector_access(scalar, n, space) for scalar in VECTOR_TYPES for n in VECTOR_WIDTHS
+                        for space in ADDRESS_SPACES)
 
 HELPER = VECTOR_ACCESS + f"""
 global uint tvm_stitch_counters[{SLOTS}];
