@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 import tvm
 from tvm import tirx
+from tvm.script import tirx as T
 
 from conftest import needs_nvcc, nvcc, opencl_device
 from attention_reference import reference_func
@@ -20,6 +22,8 @@ from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_at
 from tvm_stitch.planning.attention_cost import geometry, modeled_us, traffic
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.rewrites.attention import kernel_for
+from tvm_stitch.simt import opencl_run
+from tvm_stitch.simt.opencl_build import build_opencl
 from tvm_stitch.simt.simt_kernel import Reference, check_kernel
 from tvm_stitch.tools.launches import cuda_source
 
@@ -124,6 +128,42 @@ def test_counters_left_set_fail_the_check(monkeypatch):
     monkeypatch.setattr(kv_schedule.arrivals, "reset", lambda slot: tirx.const(0, "int32"))
     check = _check(_plan(_shape(1, 1, 16, 200, 64, "float16"), 16, 1, 32, 4))
     assert not check.ok and "arrival counters" in check.detail, check
+
+
+def _wait_after_reset():
+    """2 blocks of 2 threads; in the last block thread 0 resets the counter, then every thread waits."""
+    arrivals = kv_schedule.arrivals
+
+    @T.prim_func
+    def waits(x: T.Buffer((2, 2), "float32"), out: T.Buffer((2, 2), "float32")):
+        T.func_attr({"tirx.noalias": True, "global_symbol": "waits", "tirx.is_scheduled": True})
+        for b in T.thread_binding(2, thread="blockIdx.x"):
+            turn = T.decl_buffer((1,), "int32", scope="shared")
+            for t in T.thread_binding(2, thread="threadIdx.x"):
+                mine = T.decl_buffer((1,), "int32", scope="local")
+                T.evaluate(arrivals.fence())
+                T.tvm_storage_sync("shared")
+                if t == 0:
+                    turn[0] = arrivals.ticket(0)
+                T.tvm_storage_sync("shared")
+                mine[0] = turn[0]
+                if mine[0] == 1:
+                    if t == 0:
+                        T.evaluate(arrivals.reset(0))
+                    T.evaluate(arrivals.await_arrivals(0, 2))
+                out[b, t] = T.if_then_else(mine[0] == 1, x[b, t] + T.float32(1), x[b, t])
+
+    return waits
+
+
+def test_a_thread_waiting_after_the_reset_is_reported():
+    """The order the combining block must avoid (its thread 0 alone waits and resets): pocl runs a group's
+    threads in turn, so thread 1 reads the reset counter and its wait gives up (a GPU would hang) and
+    leaves the counter set: the second run's tickets, and so its outputs, differ."""
+    x = np.arange(4, dtype="float32").reshape(2, 2)
+    specs = [("x", "float32", (2, 2)), ("out", "float32", (2, 2))]
+    result = opencl_run.run(build_opencl(_wait_after_reset(), "waits"), specs, {0: x}, opencl_device(False), False)
+    assert any("arrival counters" in problem for problem in result.guard_problems), result.guard_problems
 
 
 @pytest.mark.slow

@@ -11,7 +11,13 @@ synchronisation orders global memory, OpenCL's local barrier does not).
 A wait cannot spin forever where the OpenCL device runs fewer work-groups
 at once than wait: it gives up after `POLLS` reads, and the combine that
 follows it then reads partials not yet written (a mismatch). The checked
-plans combine in the last block only (nothing to wait for).
+plans combine in the last block only (nothing to wait for). A wait that
+gives up sets a high bit of its counter (`GAVE_UP`), which then is not at
+zero for the second run: its tickets differ and so do its outputs. That
+catches a thread that reads a counter after another thread reset it (pocl
+and Oclgrind run a work-group's threads one after another between
+barriers; on a GPU it would wait forever). pocl gives each kernel of a
+program its own program-scope variables.
 
 Oclgrind's race detector knows no synchronisation between work-groups: a
 store before a block's ticket and the last block's load after its own is
@@ -34,6 +40,7 @@ from tvm import tirx
 from schedules.cuda.arrivals import AWAIT, FENCE, NAME, RESET, SLOTS, TICKET
 
 POLLS = 1 << 22
+GAVE_UP = 1 << 30  # set in a counter whose wait gave up: left set, the second run differs
 BUILD_OPTIONS = ("-cl-std=CL2.0",)  # program-scope variables
 VECTOR_TYPES = ("float", "int", "uint")
 VECTOR_WIDTHS = (2, 4, 8, 16)
@@ -71,7 +78,11 @@ int {NAME}(int what, int slot, int total) {{
   if (what == {TICKET}) {{
     ticket = (int)atomic_inc(&tvm_stitch_counters[slot]);
   }} else if (what == {AWAIT}) {{
-    for (int poll = 0; poll < {POLLS} && atomic_or(&tvm_stitch_counters[slot], 0u) < (uint)total; ++poll) {{
+    int poll = 0;
+    for (; poll < {POLLS} && atomic_or(&tvm_stitch_counters[slot], 0u) < (uint)total; ++poll) {{
+    }}
+    if (poll == {POLLS}) {{
+      atomic_or(&tvm_stitch_counters[slot], {GAVE_UP}u);
     }}
   }} else if (what == {RESET}) {{
     atomic_xchg(&tvm_stitch_counters[slot], 0u);
