@@ -27,18 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from schedules.cuda.arrivals import SLOTS
 from tvm_stitch.planning import attention_mma
 from tvm_stitch.planning.time_model import SERIAL_UNROLL, KernelGeometry
 
 KV_BLOCKS = (2, 4, 8, 16, 32)  # chunks a query tile's key range may be cut into
 COMBINE_OPS_PER_CHUNK = 4  # per chunk of a combining thread's row: the max, the exp argument, the weighted sum
-
-
-def slots() -> int:
-    """The arrival counters of one CUDA module (schedules/cuda/arrivals.SLOTS)."""
-    from schedules.cuda.arrivals import SLOTS  # the schedule package imports planning: imported on use
-
-    return SLOTS
 
 
 def tiles(plan) -> int:
@@ -54,7 +48,7 @@ def chunk_tiles(plan) -> int:
 def offered(plan, kv_blocks: int) -> bool:
     """Whether `plan` (a tensor-core plan of one block per tile) may be split into `kv_blocks` chunks."""
     s = plan.shape
-    if s.priced_at or s.mask == "causal" or not plan.mma or tiles(plan) > slots():
+    if s.priced_at or s.mask == "causal" or not plan.mma or tiles(plan) > SLOTS:
         return False
     per_chunk = -(-plan.k_tiles // kv_blocks)
     return kv_blocks <= plan.k_tiles and (kv_blocks - 1) * per_chunk < plan.k_tiles
