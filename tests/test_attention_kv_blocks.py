@@ -60,8 +60,8 @@ def test_cross_attention_splits_its_key_range_across_blocks_modeled_faster(dtype
     one_block = min(modeled_us(p) for p in attention_mma.candidates(shape, SM90, AttentionPlan))
     assert plan.mma and plan.kv_blocks > 1 and plan.tasks == 12 * plan.q_tiles * plan.kv_blocks
     assert "combined by the last to arrive" in plan.describe()
-    assert modeled_us(plan) < 0.8 * one_block  # 11.9 us against 15.9 (8 warps of 16 keys, one block a tile)
-    assert 60 <= _tflops(shape, modeled_us(plan)) <= 900
+    assert modeled_us(plan) < 0.7 * one_block  # 10.1 us against 15.8 (8 warps of 16 keys, one block a tile)
+    assert 75 <= _tflops(shape, modeled_us(plan)) <= 900
 
 
 @pytest.mark.parametrize("case", sorted(SELF))
@@ -74,7 +74,7 @@ def test_self_attention_shapes_keep_one_block_per_query_tile_and_their_time(case
 
 def test_the_split_is_priced_with_its_workspace_and_combine():
     """The chunks' partials are written and read once; the combine is a second part of the launch, one block
-    per query tile, its threads reading every chunk's share of their row."""
+    per query tile, its threads reading every chunk's max and sum and share of their row."""
     shape = _shape(1, 12, 128, 2048, 64, "float16")
     plan = _plan(shape, 16, 8, 16, 4)
     unsplit = dataclasses.replace(plan, kv_blocks=1)
@@ -84,7 +84,7 @@ def test_the_split_is_priced_with_its_workspace_and_combine():
     chunks, combine = geometry(plan).members
     assert (chunks.grid, combine.grid) == (12 * 8 * 4, 12 * 8)
     assert chunks.load_phases == 16 // 4 + 2  # Q, a chunk's 4 key tiles, the ticket
-    assert dict(combine.loads)[4] == 4 * (3 + 64 // 16)  # 256 threads over 16 rows: 4 columns a thread
+    assert combine.loads == ((8, 4), (16, 4))  # 256 threads over 16 rows: per chunk (max, sum), 4 columns
 
 
 def test_splits_are_offered_only_where_each_chunk_has_key_tiles_and_a_counter():

@@ -16,9 +16,11 @@ counter after the reset would wait forever; the others read the partials
 after the barrier that follows the ticket, as every block's writes were
 fenced before its ticket):
 each thread takes one query row and `head_dim / (threads / q_tile)` of its
-columns, the row's max `M` over the chunks, then per chunk the weight
-`exp(m - M)`, the sum of `l` weighted and the chunk's output weighted;
-it writes `O / L` where the row exists.
+columns and passes over the chunks once, as the online softmax passes over
+key tiles: per chunk its row max and sum (one 8-byte load) and its output
+columns (16-byte loads), the running max `M`, the rescale `exp(M - M')` of
+the running sum and output, the chunk's weight `exp(m - M')`; it writes
+`O / L` where the row exists.
 """
 
 from __future__ import annotations
@@ -84,13 +86,15 @@ def _store_partial(plan, bufs, regs, ids, half, value_of):
 
 
 def _combine(plan, bufs, ids):
-    """out[tile's rows] = sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M): a row and `cols` columns a thread."""
+    """out[tile's rows] = sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M): a row and `cols` columns a thread,
+    one pass over the chunks (the online softmax's rescale where the max grows), vector loads."""
     s = plan.shape
-    cols = attention_kv_blocks_plan.combine_columns(plan)
+    cols, vector = attention_kv_blocks_plan.combine_columns(plan), attention_kv_blocks_plan.combine_vector(plan)
     parts = s.head_dim // cols
     row, c0 = ids["tx"] // parts, ids["tx"] % parts * cols
     acc = T.alloc_buffer((cols,), "float32", scope="local")
-    stat = T.alloc_buffer((3,), "float32", scope="local")  # M, L, the chunk's weight
+    chunk = T.alloc_buffer((2,), "float32", scope="local")  # the chunk's row max and sum
+    stat = T.alloc_buffer((4,), "float32", scope="local")  # M, L, the rescale of both, the chunk's weight
     first = ids["tile"] * plan.kv_blocks * plan.q_tile + row  # the row of chunk 0
     o, ml = bufs["partial_o"], bufs["partial_ml"]
     T.buffer_store(stat, tirx.const(NEG, "float32"), [0])
@@ -98,13 +102,19 @@ def _combine(plan, bufs, ids):
     with T.unroll(0, cols) as j:
         T.buffer_store(acc, tirx.const(0.0, "float32"), [j])
     with T.unroll(0, plan.kv_blocks) as c:
-        T.buffer_store(stat, tirx.max(load(stat, 0), load(ml, 2 * (first + c * plan.q_tile))), [0])
-    with T.unroll(0, plan.kv_blocks) as c:
         r = first + c * plan.q_tile
-        T.buffer_store(stat, tirx.exp(load(ml, 2 * r) - load(stat, 0)), [2])
-        T.buffer_store(stat, load(stat, 1) + load(ml, 2 * r + 1) * load(stat, 2), [1])
-        with T.unroll(0, cols) as k:
-            T.buffer_store(acc, load(acc, k) + load(o, r * s.head_dim + c0 + k) * load(stat, 2), [k])
+        with T.vectorized(0, 2) as j:
+            T.buffer_store(chunk, load(ml, 2 * r + j), [j])
+        T.buffer_store(stat, tirx.max(load(stat, 0), load(chunk, 0)), [3])
+        T.buffer_store(stat, tirx.exp(load(stat, 0) - load(stat, 3)), [2])
+        T.buffer_store(stat, load(stat, 3), [0])
+        T.buffer_store(stat, tirx.exp(load(chunk, 0) - load(stat, 0)), [3])
+        T.buffer_store(stat, load(stat, 1) * load(stat, 2) + load(chunk, 1) * load(stat, 3), [1])
+        with T.unroll(0, cols // vector) as v:
+            with T.vectorized(0, vector) as j:
+                k = v * vector + j
+                T.buffer_store(acc, load(acc, k) * load(stat, 2) + load(o, r * s.head_dim + c0 + k) * load(stat, 3),
+                               [k])
     qi = ids["q0"] + row
     with T.If(qi < s.q_len):
         with T.Then():

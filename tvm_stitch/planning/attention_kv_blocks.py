@@ -19,20 +19,22 @@ The time model prices the launch as two parts one after the other
 priced as the unsplit kernel's geometry over their share of the key tiles,
 storing their partials and taking a ticket (a fence and an atomic: one
 more round trip to memory); then the combine of each tile by one block,
-a thread per row and share of its columns reading every chunk's partial
-of them and the row's max and sum (float32, unrolled over the chunks). The workspace is written once and read once.
+a thread per row and share of its columns passing once over the chunks:
+per chunk the row's max and sum (one 8-byte load) and its output columns
+(16-byte loads where its columns allow), two exps. The workspace is written once and read once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from schedules.cuda.arrivals import SLOTS
 from tvm_stitch.planning import attention_mma
 from tvm_stitch.planning.time_model import SERIAL_UNROLL, KernelGeometry
 
 KV_BLOCKS = (2, 4, 8, 16, 32)  # chunks a query tile's key range may be cut into
-COMBINE_OPS_PER_CHUNK = 4  # per chunk of a combining thread's row: the max, the exp argument, the weighted sum
+COMBINE_OPS_PER_CHUNK = 5  # per chunk of a combining thread's row: the max, two exp arguments, the sum
 
 
 def tiles(plan) -> int:
@@ -64,6 +66,11 @@ def combine_columns(plan) -> int:
     return plan.shape.head_dim // (plan.threads // plan.q_tile)
 
 
+def combine_vector(plan) -> int:
+    """float32 output elements a combining thread loads at once (16 bytes where its columns allow)."""
+    return math.gcd(4, combine_columns(plan))
+
+
 def workspace_elements(plan) -> dict:
     """float32 elements of the workspace buffers: each chunk's output tile, and its rows' (max, sum)."""
     chunks = tiles(plan) * plan.kv_blocks
@@ -83,13 +90,13 @@ def geometry(plan, dram_bytes: int, name: str = "fused_attention") -> KernelGeom
     chunk = dataclasses.replace(
         chunk, grid=plan.tasks, stores=((4, outputs + 2),), load_phases=chunk.load_phases + 1,
         barriers=chunk.barriers + 2)
-    cols, kb = combine_columns(plan), plan.kv_blocks
-    loads = kb * (3 + cols)  # per chunk: the row's max (twice), its sum, its output columns
+    cols, vector, kb = combine_columns(plan), combine_vector(plan), plan.kv_blocks
+    loads = ((8, kb), (4 * vector, kb * cols // vector))  # per chunk: the row's max and sum, its columns
     combine = KernelGeometry(
-        name=f"{name}_combine", grid=tiles(plan), threads=plan.threads, loads=((4, loads),),
-        stores=((2, cols),), load_sites=loads, load_phases=1,
-        serial_iterations=2 * kb, sfu_ops=kb + 1, registers=chunk.registers, shared_bytes=chunk.shared_bytes,
-        flops=(("fp32", COMBINE_OPS_PER_CHUNK * kb + 2 * cols * kb),))
+        name=f"{name}_combine", grid=tiles(plan), threads=plan.threads, loads=loads, stores=((2, cols),),
+        load_sites=sum(count for _, count in loads), load_phases=1, serial_iterations=kb, sfu_ops=2 * kb + 1,
+        registers=chunk.registers, shared_bytes=chunk.shared_bytes,
+        flops=(("fp32", COMBINE_OPS_PER_CHUNK * kb + 3 * cols * kb),))
     return KernelGeometry(name=name, grid=plan.tasks, threads=plan.threads, registers=chunk.registers,
                           shared_bytes=chunk.shared_bytes, dram_bytes=dram_bytes,
                           members=(chunk, combine))

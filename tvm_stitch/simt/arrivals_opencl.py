@@ -44,27 +44,26 @@ GAVE_UP = 1 << 30  # set in a counter whose wait gave up: left set, the second r
 BUILD_OPTIONS = ("-cl-std=CL2.0",)  # program-scope variables
 VECTOR_TYPES = ("float", "int", "uint")
 VECTOR_WIDTHS = (2, 4, 8, 16)
-ADDRESS_SPACES = ("__global", "__local", "__private", "__constant")
 
 
-def _vector_access(scalar: str, n: int, space: str) -> str:
-    """vload`n` (and vstore`n`, but to __constant) of `scalar`s in `space`, element by element."""
-    lanes = ", ".join(f"q[{i}]" for i in range(n))
-    load = (f"__attribute__((overloadable)) {scalar}{n} vload{n}(size_t i, const {space} {scalar}* p) "
-            f"{{ const {space} {scalar}* q = p + {n} * i; return ({scalar}{n})({lanes}); }}\n")
-    if space == "__constant":
-        return load
-    stores = " ".join(f"q[{i}] = v.s{i:x};" for i in range(n))
-    return load + (f"__attribute__((overloadable)) void vstore{n}({scalar}{n} v, size_t i, {space} {scalar}* p) "
-                   f"{{ {space} {scalar}* q = p + {n} * i; {stores} }}\n")
+def _vector_access(n: int) -> str:
+    """vload`n` and vstore`n` as macros that access the elements where they are used, and the overloads
+    that gather `n` scalars into a vector (no pointer is passed to a function)."""
+    elements = ", ".join(f"(p)[{n} * (i) + {k}]" for k in range(n))
+    stores = " ".join(f"(p)[{n} * (i) + {k}] = tvm_stitch_v_.s{k:x};" for k in range(n))
+    scalars = ", ".join(f"x{k}" for k in range(n))
+    gathers = "".join(f"__attribute__((overloadable)) {s}{n} tvm_stitch_vec{n}("
+                      + ", ".join(f"{s} x{k}" for k in range(n)) + f") {{ return ({s}{n})({scalars}); }}\n"
+                      for s in VECTOR_TYPES)
+    return (gathers + f"#undef vload{n}\n#define vload{n}(i, p) tvm_stitch_vec{n}({elements})\n"
+            f"#undef vstore{n}\n#define vstore{n}(v, i, p) do {{ __typeof__(v) tvm_stitch_v_ = (v); {stores} }} while (0)\n")
 
 
 # In OpenCL C 2.0 the built-in vloadn and vstoren take generic pointers: pocl's CPU devices lack the
-# generic address space (no overload matches) and Oclgrind cannot interpret the casts to it. TVM's vector
-# loads and stores of global, local and private memory get overloads of their own address space (pocl
-# renames the built-ins by macros, which rename these definitions alike).
-VECTOR_ACCESS = "".join(_vector_access(scalar, n, space) for scalar in VECTOR_TYPES for n in VECTOR_WIDTHS
-                        for space in ADDRESS_SPACES)
+# generic address space (no overload matches TVM's vector loads and stores of global, local and private
+# memory) and Oclgrind cannot interpret the casts to it. They become element accesses at the place of use
+# (where Oclgrind's race reports then point, as `without_ordered_races` needs).
+VECTOR_ACCESS = "".join(_vector_access(n) for n in VECTOR_WIDTHS)
 
 HELPER = VECTOR_ACCESS + f"""
 global uint tvm_stitch_counters[{SLOTS}];
