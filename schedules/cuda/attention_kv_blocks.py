@@ -37,7 +37,7 @@ C_ELEMENTS = 4  # float32 accumulators a lane holds of one 16 x 8 mma tile
 
 def chunk_tiles(plan, chunk, last_tile):
     """(first key tile, key tiles) of chunk `chunk`, up to `last_tile` (exclusive)."""
-    per_chunk = -(-plan.k_tiles // plan.kv_blocks)
+    per_chunk = attention_kv_blocks_plan.chunk_tiles(plan)
     first = chunk * per_chunk
     return first, tirx.max(0, tirx.min(first + per_chunk, last_tile) - first)
 

@@ -31,7 +31,7 @@ import math
 
 from schedules.cuda.arrivals import SLOTS
 from tvm_stitch.planning import attention_mma
-from tvm_stitch.planning.time_model import SERIAL_UNROLL, KernelGeometry
+from tvm_stitch.planning.time_model import KernelGeometry
 
 KV_BLOCKS = (2, 4, 8, 16, 32)  # chunks a query tile's key range may be cut into
 COMBINE_OPS_PER_CHUNK = 5  # per chunk of a combining thread's row: the max, two exp arguments, the sum
