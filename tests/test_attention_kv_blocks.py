@@ -124,6 +124,13 @@ def test_key_chunks_with_padding_mask_over_heads_and_row_groups_match_on_pocl():
     assert check.ok, check
 
 
+def test_key_chunks_over_grouped_kv_heads_match_on_pocl():
+    """4 query heads over 2 KV heads, head dim 32: 7 key tiles of 16 in chunks of 3, 3 and 1 (4 tiles, 4
+    counters at once)."""
+    check = _check(_plan(_shape(1, 4, 16, 100, 32, "float16", kv_heads=2), 16, 1, 16, 3))
+    assert check.ok, check
+
+
 def test_counters_left_set_fail_the_check(monkeypatch):
     monkeypatch.setattr(kv_schedule.arrivals, "reset", lambda slot: tirx.const(0, "int32"))
     check = _check(_plan(_shape(1, 1, 16, 200, 64, "float16"), 16, 1, 32, 4))
