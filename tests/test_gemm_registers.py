@@ -1,6 +1,8 @@
 """Registers per thread of a GEMM's schedule against the cap of its block (pricing/gemm_registers.py), and the
 timed GEMM choice leaving out a schedule over it: dlight's wmma Matmul (512 threads, capped at 128
-registers, 112 of them fragments) spilled in LLaMA's float16 backward on sm_80."""
+registers, 112 of them fragments) spilled in LLaMA's float16 backward on sm_80. The tensor-core rule's
+kernels under `__launch_bounds__(threads, 1)`: GPT-2's attention output projection spilled on sm_90
+without the minimum."""
 
 from __future__ import annotations
 
@@ -8,15 +10,21 @@ import dataclasses
 
 import pytest
 import tvm
+from conftest import make_module, needs_nvcc, tensor
+from test_gemm_choice import LARGE_SHALLOW, gemm
+from tvm import relax
 
-from conftest import needs_nvcc
 from schedules.cuda import tensor_core_matmul
 from schedules.cuda.dlight_default import first_dlight_schedule
-from test_gemm_choice import LARGE_SHALLOW, gemm
 from tvm_stitch.analysis.classify import TENSOR_CORE_RULE
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.gemm_choice import faster_gemm, on_tensor_cores
-from tvm_stitch.pricing.gemm_registers import ADDRESS_REGISTERS, kernel_registers, over_cap, register_cap
+from tvm_stitch.pricing.gemm_registers import (
+    ADDRESS_REGISTERS,
+    kernel_registers,
+    over_cap,
+    register_cap,
+)
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 SPEC = TargetSpec.from_target(TARGET)
@@ -87,3 +95,34 @@ def test_llama_float16_backward_gemms_carry_mma_without_spills_on_sm_80():
     kernels = gemm_kernels(built, "sm_80")
     assert len(kernels) >= 25
     assert [k for k in kernels if not k.mma or k.spill_bytes] == []
+
+
+def _output_projection():
+    """GPT-2's attention output projection at bench size in float16: the heads' outputs transposed and
+    reshaped into the product with the weight, the bias (float32) and the residual added after it."""
+    op = relax.op
+
+    def body(bb, heads, weight, bias, x):
+        rows = bb.emit(op.reshape(op.permute_dims(heads, [0, 2, 1, 3]), (512, 768)))
+        product = bb.emit(op.add(op.matmul(rows, weight, out_dtype="float32"), bias))
+        return bb.emit(op.add(x, op.reshape(op.astype(product, "float16"), (4, 128, 768))))
+
+    return make_module([tensor("heads", (4, 12, 128, 64), "float16"), tensor("weight", (768, 768), "float16"),
+                        tensor("bias", (768,), "float32"), tensor("x", (4, 128, 768), "float16")], body)
+
+
+@needs_nvcc
+def test_the_rules_kernel_keeps_one_block_per_sm_and_does_not_spill():
+    """Under `__launch_bounds__(128)` alone ptxas for sm_90 spilled 8 bytes at 72 registers in this GEMM;
+    with a minimum of one block per SM it does not (the rule's kernel, its mma in the PTX)."""
+    from test_tensor_core_matmul import kernel_rules
+
+    from tvm_stitch.tools.build import build
+    from tvm_stitch.tools.gemm_ptx import gemm_kernels
+    from tvm_stitch.tools.launches import cuda_source
+
+    built = build(_output_projection(), {"kind": "cuda", "arch": "sm_90"}, stitched=True)
+    assert TENSOR_CORE_RULE in kernel_rules(built).values()
+    assert "__launch_bounds__(128, 1)" in cuda_source(built.executable)
+    (kernel,) = gemm_kernels(built, "sm_90")
+    assert kernel.rule == TENSOR_CORE_RULE and kernel.mma > 0 and kernel.spill_bytes == 0

@@ -20,8 +20,16 @@ most TargetSpec.max_registers_per_thread.
 
 Calibrated against `ptxas -v` (nvcc 13, sm_80 and sm_90) on the GEMM
 kernels of BERT, GPT-2 and LLaMA at bench size in float16, forward and
-backward, each scheduled both ways (the tensor-core rule's and dlight's
-Matmul, its wmma and its FMA schedules): see CALIBRATION.
+backward, each scheduled both ways (340 compilations). Kernels without a
+binding cap (the rule's 128 threads, dlight's FMA Matmul of 128; cap 255)
+used 8 to 80 registers beyond their fragments, median 32, under 24 in 48 of
+216: ADDRESS_REGISTERS is a floor rather than a mean, and the estimate errs
+low by up to 56 registers. The margin is the cap's: the rule's largest
+estimate is 112 (88 of fragments; at most 168 used under `__launch_bounds__(128)`) against 255. dlight's
+wmma kernels (512 threads, cap 128) hold 112 of fragments: estimated 136,
+over by 8; ptxas squeezed them into 102-128 registers and spilled in 5 of
+124 (8 bytes in LLaMA's float16 backward on sm_80, 640-846 bytes in two
+other products of LLaMA's backward on both archs).
 """
 
 from __future__ import annotations
@@ -41,7 +49,6 @@ ADDRESS_REGISTERS = 24
 WMMA_OPERAND_COPIES = 2  # a wmma operand fragment's elements per lane over its share of the tile
 PER_LANE = ("warp", "wmma.accumulator")
 WMMA_OPERANDS = ("wmma.matrix_a", "wmma.matrix_b")
-CALIBRATION = ""
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ import tempfile
 from dataclasses import dataclass
 
 from tvm_stitch.analysis.classify import is_compute_kernel
+from tvm_stitch.pricing.gemm_choice import RULE_ATTR
 from tvm_stitch.tools.device_code import parse_ptxas
 from tvm_stitch.tools.launches import cuda_source, primfunc_calls
 
 MMA = re.compile(r"\b(?:mma\.sync|wmma\.mma\.sync)\.")
-RULE_ATTR = "tvm_stitch.schedule_rule"
 
 
 @dataclass(frozen=True)
