@@ -1,7 +1,8 @@
 """The GEMM kernels of the stitched builds of BERT, GPT-2 and LLaMA in bfloat16 and float16 as nvcc compiles
 them: per model, dtype, step and arch, how many GEMM kernels there are, how many carry tensor-core mma
 instructions in their PTX (mma.sync or wmma.mma) and how many spill (ptxas -v), with the rule of each
-kernel that does not carry mma or spills (tools/gemm_ptx.py). Needs nvcc and the torch extra; no GPU.
+kernel that does not carry mma or spills (tools/gemm_ptx.py). The fused attention kernels (rule
+"attention") are counted beside the GEMMs. Needs nvcc and the torch extra; no GPU.
 
 Usage: python benchmarks/gemm_ptx.py [--models bert,gpt2,llama] [--dtypes bfloat16,float16]
        [--steps forward,backward] [--archs sm_80,sm_90] [--size bench] [OUT.md]

@@ -3,7 +3,8 @@
 A build's CUDA source is compiled once with nvcc to PTX for an arch, the PTX
 assembled with `ptxas -v` (what `nvcc -cubin -Xptxas -v` runs); per GEMM
 kernel (a PrimFunc the tensor-core rule or a dlight rule scheduled that
-contracts two tensors, classify.is_compute_kernel) the count of tensor-core
+contracts two tensors, classify.is_compute_kernel, or a fused attention
+kernel, rewrites/attention.py, rule "attention") the count of tensor-core
 multiply instructions in its PTX entry (`mma.sync` or `wmma.mma`), its
 registers and its spill bytes. Needs nvcc and ptxas on the PATH.
 """
@@ -22,6 +23,7 @@ from tvm_stitch.pricing.gemm_choice import RULE_ATTR
 from tvm_stitch.tools.device_code import parse_ptxas
 from tvm_stitch.tools.launches import cuda_source, primfunc_calls
 
+ATTENTION_ATTR = "tvm_stitch.attention"
 MMA = re.compile(r"\b(?:mma\.sync|wmma\.mma\.sync)\.")
 
 
@@ -30,7 +32,7 @@ class GemmKernel:
     """One CUDA kernel of a GEMM PrimFunc, as ptxas assembled it for one arch."""
 
     primfunc: str
-    rule: str  # the schedule rule (tensor_core_matmul or a dlight rule's class name)
+    rule: str  # the schedule rule (tensor_core_matmul, a dlight rule's class name, or "attention")
     kernel: str  # the PTX entry
     mma: int  # tensor-core multiply instructions in its PTX
     registers: int
@@ -59,14 +61,22 @@ def ptx_entries(ptx: str) -> dict:
     return {part.split("(")[0].strip(): part for part in re.split(r"\.entry\s+", ptx)[1:]}
 
 
+def _rule(func) -> str | None:
+    attrs = func.attrs if func.attrs is not None else {}
+    if RULE_ATTR in attrs:
+        return str(attrs[RULE_ATTR])
+    return "attention" if ATTENTION_ATTR in attrs else None
+
+
 def gemm_primfuncs(lowered) -> dict:
-    """Schedule rule per called GEMM PrimFunc of a lowered CUDA module (stitched kernels excluded)."""
+    """Schedule rule per called GEMM PrimFunc of a lowered CUDA module, the fused attention kernels
+    included ("attention"), the other stitched kernels not."""
     rules = {}
     for name in primfunc_calls(lowered):
         func = lowered[name]
-        rule = func.attrs.get(RULE_ATTR) if func.attrs is not None else None
+        rule = _rule(func)
         if rule is not None and is_compute_kernel(func):
-            rules[name] = str(rule)
+            rules[name] = rule
     return rules
 
 
