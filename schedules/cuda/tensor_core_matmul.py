@@ -21,6 +21,11 @@ schedules it with the intrinsics of schedules/mma_intrinsics.py:
   (the cast to the model's dtype, a bias, an activation) inlined there.
 
 Extents that are not multiples of the tile are padded (`pad_einsum`).
+`kernel` gives the scheduled PrimFunc, compiled under
+`__launch_bounds__(threads, 1)`: under `__launch_bounds__(128)` alone ptxas
+for sm_90 traded registers for occupancy and spilled 8-24 bytes at 72-128
+registers (GPT-2's and BERT's float16 projections at bench size; none with
+the minimum of one block per SM, at 86 registers for the 72 of before).
 `apply` returns None where the function is not such a GEMM, the dtype or
 arch does not fit, or the tensorization does not match.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, sym, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, get_index_map,
@@ -48,6 +54,7 @@ DEEP_K_STEPS = 4  # where K is a multiple of 64
 PAD_BYTES = 16  # added to each shared row: ldmatrix's 8 row addresses fall in different banks
 STORE_VECTOR = 4  # accumulator elements per thread and store (16 bytes of float32)
 ACCUMULATOR_BYTES = 4  # float32
+MIN_BLOCKS_PER_SM = 1  # __launch_bounds__(threads, 1): else ptxas trades registers for occupancy and spills
 
 
 @dataclass(frozen=True)
@@ -345,3 +352,20 @@ def _every_block_on_the_grid(sch: s_tir.Schedule) -> bool:
     operand copies would stay a loop nest of its own, which no GPU build takes."""
     return all(any(sch.get(loop).kind == tirx.ForKind.THREAD_BINDING for loop in sch.get_loops(block))
                for block in sch.get_child_blocks(get_root_block(sch)))
+
+
+def kernel(sch: s_tir.Schedule) -> tirx.PrimFunc:
+    """The PrimFunc of an `apply` schedule, its kernel compiled under `__launch_bounds__(threads,
+    MIN_BLOCKS_PER_SM)` (the attribute TVM's CUDA code generator reads, inside the block loop)."""
+
+    def bounded(loop, mutator):
+        loop = mutator.default_mutate(loop)
+        if loop.thread_binding is None or str(loop.thread_binding.thread_tag) != "blockIdx.x":
+            return loop
+        body = tirx.AttrStmt(tirx.IntImm("int32", 0), "tirx.launch_bounds_min_blocks_per_sm",
+                             tirx.IntImm("int32", MIN_BLOCKS_PER_SM), loop.body)
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
+                        loop.annotations)
+
+    func = sch.mod["main"]
+    return func.with_body(tvm_ffi.structural_mutate(func.body, [(tirx.For, bounded)]))

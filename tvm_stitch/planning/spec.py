@@ -119,6 +119,9 @@ DEFAULT_ARCH = "sm_90"
 CUDA_SHARED_PER_BLOCK = 48 << 10  # static shared memory a block may declare without opting in
 CUDA_REGISTERS_PER_SM = 64 << 10
 CUDA_REGISTER_GRANULE = 256  # registers are allocated per warp in units of this
+# The most 32-bit registers one thread may use: 255 on compute capability 5.0 and later (CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability").
+CUDA_MAX_REGISTERS_PER_THREAD = 255
 CUDA_VECTOR_BYTES = 16  # the widest global load and store: 128 bits
 # The share of the last-level cache a re-read buffer keeps while a kernel streams the rest through it
 # (pricing/traffic.py, planning/attention_cost.py).
@@ -148,6 +151,7 @@ class TargetSpec:
     sm_blocks: int = 0  # resident blocks per SM at most
     sm_shared_bytes: int = 0  # shared memory of an SM, over its resident blocks
     register_granule: int = 0
+    max_registers_per_thread: int = 0  # CUDA: 32-bit registers one thread may use at most
     vector_registers: int = 0  # CPU: architectural vector registers (a matmul tile's accumulators live there)
     l1_bytes: int = 0  # CPU: a core's level-1 data cache (a chunk of a matmul's weight panel stays in it)
     l2_bytes: int = 0  # CPU: a core's level-2 cache (a matmul's whole weight, when it fits, is reused from it)
@@ -263,6 +267,7 @@ def _cuda_spec(target: Target) -> TargetSpec:
         sm_blocks=facts.sm_blocks,
         sm_shared_bytes=facts.sm_shared_bytes,
         register_granule=CUDA_REGISTER_GRANULE,
+        max_registers_per_thread=CUDA_MAX_REGISTERS_PER_THREAD,
         atomic_add_dtypes=tuple(d for d, first in ATOMIC_ADD_SINCE.items() if number >= first),
         mma_dtypes=tuple(d for d, first in MMA_M16N8K16_SINCE.items() if number >= first),
         mma_tf32=number >= MMA_TF32_SINCE,

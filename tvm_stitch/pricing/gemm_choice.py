@@ -11,8 +11,13 @@ candidate only where it runs on tensor cores too (its wmma path): its FMA
 schedule of a GEMM the rule puts on tensor cores is not taken, whatever the
 model says of a small GEMM's latency (every half-precision GEMM of a model
 carries mma instructions; dlight's FMA schedules of the models' backward
-GEMMs also spill registers under ptxas). The choice is a `GemmChoice`: the
-rule kept, both modeled times and the reason in words.
+GEMMs also spill registers under ptxas). Nor is a schedule that would spill:
+dlight's is no candidate where a kernel's registers per thread, estimated
+from its fragments (pricing/gemm_registers.py), exceed what its block's size
+allows (its wmma schedule of 512 threads is capped at 128 registers and
+spilled 8 bytes in LLaMA's float16 backward on sm_80, the product whose
+operand is RoPE's backward). The choice is a `GemmChoice`: the rule kept,
+both modeled times and the reason in words.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import tvm_ffi
 from tvm import tirx
 from tvm.target import Target
 
+from schedules.cuda import tensor_core_matmul
 from schedules.cuda.dlight_default import first_dlight_schedule
 from tvm_stitch.analysis.classify import TENSOR_CORE_RULE
+from tvm_stitch.pricing.gemm_registers import over_cap
 from tvm_stitch.pricing.modeled_time import modeled_times
 from tvm_stitch.pricing.timed_choice import TIE
 from tvm_stitch.planning.spec import TargetSpec
@@ -45,6 +52,7 @@ class GemmChoice:
     default_us: float  # dlight's schedule, modeled; -1: not priced or no dlight schedule
     default_rule: str = ""
     default_on_tensor_cores: bool = True  # dlight's schedule multiplies on tensor cores (else not a candidate)
+    default_registers: tuple = ()  # (estimate, cap) of dlight's kernel over its register cap (not a candidate)
 
     @property
     def timed(self) -> bool:
@@ -57,14 +65,23 @@ class GemmChoice:
         kept, other = ((self.tensor_core_us, self.default_us) if self.rule == TENSOR_CORE_RULE
                        else (self.default_us, self.tensor_core_us))
         rival = self.default_rule if self.rule == TENSOR_CORE_RULE else TENSOR_CORE_RULE
-        fma = "" if self.default_on_tensor_cores else ", on FMA units: not a candidate"
-        return (f"GEMM {self.kernel}: {self.rule}, modeled {kept:.1f} us against {rival}'s {other:.1f} us{fma} "
-                f"(time model)")
+        return (f"GEMM {self.kernel}: {self.rule}, modeled {kept:.1f} us against {rival}'s {other:.1f} us"
+                f"{self._excluded()} (time model)")
+
+    def _excluded(self) -> str:
+        """Why dlight's schedule was no candidate, if it was not."""
+        if not self.default_on_tensor_cores:
+            return ", on FMA units: not a candidate"
+        if self.default_registers:
+            estimate, cap = self.default_registers
+            return f", {estimate} registers per thread estimated over its cap of {cap}: not a candidate"
+        return ""
 
 
 def scheduled(sch, rule: str) -> tirx.PrimFunc:
-    """The PrimFunc of a schedule marked scheduled by `rule`."""
-    return sch.mod["main"].with_attrs({"tirx.is_scheduled": True, RULE_ATTR: rule})
+    """The PrimFunc of a schedule marked scheduled by `rule` (the tensor-core rule's: tensor_core_matmul.kernel)."""
+    func = tensor_core_matmul.kernel(sch) if rule == TENSOR_CORE_RULE else sch.mod["main"]
+    return func.with_attrs({"tirx.is_scheduled": True, RULE_ATTR: rule})
 
 
 def _us(func: tirx.PrimFunc, spec: TargetSpec, name: str) -> float:
@@ -95,7 +112,10 @@ def faster_gemm(func: tirx.PrimFunc, tensor_core, target: Target, spec: TargetSp
         return mine, GemmChoice(name, TENSOR_CORE_RULE, _us(mine, spec, name), -1.0)
     theirs = scheduled(default, rule)
     mine_us, theirs_us = _us(mine, spec, name), _us(theirs, spec, name)
+    faster = mine_us >= 0 and 0 <= theirs_us < mine_us * (1 - TIE)
     tensor_cores = on_tensor_cores(theirs)
-    if mine_us >= 0 and 0 <= theirs_us < mine_us * (1 - TIE) and tensor_cores:
+    spilling = over_cap(theirs, spec, name) if faster and tensor_cores else None
+    if faster and tensor_cores and spilling is None:
         return theirs, GemmChoice(name, rule, mine_us, theirs_us, rule)
-    return mine, GemmChoice(name, TENSOR_CORE_RULE, mine_us, theirs_us, rule, tensor_cores)
+    registers = (spilling.estimate, spilling.cap) if spilling is not None else ()
+    return mine, GemmChoice(name, TENSOR_CORE_RULE, mine_us, theirs_us, rule, tensor_cores, registers)
