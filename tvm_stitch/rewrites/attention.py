@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 
 from schedules.cpu import attention as cpu_attention
 from schedules.cuda import attention as cuda_attention
@@ -41,6 +41,7 @@ from tvm_stitch.analysis.op_patterns import OPAQUE
 from tvm_stitch.planning.attention import AttentionPlan, AttentionShape, plan_attention
 from tvm_stitch.planning.attention_cost import modeled_us, traffic
 from tvm_stitch.pricing.attention_default import default_floor_us, default_us
+from tvm_stitch.pricing.modeled_time import modeled_times
 from tvm_stitch.planning.reasons import PlanError, Reason
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.stitch_target import StitchTarget
@@ -132,10 +133,10 @@ class FuseAttention:
     def _planned(self, function: str, chain: AttentionChain, spec: TargetSpec, bounds: dict) -> tuple:
         try:
             plan = plan_attention(shape_of(chain, bounds), spec, fast_exp=self.fast_math)
-            default, floor = self._default_faster(plan)
             kernel = kernel_for(plan).with_attrs({"op_pattern": OPAQUE, "tvm_stitch.attention": plan.describe(),
                                                   "tvm_stitch.traffic": list(traffic(plan))})
             check_builds(kernel, self.target)
+            default, floor = self._default_faster(plan, kernel)
         except PlanError as err:
             return AttentionRecord(function, chain.bindings, reason=err.reason), None
         except Exception as err:  # noqa: BLE001 - a kernel that does not build leaves TVM's path
@@ -145,12 +146,16 @@ class FuseAttention:
         return AttentionRecord(function, chain.bindings, plan, kernel="fused_attention", default_us=default,
                                default_floor=floor), kernel
 
-    def _default_faster(self, plan: AttentionPlan) -> tuple:
-        """(TVM's default path for the chain modeled, or its floor where `plan` is faster than that; -1 off
-        CUDA, whether it is the floor); PlanError where the default is modeled faster than `plan`."""
-        fused = modeled_us(plan)
-        if fused < 0:
+    def _default_faster(self, plan: AttentionPlan, kernel: tirx.PrimFunc) -> tuple:
+        """(TVM's default path for the chain modeled, or its floor where the fused kernel is faster than that;
+        -1 off CUDA, whether it is the floor); PlanError where the default is modeled faster than the fused
+        kernel. Both are priced alike: every kernel from its lowered TIR (modeled_time), as a whole module is
+        priced (tools/module_time, explain); the plan's own price (attention_cost) for a kernel of symbolic
+        sizes (the default is priced at the plan's sizes) or whose TIR cannot be priced."""
+        if modeled_us(plan) < 0:
             return -1.0, False
+        times = None if plan.shape.priced_at else modeled_times(kernel, self.spec)
+        fused = sum(t.us for t in times) if times else modeled_us(plan)
         floor = default_floor_us(plan.shape, self.spec)
         if fused < floor:
             return floor, True
