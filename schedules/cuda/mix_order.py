@@ -31,6 +31,7 @@ from tvm_stitch.planning.cuda.column_split import SECTOR_BYTES
 from tvm_stitch.planning.plan import StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks
+from .combine_in_launch import combine_in_launch
 from .row_split import in_kernel_order
 
 
@@ -201,6 +202,8 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             _over_columns(sch, name, plan, bind, vectorize=bind)
     _combine(sch, plan, bind)
     _epilogues(sch, plan, epilogues, bind)
+    if bind and plan.mapping.combining_blocks:
+        return s_tir.Schedule(combine_in_launch(sch.mod["main"], plan))
     return sch
 
 

@@ -41,6 +41,8 @@ from tvm_stitch.planning.plan import REGISTER, Intermediate, StitchPlan, ThreadM
 from tvm_stitch.planning.resources import with_resources
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.modeled_time import plan_us
+from schedules.cuda.arrivals import max_combining_blocks
+from schedules.cuda.combine_in_launch import tile_columns, tile_threads
 
 MAX_THREADS = 256  # kernel 0's threads per block where a thread keeps at most MAX_VALUES columns
 # Columns a thread keeps (x, dy and a partial per column reduction, each): more take more threads.
@@ -147,9 +149,10 @@ def plan_mix_order(func: tirx.PrimFunc, spec: TargetSpec, name: str, analyses: A
 
 
 def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec) -> StitchPlan:
-    """The candidate rows per block (whole chunks, at least an SM's worth of blocks) the time model
-    prices cheapest, with a note of the choice."""
-    priced = []
+    """The candidate rows per block (whole chunks, at least an SM's worth of blocks), each with its
+    partials combined by a second launch or by the last blocks of the first (combining_candidates),
+    the time model prices cheapest, with a note of the choice."""
+    priced, two = [], {}
     for per_block in ROWS_PER_BLOCK:
         grid = rows // per_block
         if rows % per_block or grid < spec.sms:
@@ -159,13 +162,41 @@ def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec
         us = plan_us(func, plan, spec)
         if us >= 0:
             priced.append((us, per_block, plan))
+            two[per_block] = us
+        priced += [(us, per_block, one) for us, one in _one_launch(func, plan, spec)]
     if not priced:
         if rows // ROWS_PER_BLOCK[0] < spec.sms:
             raise MixOrderError("mix-no-chunks", rows=rows, sms=spec.sms)
         raise MixOrderError("mix-not-priced")
     us, per_block, plan = min(priced, key=lambda p: p[0])
     m = plan.mapping
+    combine = (f"summed by the last {m.combining_blocks} of them in the same launch (arrival counters)"
+               if m.combining_blocks else "summed by a second launch")
+    best_two = min(two.values(), default=-1.0)
     note = (f"mix-order: {m.grid} blocks of {m.threads} threads, {per_block} rows per block, "
             f"{m.vector}-element column steps; column partials ({m.grid} x {len(plan.dominant)} reductions) "
-            f"summed by a second launch; {us:.1f} us, cheapest of {len(priced)} row chunkings")
+            f"{combine}; {us:.1f} us, cheapest of {len(priced)} candidates (row chunkings x combines; "
+            f"the cheapest with a second launch {best_two:.1f} us)")
     return dataclasses.replace(plan, modeled_us=us, notes=(note,))
+
+
+def combining_candidates(plan: StitchPlan, spec: TargetSpec) -> list:
+    """Counts of combining blocks for a one-launch combine: those that divide the column tiles, at most
+    the blocks that may wait (arrivals.max_combining_blocks) and the grid, the largest and the powers of
+    two above a quarter of it; none where the block's threads are not whole tiles."""
+    tiles = plan.mapping.row_elements // tile_columns(spec)
+    if plan.mapping.threads % tile_threads(spec) or plan.mapping.row_elements % tile_columns(spec):
+        return []
+    fits = [k for k in range(1, min(tiles, max_combining_blocks(spec), plan.mapping.grid) + 1) if tiles % k == 0]
+    return sorted({k for k in fits if k & (k - 1) == 0 and 4 * k >= fits[-1]} | set(fits[-1:]))
+
+
+def _one_launch(func: tirx.PrimFunc, plan: StitchPlan, spec: TargetSpec) -> list:
+    """(modeled us, plan) of each one-launch form of `plan` the time model prices, cheapest first."""
+    priced = []
+    for k in combining_candidates(plan, spec):
+        candidate = dataclasses.replace(plan, kernels=1, mapping=dataclasses.replace(plan.mapping, combining_blocks=k))
+        us = plan_us(func, candidate, spec)
+        if us >= 0:
+            priced.append((us, candidate))
+    return sorted(priced, key=lambda p: p[0])
