@@ -52,20 +52,34 @@ def partial_vector(spec) -> int:
     return max(1, spec.vector_bytes // (tvm.DataType(PARTIAL_DTYPE).bits // 8))
 
 
-def tile_threads(spec) -> int:
-    """Threads across one combine tile's columns: a tile's row of partials is whole 32-byte sectors
-    per thread group (SECTOR_BYTES per thread's vector at least)."""
-    return max(1, 4 * SECTOR_BYTES // spec.vector_bytes)
+TILE_THREADS = (8, 4, 2)  # threads across a combine tile's columns: whole 32-byte sectors (2 x 16 bytes)
 
 
-def tile_columns(spec) -> int:
-    """Columns of one combine tile."""
-    return tile_threads(spec) * partial_vector(spec)
+def _most_blocks(tiles: int, plan: StitchPlan) -> int:
+    """The most combining blocks that share `tiles` evenly (at most arrivals.max_combining_blocks)."""
+    most = min(tiles, arrivals.max_combining_blocks(plan.spec), plan.mapping.grid)
+    return max(k for k in range(1, most + 1) if tiles % k == 0)
+
+
+def tile_threads(plan: StitchPlan) -> int:
+    """Threads across one combine tile's columns: of TILE_THREADS that divide the block's threads and
+    the columns in whole vectors, the widest of those whose tiles the most blocks share; 0 for none."""
+    vector = partial_vector(plan.spec)
+    fits = [t for t in TILE_THREADS if plan.mapping.threads % t == 0 and plan.mapping.row_elements % (t * vector) == 0]
+    if not fits:
+        return 0
+    return max(fits, key=lambda t: (_most_blocks(plan.mapping.row_elements // (t * vector), plan), t))
+
+
+def tile_columns(plan: StitchPlan) -> int:
+    """Columns of one combine tile (0: no tile fits)."""
+    return tile_threads(plan) * partial_vector(plan.spec)
 
 
 def combine_tiles(plan: StitchPlan) -> int:
-    """Column tiles the combining blocks share."""
-    return plan.mapping.row_elements // tile_columns(plan.spec)
+    """Column tiles the combining blocks share (0: no tile fits)."""
+    columns = tile_columns(plan)
+    return plan.mapping.row_elements // columns if columns else 0
 
 
 def _kernel_loops(body) -> list:
@@ -116,14 +130,14 @@ def _folds(chunks: int) -> list:
     return steps
 
 
-UNROLL_STEPS = 16  # a combining thread's partial loads of one tile unrolled up to this many (in flight at once)
+UNROLL_STEPS = 32  # a combining thread's partial loads of one tile unrolled up to this many (in flight at once)
 
 
 def _source(plan: StitchPlan, sums: list, k: int) -> str:
     """TVMScript of the protocol and combine, over parameters p<i> (partials) and o<i> (outputs)."""
     m = plan.mapping
     grid, threads, columns = m.grid, m.threads, m.row_elements
-    across, vector = tile_threads(plan.spec), partial_vector(plan.spec)
+    across, vector = tile_threads(plan), partial_vector(plan.spec)
     chunks = threads // across
     steps = -(-grid // chunks)
     params = ", ".join(f"p{i}: T.Buffer(({grid}, {columns}), '{PARTIAL_DTYPE}'), o{i}: T.Buffer(({columns},), "
@@ -195,8 +209,7 @@ def combine_in_launch(func: tirx.PrimFunc, plan: StitchPlan) -> tirx.PrimFunc:
     traffic = modeled_traffic(func, plan.spec)
     root = func.body.block
     kernels = _kernel_loops(root.body)
-    if len(kernels) != 2 or combine_tiles(plan) % k or plan.mapping.threads % tile_threads(plan.spec) \
-            or plan.mapping.row_elements % tile_columns(plan.spec):
+    if len(kernels) != 2 or not combine_tiles(plan) or combine_tiles(plan) % k:
         raise CombineShapeError(f"{len(kernels)} kernels, {combine_tiles(plan)} tiles over {k} blocks")
     sums = _sums(kernels[1], plan)
     template = tvm.script.from_source(_source(plan, sums, k), extra_vars={"T": T, "arrivals": arrivals})

@@ -81,7 +81,30 @@ def uses_arrivals(source: str) -> bool:
 
 
 def with_helper(source: str) -> str:
-    return HELPER + source if uses_arrivals(source) else source
+    if not uses_arrivals(source):
+        return source
+    return HELPER + _vector_accesses(source) + _VECTOR_CALL.sub(r"tvm_stitch_\1\2(", source)
+
+
+_VECTOR_CALL = re.compile(r"\b(vload|vstore)(2|4|8|16)\(")
+_SCALARS = ("float", "half", "int", "uint", "long", "ulong", "short", "ushort", "char", "uchar", "double")
+
+
+def _vector_accesses(source: str) -> str:
+    """vloadN/vstoreN of the element types the source names, per address space, as functions of our
+    own: pocl under -cl-std=CL2.0 declares its own for the generic address space only, which a
+    device without it does not match (every vectorised access of a kernel with arrivals failed)."""
+    out = []
+    for n in sorted({int(m.group(2)) for m in _VECTOR_CALL.finditer(source)}):
+        for scalar in (t for t in _SCALARS if re.search(rf"\b{t}\d*\b", source)):
+            for space in ("__global", "__local", "__private"):
+                parts = ", ".join(f"p[o * {n} + {i}]" for i in range(n))
+                stores = " ".join(f"p[o * {n} + {i}] = v.s{i:x};" for i in range(n))
+                out.append(f"__attribute__((overloadable)) {scalar}{n} tvm_stitch_vload{n}(size_t o, const {space} "
+                           f"{scalar}* p) {{ return ({scalar}{n})({parts}); }}")
+                out.append(f"__attribute__((overloadable)) void tvm_stitch_vstore{n}({scalar}{n} v, size_t o, "
+                           f"{space} {scalar}* p) {{ {stores} }}")
+    return "\n".join(out) + "\n"
 
 
 def without_ordered_races(log: str, source: str) -> str:

@@ -30,6 +30,7 @@ a warp-multiple of threads times the vector divides.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import tvm
 from tvm import tirx
@@ -42,7 +43,7 @@ from tvm_stitch.planning.resources import with_resources
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.modeled_time import plan_us
 from schedules.cuda.arrivals import max_combining_blocks
-from schedules.cuda.combine_in_launch import tile_columns, tile_threads
+from schedules.cuda.combine_in_launch import combine_tiles
 
 MAX_THREADS = 256  # kernel 0's threads per block where a thread keeps at most MAX_VALUES columns
 # Columns a thread keeps (x, dy and a partial per column reduction, each): more take more threads.
@@ -153,12 +154,12 @@ def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec
     partials combined by a second launch or by the last blocks of the first (combining_candidates),
     the time model prices cheapest, with a note of the choice."""
     priced, two = [], {}
-    for per_block in ROWS_PER_BLOCK:
+    for per_block, (threads, vector) in itertools.product(ROWS_PER_BLOCK, _thread_shapes(base.mapping, spec)):
         grid = rows // per_block
         if rows % per_block or grid < spec.sms:
             continue
         plan = with_resources(dataclasses.replace(base, mapping=dataclasses.replace(
-            base.mapping, grid=grid, split=grid)))
+            base.mapping, grid=grid, split=grid, threads=threads, vector=vector)))
         us = plan_us(func, plan, spec)
         if us >= 0:
             priced.append((us, per_block, plan))
@@ -180,13 +181,21 @@ def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec
     return dataclasses.replace(plan, modeled_us=us, notes=(note,))
 
 
+def _thread_shapes(mapping: ThreadMapping, spec: TargetSpec) -> list:
+    """(threads, vector) of kernel 0: the widest vector's (_threads), and where it leaves a block at most
+    MAX_THREADS / 2 threads, twice the threads at half the vector (more threads to combine the partials
+    in the same launch)."""
+    shapes = [(mapping.threads, mapping.vector)]
+    if mapping.vector > 1 and 2 * mapping.threads <= MAX_THREADS // 2:
+        shapes.append((2 * mapping.threads, mapping.vector // 2))
+    return shapes
+
+
 def combining_candidates(plan: StitchPlan, spec: TargetSpec) -> list:
     """Counts of combining blocks for a one-launch combine: those that divide the column tiles, at most
     the blocks that may wait (arrivals.max_combining_blocks) and the grid, the largest and the powers of
-    two above a quarter of it; none where the block's threads are not whole tiles."""
-    tiles = plan.mapping.row_elements // tile_columns(spec)
-    if plan.mapping.threads % tile_threads(spec) or plan.mapping.row_elements % tile_columns(spec):
-        return []
+    two above a quarter of it; none where no combine tile fits (combine_in_launch.combine_tiles)."""
+    tiles = combine_tiles(plan)
     fits = [k for k in range(1, min(tiles, max_combining_blocks(spec), plan.mapping.grid) + 1) if tiles % k == 0]
     return sorted({k for k in fits if k & (k - 1) == 0 and 4 * k >= fits[-1]} | set(fits[-1:]))
 
