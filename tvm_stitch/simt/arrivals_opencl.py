@@ -83,7 +83,8 @@ def uses_arrivals(source: str) -> bool:
 def with_helper(source: str) -> str:
     if not uses_arrivals(source):
         return source
-    return HELPER + _vector_accesses(source) + _VECTOR_CALL.sub(r"tvm_stitch_\1\2(", source)
+    # On the helper's last line: the lines of the source keep their numbers (without_ordered_races)
+    return HELPER.rstrip("\n") + _vector_accesses(source) + "\n" + _VECTOR_CALL.sub(r"tvm_stitch_\1\2(", source)
 
 
 _VECTOR_CALL = re.compile(r"\b(vload|vstore)(2|4|8|16)\(")
@@ -104,7 +105,7 @@ def _vector_accesses(source: str) -> str:
                            f"{scalar}* p) {{ return ({scalar}{n})({parts}); }}")
                 out.append(f"__attribute__((overloadable)) void tvm_stitch_vstore{n}({scalar}{n} v, size_t o, "
                            f"{space} {scalar}* p) {{ {stores} }}")
-    return "\n".join(out) + "\n"
+    return "".join(" " + line for line in out)
 
 
 def without_ordered_races(log: str, source: str) -> str:
