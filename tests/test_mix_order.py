@@ -8,6 +8,9 @@ two-kernel plan (row-resident dx, column-split dgamma/dbeta) of the same group s
 partition splits it.
 """
 
+import dataclasses
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -18,6 +21,8 @@ from tvm_stitch.kernels.outline import outline_group
 from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning.cuda.mix_order import MixOrderError, plan_mix_order
 from tvm_stitch.planning.spec import TargetSpec
+from tvm_stitch.pricing.modeled_time import plan_times
+from schedules.cuda.arrivals import max_combining_blocks
 
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.norm_backward_graphs import norm_backward
@@ -79,16 +84,34 @@ def _modeled(mod, fusion):
 
 @pytest.mark.parametrize("name", ["layernorm_backward", "rmsnorm_backward"])
 @pytest.mark.parametrize("shape", [(4096, 768), (1024, 4096)])
-def test_norm_backward_is_mix_order_and_modeled_faster_at_bench(name, shape):
-    """The fusion search takes the mix-order group at bench shapes: no more launches than the two-kernel
-    plan (row-resident dx, column-split dgamma/dbeta), modeled at least 1.3x faster."""
+def test_norm_backward_is_one_mix_order_launch_modeled_faster_at_bench(name, shape):
+    """The fusion search takes the mix-order group at bench shapes in ONE launch (the last blocks combine
+    the partials), modeled at least 1.3x faster than the two-kernel plan (row-resident dx, column-split
+    dgamma/dbeta), and cheaper than its own two-launch form."""
     mod = _norm_backward(name, *shape, "float32")
     two, two_us = _modeled(mod, "greedy")
-    mixed, mixed_us = _modeled(mod, "search")
+    (mixed,), mixed_us = _modeled(mod, "search")
     assert sorted(p.scheme for p in two) == ["column-split", "row-resident"]
-    assert [p.scheme for p in mixed] == ["mix-order"]
-    assert sum(p.kernels for p in mixed) <= sum(p.kernels for p in two)
+    assert mixed.scheme == "mix-order" and mixed.kernels == 1, mixed.notes
+    assert 1 <= mixed.mapping.combining_blocks <= max_combining_blocks(SM90)
     assert two_us >= 1.3 * mixed_us, (two_us, mixed_us)
+    second_launch = float(re.search(r"with a second launch ([\d.]+) us", mixed.notes[0]).group(1))
+    assert second_launch > mixed_us, mixed.notes
+
+
+def test_combining_blocks_are_priced_after_the_others():
+    """The one-launch kernel's geometry: every block's work, then the combining blocks' share (k blocks),
+    not the combine in every block; the two-launch form's second kernel is gone."""
+    func = _whole_group(_norm_backward("rmsnorm_backward", 1024, 4096, "float32"))
+    plan = plan_mix_order(func, SM90, "k")
+    k = plan.mapping.combining_blocks
+    (one,) = plan_times(func, plan, SM90)
+    assert [m.grid for m in one.geometry.members] == [plan.mapping.grid, k]
+    combine = one.geometry.members[1]
+    partial_loads = plan.mapping.grid * plan.mapping.row_elements // 4  # float4 loads of the partials
+    assert sum(c for w, c in combine.loads if w == 16) * combine.threads * k == partial_loads
+    two = dataclasses.replace(plan, kernels=2, mapping=dataclasses.replace(plan.mapping, combining_blocks=0))
+    assert len(plan_times(func, two, SM90)) == 2
 
 
 @pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])

@@ -83,29 +83,44 @@ def uses_arrivals(source: str) -> bool:
 def with_helper(source: str) -> str:
     if not uses_arrivals(source):
         return source
-    # On the helper's last line: the lines of the source keep their numbers (without_ordered_races)
-    return HELPER.rstrip("\n") + _vector_accesses(source) + "\n" + _VECTOR_CALL.sub(r"tvm_stitch_\1\2(", source)
+    macros, source = _vector_accesses(source)
+    return HELPER + macros + source
 
 
 _VECTOR_CALL = re.compile(r"\b(vload|vstore)(2|4|8|16)\(")
 _SCALARS = ("float", "half", "int", "uint", "long", "ulong", "short", "ushort", "char", "uchar", "double")
+_DECLARED = re.compile(rf"\b({'|'.join(_SCALARS)})\*?\s+(?:restrict\s+)?(\w+)")
 
 
-def _vector_accesses(source: str) -> str:
-    """vloadN/vstoreN of the element types the source names, per address space, as functions of our
-    own: pocl under -cl-std=CL2.0 declares its own for the generic address space only, which a
-    device without it does not match (every vectorised access of a kernel with arrivals failed)."""
-    out = []
-    for n in sorted({int(m.group(2)) for m in _VECTOR_CALL.finditer(source)}):
-        for scalar in (t for t in _SCALARS if re.search(rf"\b{t}\d*\b", source)):
-            for space in ("__global", "__local", "__private"):
-                parts = ", ".join(f"p[o * {n} + {i}]" for i in range(n))
-                stores = " ".join(f"p[o * {n} + {i}] = v.s{i:x};" for i in range(n))
-                out.append(f"__attribute__((overloadable)) {scalar}{n} tvm_stitch_vload{n}(size_t o, const {space} "
-                           f"{scalar}* p) {{ return ({scalar}{n})({parts}); }}")
-                out.append(f"__attribute__((overloadable)) void tvm_stitch_vstore{n}({scalar}{n} v, size_t o, "
-                           f"{space} {scalar}* p) {{ {stores} }}")
-    return "".join(" " + line for line in out)
+def _vector_accesses(source: str) -> tuple:
+    """(macros, source with each vloadN/vstoreN call naming its macro): pocl under -cl-std=CL2.0
+    declares vloadN/vstoreN for the generic address space only, which a device without it does not
+    match. Macros by element type (that of the pointer's declared name) expand where they are called,
+    so Oclgrind reports an access at its own line (without_ordered_races)."""
+    types = {name: scalar for scalar, name in _DECLARED.findall(source)}
+    used, out, last = set(), [], 0
+    for match in _VECTOR_CALL.finditer(source):
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        pointer = re.search(r"\w+", source[match.end():end].rsplit(",", 1)[-1].strip().lstrip("(")).group(0)
+        scalar = types.get(pointer)
+        if scalar is None:
+            continue
+        kind, n = match.group(1), int(match.group(2))
+        used.add((kind, n, scalar))
+        out.append(source[last:match.start()] + f"tvm_stitch_{kind}{n}_{scalar}(")
+        last = match.end()
+    macros = []
+    for kind, n, scalar in sorted(used):
+        if kind == "vload":
+            parts = ", ".join(f"(p)[(o) * {n} + {i}]" for i in range(n))
+            macros.append(f"#define tvm_stitch_vload{n}_{scalar}(o, p) (({scalar}{n})({parts}))")
+        else:
+            stores = " ".join(f"(p)[(o) * {n} + {i}] = v_.s{i:x};" for i in range(n))
+            macros.append(f"#define tvm_stitch_vstore{n}_{scalar}(v, o, p) {{ {scalar}{n} v_ = (v); {stores} }}")
+    return "".join(m + "\n" for m in macros), "".join(out) + source[last:]
 
 
 def without_ordered_races(log: str, source: str) -> str:

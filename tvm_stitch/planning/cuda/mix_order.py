@@ -182,11 +182,11 @@ def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec
 
 
 def _thread_shapes(mapping: ThreadMapping, spec: TargetSpec) -> list:
-    """(threads, vector) of kernel 0: the widest vector's (_threads), and where it leaves a block at most
-    MAX_THREADS / 2 threads, twice the threads at half the vector (more threads to combine the partials
-    in the same launch)."""
+    """(threads, vector) of kernel 0: the widest vector's (_threads), and where twice its threads are at
+    most MAX_THREADS, twice the threads at half the vector (more threads to combine the partials in the
+    same launch, more loads in flight)."""
     shapes = [(mapping.threads, mapping.vector)]
-    if mapping.vector > 1 and 2 * mapping.threads <= MAX_THREADS // 2:
+    if mapping.vector > 1 and 2 * mapping.threads <= MAX_THREADS:
         shapes.append((2 * mapping.threads, mapping.vector // 2))
     return shapes
 
