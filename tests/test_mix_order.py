@@ -22,6 +22,8 @@ from tvm_stitch.pipeline import grouping_passes
 from tvm_stitch.planning.cuda.mix_order import MixOrderError, plan_mix_order
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.modeled_time import plan_times
+from tvm_stitch.pricing.traffic import modeled_traffic
+from schedules import schedule_for
 from schedules.cuda.arrivals import max_combining_blocks
 
 from tvm_stitch.tools.build import build, run_cpu
@@ -112,6 +114,9 @@ def test_combining_blocks_are_priced_after_the_others():
     assert sum(c for w, c in combine.loads if w == 16) * combine.threads * k == partial_loads
     two = dataclasses.replace(plan, kernels=2, mapping=dataclasses.replace(plan.mapping, combining_blocks=0))
     assert len(plan_times(func, two, SM90)) == 2
+    # the same bytes move in one launch as in two (the moved combine's accesses recorded for the model)
+    traffic = [modeled_traffic(schedule_for(func, p, CUDA).mod["main"], SM90) for p in (plan, two)]
+    assert traffic[0] == traffic[1], traffic
 
 
 @pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])

@@ -20,8 +20,9 @@ The combining branch is marked with the attribute COMBINING_ATTR (its value
 k): the geometry reader prices it as k blocks that run after the others
 (pricing/kernel_geometry). The moved code is written as TVMScript for the
 shapes of the plan and spliced into kernel 0's block loop; the partials and
-outputs are the scheduled function's buffers. The traffic is kernel 1's as
-well (the same bytes move): recorded on the function as `tvm_stitch.traffic`.
+outputs are the scheduled function's buffers. The same bytes move as with two
+launches: those the moved code and the partials' write-backs access are recorded
+on the function (MOVED_TRAFFIC) for the traffic model, which sees blocks only.
 """
 
 from __future__ import annotations
@@ -32,13 +33,12 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from tvm_stitch.analysis.tir_view import buffer_params
-from tvm_stitch.planning.cuda.column_split import SECTOR_BYTES
 from tvm_stitch.planning.plan import StitchPlan
-from tvm_stitch.pricing.traffic import modeled_traffic
 
 from . import arrivals
 
 COMBINING_ATTR = "tvm_stitch.combining_blocks"
+MOVED_TRAFFIC = "tvm_stitch.moved_traffic"  # (loaded, stored) bytes the traffic model adds (_moved_traffic)
 
 
 class CombineShapeError(ValueError):
@@ -206,7 +206,6 @@ def combine_in_launch(func: tirx.PrimFunc, plan: StitchPlan) -> tirx.PrimFunc:
     last `plan.mapping.combining_blocks` blocks of kernel 0; CombineShapeError where its shape is not the
     one this rewrite knows (the plan then keeps two launches)."""
     k = plan.mapping.combining_blocks
-    traffic = modeled_traffic(func, plan.spec)
     root = func.body.block
     kernels = _kernel_loops(root.body)
     if len(kernels) != 2 or not combine_tiles(plan) or combine_tiles(plan) % k:
@@ -230,9 +229,21 @@ def combine_in_launch(func: tirx.PrimFunc, plan: StitchPlan) -> tirx.PrimFunc:
                           and not any(a.same_as(p) for p in partials)],
                          root.match_buffers, root.annotations)
     rewritten = func.with_body(s_tir.SBlockRealize(func.body.iter_values, func.body.predicate, block))
-    if traffic is None:
-        return rewritten
-    return rewritten.with_attr("tvm_stitch.traffic", [traffic.loaded, traffic.stored, traffic.ideal])
+    return rewritten.with_attr(MOVED_TRAFFIC, _moved_traffic(sums))
+
+
+def _moved_traffic(sums: list) -> list:
+    """(loaded, stored) bytes of what the traffic model no longer sees as blocks: the partials written
+    (kernel 0's write-backs, into a buffer no longer a root allocation) and read back, the outputs."""
+    loaded = stored = 0
+    for partials, output, _ in sums:
+        size = 1
+        for dim in partials.shape:
+            size *= int(dim)
+        loaded += size * tvm.DataType(partials.dtype).bits // 8
+        stored += size * tvm.DataType(partials.dtype).bits // 8
+        stored += int(output.shape[0]) * tvm.DataType(output.dtype).bits // 8
+    return [loaded, stored]
 
 
 def _used_buffers(stmt) -> list:

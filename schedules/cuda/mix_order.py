@@ -15,7 +15,9 @@ owning `rows / grid` consecutive rows:
   `vector` of consecutive columns per thread per step.
 
 Kernel 1 combines the partials: blocks over tiles of one 32-byte sector of
-columns, `threadIdx.y` over the chunks (a cross-thread reduction). Applied
+columns, `threadIdx.y` over the chunks (a cross-thread reduction). With the
+plan's `combining_blocks` (CUDA), kernel 1's sums move into kernel 0's last
+blocks instead (combine_in_launch: one launch). Applied
 for an llvm target, the same loops run without thread bindings and in global
 memory (the emulated CUDA check).
 """

@@ -10,16 +10,13 @@ each reading x and dy. Mix-order reads them once:
   write its element-wise outputs (as row-resident does), and every thread adds
   the row's values of its columns (`vector` lanes per step) to its registers;
   at the end of its rows a block writes its column partials (grid x columns);
-- kernel 1: the partials summed per column (a small read: grid x columns).
+- the partials summed per column (a small read: grid x columns): by a second
+  launch (kernel 1), or by the last `combining_blocks` blocks of kernel 0
+  behind the arrival counters (schedules/cuda/combine_in_launch: one launch).
 
-A one-launch combine (the last block to finish sums the partials) needs a
-counter that is zero before the launch; TVM gives kernels only uninitialised
-workspace and no memset, and a grid-wide barrier needs a cooperative launch
-TVM's runtime does not make (docs/column-reductions.md): the combine is a
-second launch reading only the partials, as column-split's split combine.
-
-The rows per block are chosen by the time model (pricing/modeled_time.plan_us of
-each candidate, the cheapest kept), so the partials' traffic and the
+The rows per block, kernel 0's thread shape and the combine (a second launch or
+k combining blocks) are chosen by the time model (pricing/modeled_time.plan_us
+of each candidate, the cheapest kept), so the partials' traffic and the
 geometry of both kernels are priced as scheduled. Anything else raises
 MixOrderError (a PlanError): element-wise producers that are not outputs are
 inlined; every remaining block is a row reduction, an element-wise block over
