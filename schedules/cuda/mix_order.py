@@ -15,7 +15,9 @@ owning `rows / grid` consecutive rows:
   `vector` of consecutive columns per thread per step.
 
 Kernel 1 combines the partials: blocks over tiles of one 32-byte sector of
-columns, `threadIdx.y` over the chunks (a cross-thread reduction). Applied
+columns, `threadIdx.y` over the chunks (a cross-thread reduction). With the
+plan's `combining_blocks` (CUDA), kernel 1's sums move into kernel 0's last
+blocks instead (combine_in_launch: one launch). Applied
 for an llvm target, the same loops run without thread bindings and in global
 memory (the emulated CUDA check).
 """
@@ -31,6 +33,7 @@ from tvm_stitch.planning.cuda.column_split import SECTOR_BYTES
 from tvm_stitch.planning.plan import StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks
+from .combine_in_launch import combine_in_launch
 from .row_split import in_kernel_order
 
 
@@ -201,6 +204,8 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
             _over_columns(sch, name, plan, bind, vectorize=bind)
     _combine(sch, plan, bind)
     _epilogues(sch, plan, epilogues, bind)
+    if bind and plan.mapping.combining_blocks:
+        return s_tir.Schedule(combine_in_launch(sch.mod["main"], plan))
     return sch
 
 

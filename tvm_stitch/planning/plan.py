@@ -68,6 +68,7 @@ class ThreadMapping:
     split: int = 1  # chunks per row: one thread block each (CUDA row-split), parallel partials (CPU)
     across: bool = False  # CPU: vector lanes across rows (a lane per row); CUDA: rows across threadIdx.x
     row_elements: int = -1  # CUDA row-resident: the most elements a block has in one row (-1: not static)
+    combining_blocks: int = 0  # CUDA mix-order: the last blocks that sum the column partials (0: a second launch)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from tvm import sym, tirx
 from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods
 
+from schedules.cuda.combine_in_launch import COMBINING_ATTR
 from tvm_stitch.planning.time_model import DEFAULT_REGISTERS, SERIAL_UNROLL, SFU_COST, KernelGeometry
 from tvm_stitch.pricing.arithmetic import ARITHMETIC, MMA_OPS, add_arithmetic
 
@@ -84,6 +85,7 @@ class _Walk:
     ranges: sym.Analyzer = field(default_factory=sym.Analyzer)  # launch and loop variables bound so far
     block: object = None  # the blockIdx.x variable, once its launch is seen
     members: list = field(default_factory=list)  # a packed launch's members: (blocks, _Walk) each
+    combining: tuple = ()  # (blocks, _Walk) of a branch the last blocks run after all others arrive
 
 
 def _static(expr, what: str) -> int:
@@ -155,6 +157,9 @@ def _stmt(walk: _Walk, stmt, times: int, sites: float) -> None:
         for child in stmt.seq:
             _stmt(walk, child, times, sites)
     elif kind == "AttrStmt":
+        if stmt.attr_key == COMBINING_ATTR:
+            walk.combining = (_static(stmt.value, COMBINING_ATTR), _branch(walk, stmt.body, times, sites))
+            return
         if stmt.attr_key == "thread_extent":
             extent = _static(stmt.value, f"extent of {stmt.node.thread_tag}")
             walk.ranges.bind(stmt.node.var, tvm.ir.Range(0, extent), allow_override=True)
@@ -259,6 +264,11 @@ def kernel_geometry(name: str, kernel: tirx.PrimFunc, registers: int = -1, dram_
     its range of blocks (`members`)."""
     walk = _Walk()
     _stmt(walk, kernel.body, 1, 1.0)
+    if walk.combining:  # priced as two members: every block's work, then the combining blocks'
+        blocks, branch = walk.combining
+        alone = _joined(walk, _Walk(grid=walk.grid, threads=walk.threads))
+        walk = _joined(walk, branch)
+        walk.members = [(alone.grid, alone), (blocks, branch)]
     whole = _geometry(name, walk, registers, dram_bytes)
     members = tuple(_geometry(f"{name}[{k}]", dataclasses.replace(member, grid=blocks, threads=walk.threads),
                               registers, -1) for k, (blocks, member) in enumerate(walk.members))

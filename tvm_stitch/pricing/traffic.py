@@ -27,6 +27,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from schedules.cuda.combine_in_launch import MOVED_TRAFFIC
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.spec import CPU_RESIDENT_PER_MILLE, CUDA_RESIDENT_PER_MILLE, TargetSpec
 
@@ -56,7 +57,8 @@ def _global(buffer, params: list, root_allocs: list) -> bool:
 def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
     """Bytes the function moves to and from device memory on `spec`'s target; None for symbolic shapes.
     A kernel built from a plan that models its own traffic (a fused attention kernel) records it in
-    its `tvm_stitch.traffic` attribute: (loaded, stored, ideal)."""
+    its `tvm_stitch.traffic` attribute: (loaded, stored, ideal); one whose combine moved out of blocks
+    (schedules/cuda/combine_in_launch) records what those accesses move (added here)."""
     recorded = func.attrs.get("tvm_stitch.traffic") if func.attrs is not None else None
     if recorded is not None:
         return Traffic(*(int(x) for x in recorded))
@@ -121,4 +123,7 @@ def modeled_traffic(func: tirx.PrimFunc, spec: TargetSpec) -> Traffic | None:
             return None
         reads = [n for b, n in first_reads if b.same_as(param)]
         ideal += min([size] + reads) * _dtype_bytes(param)
+    moved = func.attrs.get(MOVED_TRAFFIC) if func.attrs is not None else None
+    if moved is not None:
+        loaded, stored = loaded + int(moved[0]), stored + int(moved[1])
     return Traffic(loaded, stored, ideal)

@@ -14,7 +14,9 @@ for llvm. See tvm_stitch/simt/simt_kernel.py for the statuses.
 
 Under Oclgrind, a kernel whose launch the simulator cannot hold (its
 32 KB of local memory) is planned again within it and that plan is
-checked, with a note saying so (tvm_stitch/simt/oclgrind_fit.py).
+checked, with a note saying so (tvm_stitch/simt/oclgrind_fit.py). A kernel
+whose last blocks combine partials in the same launch is checked with the
+last block alone combining (tvm_stitch/simt/last_block.py).
 
 A kernel of symbolic shape is built once, symbolic, and run at a few values
 of its variables: the lower bound, an odd value and the upper bound that
@@ -36,6 +38,7 @@ from tvm_stitch.simt.simt_kernel import KernelCheck, Reference, check_kernel
 from tvm_stitch.simt.simt_inputs import written_params
 from tvm_stitch.simt.symbolic_sizes import describe, recorded_bounds, size_points
 from tvm_stitch.simt import oclgrind_fit, opencl_run
+from tvm_stitch.simt.last_block import last_block_combining
 from tvm_stitch.pricing.timed_choice import choose_in_time
 from tvm_stitch.kernels.variants import ATTR as VARIANTS, branch_at
 from tvm_stitch.pipeline import grouping_passes
@@ -137,6 +140,8 @@ def check(mod: tvm.IRModule, target=None, *, oclgrind: bool = False, seed: int =
         if "tvm_stitch.plan" not in func.attrs and "tvm_stitch.packed" not in func.attrs:
             continue
         refs = _references(func, gv.name_hint, fused, packs)
+        if len(refs) == 1:
+            func = last_block_combining(func, refs[0].func, target)
         try:
             points = size_points(func, lower, upper, dict(sizes or {}))
         except ValueError as err:

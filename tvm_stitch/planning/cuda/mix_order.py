@@ -10,16 +10,13 @@ each reading x and dy. Mix-order reads them once:
   write its element-wise outputs (as row-resident does), and every thread adds
   the row's values of its columns (`vector` lanes per step) to its registers;
   at the end of its rows a block writes its column partials (grid x columns);
-- kernel 1: the partials summed per column (a small read: grid x columns).
+- the partials summed per column (a small read: grid x columns): by a second
+  launch (kernel 1), or by the last `combining_blocks` blocks of kernel 0
+  behind the arrival counters (schedules/cuda/combine_in_launch: one launch).
 
-A one-launch combine (the last block to finish sums the partials) needs a
-counter that is zero before the launch; TVM gives kernels only uninitialised
-workspace and no memset, and a grid-wide barrier needs a cooperative launch
-TVM's runtime does not make (docs/column-reductions.md): the combine is a
-second launch reading only the partials, as column-split's split combine.
-
-The rows per block are chosen by the time model (pricing/modeled_time.plan_us of
-each candidate, the cheapest kept), so the partials' traffic and the
+The rows per block, kernel 0's thread shape and the combine (a second launch or
+k combining blocks) are chosen by the time model (pricing/modeled_time.plan_us
+of each candidate, the cheapest kept), so the partials' traffic and the
 geometry of both kernels are priced as scheduled. Anything else raises
 MixOrderError (a PlanError): element-wise producers that are not outputs are
 inlined; every remaining block is a row reduction, an element-wise block over
@@ -30,6 +27,7 @@ a warp-multiple of threads times the vector divides.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import tvm
 from tvm import tirx
@@ -41,6 +39,8 @@ from tvm_stitch.planning.plan import REGISTER, Intermediate, StitchPlan, ThreadM
 from tvm_stitch.planning.resources import with_resources
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.modeled_time import plan_us
+from schedules.cuda.arrivals import max_combining_blocks
+from schedules.cuda.combine_in_launch import combine_tiles
 
 MAX_THREADS = 256  # kernel 0's threads per block where a thread keeps at most MAX_VALUES columns
 # Columns a thread keeps (x, dy and a partial per column reduction, each): more take more threads.
@@ -147,25 +147,62 @@ def plan_mix_order(func: tirx.PrimFunc, spec: TargetSpec, name: str, analyses: A
 
 
 def _cheapest(func: tirx.PrimFunc, base: StitchPlan, rows: int, spec: TargetSpec) -> StitchPlan:
-    """The candidate rows per block (whole chunks, at least an SM's worth of blocks) the time model
-    prices cheapest, with a note of the choice."""
-    priced = []
-    for per_block in ROWS_PER_BLOCK:
+    """The candidate rows per block (whole chunks, at least an SM's worth of blocks), each with its
+    partials combined by a second launch or by the last blocks of the first (combining_candidates),
+    the time model prices cheapest, with a note of the choice."""
+    priced, two = [], {}
+    for per_block, (threads, vector) in itertools.product(ROWS_PER_BLOCK, _thread_shapes(base.mapping, spec)):
         grid = rows // per_block
         if rows % per_block or grid < spec.sms:
             continue
         plan = with_resources(dataclasses.replace(base, mapping=dataclasses.replace(
-            base.mapping, grid=grid, split=grid)))
+            base.mapping, grid=grid, split=grid, threads=threads, vector=vector)))
         us = plan_us(func, plan, spec)
         if us >= 0:
             priced.append((us, per_block, plan))
+            two[per_block] = us
+        priced += [(us, per_block, one) for us, one in _one_launch(func, plan, spec)]
     if not priced:
         if rows // ROWS_PER_BLOCK[0] < spec.sms:
             raise MixOrderError("mix-no-chunks", rows=rows, sms=spec.sms)
         raise MixOrderError("mix-not-priced")
     us, per_block, plan = min(priced, key=lambda p: p[0])
     m = plan.mapping
+    combine = (f"summed by the last {m.combining_blocks} of them in the same launch (arrival counters)"
+               if m.combining_blocks else "summed by a second launch")
+    best_two = min(two.values(), default=-1.0)
     note = (f"mix-order: {m.grid} blocks of {m.threads} threads, {per_block} rows per block, "
             f"{m.vector}-element column steps; column partials ({m.grid} x {len(plan.dominant)} reductions) "
-            f"summed by a second launch; {us:.1f} us, cheapest of {len(priced)} row chunkings")
+            f"{combine}; {us:.1f} us, cheapest of {len(priced)} candidates (row chunkings x combines; "
+            f"the cheapest with a second launch {best_two:.1f} us)")
     return dataclasses.replace(plan, modeled_us=us, notes=(note,))
+
+
+def _thread_shapes(mapping: ThreadMapping, spec: TargetSpec) -> list:
+    """(threads, vector) of kernel 0: the widest vector's (_threads), and where twice its threads are at
+    most MAX_THREADS, twice the threads at half the vector (more threads to combine the partials in the
+    same launch, more loads in flight)."""
+    shapes = [(mapping.threads, mapping.vector)]
+    if mapping.vector > 1 and 2 * mapping.threads <= MAX_THREADS:
+        shapes.append((2 * mapping.threads, mapping.vector // 2))
+    return shapes
+
+
+def combining_candidates(plan: StitchPlan, spec: TargetSpec) -> list:
+    """Counts of combining blocks for a one-launch combine: those that divide the column tiles, at most
+    the blocks that may wait (arrivals.max_combining_blocks) and the grid, the largest and the powers of
+    two above a quarter of it; none where no combine tile fits (combine_in_launch.combine_tiles)."""
+    tiles = combine_tiles(plan)
+    fits = [k for k in range(1, min(tiles, max_combining_blocks(spec), plan.mapping.grid) + 1) if tiles % k == 0]
+    return sorted({k for k in fits if k & (k - 1) == 0 and 4 * k >= fits[-1]} | set(fits[-1:]))
+
+
+def _one_launch(func: tirx.PrimFunc, plan: StitchPlan, spec: TargetSpec) -> list:
+    """(modeled us, plan) of each one-launch form of `plan` the time model prices, cheapest first."""
+    priced = []
+    for k in combining_candidates(plan, spec):
+        candidate = dataclasses.replace(plan, kernels=1, mapping=dataclasses.replace(plan.mapping, combining_blocks=k))
+        us = plan_us(func, candidate, spec)
+        if us >= 0:
+            priced.append((us, candidate))
+    return sorted(priced, key=lambda p: p[0])
