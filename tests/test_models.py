@@ -118,7 +118,8 @@ def test_transformer_forward_sheds_70_percent_of_memory_launches_and_keeps_dligh
     except where the time model prices a fold (or an epilogue) above the matmul and its producers
     (or the copy) apart (LLaMA's rotary gathers, pricing/fold_price.py and epilogue_price.py): each such
     refusal is noted and may keep a launch. A fused attention (rewrites/attention.py) is one compute launch
-    where TVM's default launches its two batched matmuls."""
+    where TVM's default launches its two batched matmuls; a chain that keeps TVM's path says that path is
+    modeled faster (LLaMA's at bench size: Q and K through RoPE read element by element)."""
     from tvm_stitch.analysis.classify import is_compute_kernel
     from tvm_stitch.tools.launches import primfunc_calls
 
@@ -126,7 +127,8 @@ def test_transformer_forward_sheds_70_percent_of_memory_launches_and_keeps_dligh
     counts, built = _cuda_counts(mod)
     refused = [note for note in built.report.notes if "stays a kernel" in note and ", modeled" in note]
     assert counts[True][0] <= 0.3 * counts[False][0] + len(refused)
-    assert _fused_attentions(built)
+    kept = [r.reason.code for r in built.report.attention if not r.fused]
+    assert built.report.attention and set(kept) <= {"attention-default-faster"}, kept
     assert counts[True][1] == counts[False][1] - _fused_attentions(built)
     for func_name in primfunc_calls(built.lowered):
         func = built.lowered[func_name]
