@@ -119,7 +119,8 @@ def test_combining_blocks_are_priced_after_the_others():
     assert traffic[0] == traffic[1], traffic
 
 
-@pytest.mark.parametrize("oclgrind", [False, True], ids=["pocl", "oclgrind"])
+# Oclgrind simulates the one launch (264 x 128) in 7-11 minutes here: slow tier.
+@pytest.mark.parametrize("oclgrind", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["pocl", "oclgrind"])
 def test_mix_order_is_clean_under_simt(oclgrind):
     """The one launch with SIMT semantics: the all-reduces of each row, the register partials written once
     per block, the last block's combine (checked with one combining block: simt/last_block), run twice

@@ -36,8 +36,8 @@ FLOAT16_ON_OCLGRIND = pytest.mark.xfail(
 
 
 @pytest.mark.parametrize("oclgrind,dtype", [
-    (False, "float16"), (False, "bfloat16"), pytest.param(True, "float16", marks=FLOAT16_ON_OCLGRIND),
-    (True, "bfloat16")], ids=["pocl-float16", "pocl-bfloat16", "oclgrind-float16", "oclgrind-bfloat16"])
+    (False, "float16"), (False, "bfloat16"), pytest.param(True, "float16", marks=[FLOAT16_ON_OCLGRIND, pytest.mark.slow]),
+    pytest.param(True, "bfloat16", marks=pytest.mark.slow)], ids=["pocl-float16", "pocl-bfloat16", "oclgrind-float16", "oclgrind-bfloat16"])
 def test_half_mix_order_is_clean_under_simt(oclgrind, dtype):
     """The combine's cast of each float32 column sum runs in the thread that summed its column: an
     epilogue placed before the merged combine loops once cast every column in every thread from its
