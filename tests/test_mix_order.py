@@ -24,7 +24,7 @@ from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.modeled_time import plan_times
 from tvm_stitch.pricing.traffic import modeled_traffic
 from schedules import schedule_for
-from schedules.cuda.arrivals import max_combining_blocks
+from tvm_stitch.planning.cuda.arrival_limits import max_combining_blocks
 
 from tvm_stitch.tools.build import build, run_cpu
 from tvm_stitch.tools.norm_backward_graphs import norm_backward

@@ -22,7 +22,8 @@ The protocol, for `total` blocks of which the last `k` combine:
    `k - 1` resets both slots (`reset`).
 
 A waiting block holds its place on an SM while the blocks it waits for may
-still need one: `k` stays below the number of SMs (`max_combining_blocks`),
+still need one: `k` stays below the number of SMs
+(planning/cuda/arrival_limits.max_combining_blocks),
 so blocks that do not wait always free places. With `k = 1` nothing waits:
 the last arrival sees every ticket taken.
 """
@@ -32,9 +33,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.backend.cuda.op import cuda_func_call
 
-from tvm_stitch.planning.spec import TargetSpec
-
-SLOTS = 1 << 16  # counters of one CUDA module: 256 KB of device memory, zero at load
+from tvm_stitch.planning.cuda.arrival_limits import SLOTS
 
 FENCE, TICKET, AWAIT, RESET = range(4)  # what `tvm_stitch_arrival` does (its first argument)
 
@@ -63,10 +62,6 @@ __forceinline__ __device__ int tvm_stitch_arrival(int what, int slot, int total)
 
 NAME = "tvm_stitch_arrival"
 
-
-def max_combining_blocks(spec: TargetSpec) -> int:
-    """The most blocks of one launch that may wait for the others (fewer than the SMs)."""
-    return max(1, spec.sms // 2)
 
 
 def fence() -> tirx.PrimExpr:

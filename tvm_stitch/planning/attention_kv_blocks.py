@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from schedules.cuda.arrivals import SLOTS
+from tvm_stitch.planning.cuda.arrival_limits import SLOTS
 from tvm_stitch.planning import attention_mma
 from tvm_stitch.planning.time_model import KernelGeometry
 

@@ -39,8 +39,8 @@ from tvm_stitch.planning.plan import REGISTER, Intermediate, StitchPlan, ThreadM
 from tvm_stitch.planning.resources import with_resources
 from tvm_stitch.planning.spec import TargetSpec
 from tvm_stitch.pricing.modeled_time import plan_us
-from schedules.cuda.arrivals import max_combining_blocks
-from schedules.cuda.combine_in_launch import combine_tiles
+from tvm_stitch.planning.cuda.arrival_limits import max_combining_blocks
+from tvm_stitch.planning.cuda.combine_tiles import combine_tiles
 
 MAX_THREADS = 256  # kernel 0's threads per block where a thread keeps at most MAX_VALUES columns
 # Columns a thread keeps (x, dy and a partial per column reduction, each): more take more threads.
@@ -190,8 +190,8 @@ def _thread_shapes(mapping: ThreadMapping, spec: TargetSpec) -> list:
 
 def combining_candidates(plan: StitchPlan, spec: TargetSpec) -> list:
     """Counts of combining blocks for a one-launch combine: those that divide the column tiles, at most
-    the blocks that may wait (arrivals.max_combining_blocks) and the grid, the largest and the powers of
-    two above a quarter of it; none where no combine tile fits (combine_in_launch.combine_tiles)."""
+    the blocks that may wait (arrival_limits.max_combining_blocks) and the grid, the largest and the powers of
+    two above a quarter of it; none where no combine tile fits (combine_tiles.combine_tiles)."""
     tiles = combine_tiles(plan)
     fits = [k for k in range(1, min(tiles, max_combining_blocks(spec), plan.mapping.grid) + 1) if tiles % k == 0]
     return sorted({k for k in fits if k & (k - 1) == 0 and 4 * k >= fits[-1]} | set(fits[-1:]))
