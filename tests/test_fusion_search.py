@@ -54,15 +54,17 @@ def test_producer_read_by_row_and_column_sums_is_computed_again_in_both():
     assert "fusion search in main block 0" in search.table()
 
 
-def test_centred_square_column_sum_launches_two_kernels_not_three():
-    # greedy: the mean with the square in a row-split plan (2 launches), then the column sum
+def test_centred_square_column_sum_launches_two_kernels_and_the_search_is_faster():
+    # greedy: the mean with the square in a row-split plan (one launch: each row's last block finishes it),
+    # then the column sum; the search: a row-resident kernel, then the column sum
     mod = _centred_square_column_sum()
     greedy = tvm_stitch.explain(mod, CUDA, fusion="greedy")
     search = tvm_stitch.explain(mod, CUDA)
-    assert sum(p.kernels for p in greedy.plans) == 3
+    assert sum(p.kernels for p in greedy.plans) == 2
+    assert [p.mapping.last_block_rows for p in greedy.plans if p.scheme == "row-split"] == [True]
     assert sum(p.kernels for p in search.plans) == 2
     record = _search_line(search)
-    assert record.method == "search" and record.chosen_us < 0.7 * record.greedy_us
+    assert record.method == "search" and record.chosen_us < 0.8 * record.greedy_us
 
 
 @pytest.mark.slow

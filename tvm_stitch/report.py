@@ -141,8 +141,8 @@ def _mapping(plan: StitchPlan) -> str:
     m = plan.mapping
     if plan.scheme == "row-split":
         per_thread = f", {m.rows_per_task} rows/blk, 1 row/thr" if m.threads == 1 else ""
-        return (f"{m.grid} blocks ({m.split} blocks/row) x {plan.threads_per_block} thr{per_thread}, "
-                f"{plan.kernels} kernels")
+        launches = "1 kernel, phase 1 in each row's last block" if m.last_block_rows else f"{plan.kernels} kernels"
+        return f"{m.grid} blocks ({m.split} blocks/row) x {plan.threads_per_block} thr{per_thread}, {launches}"
     if plan.scheme == "column-split":
         return (f"{m.grid} blocks ({m.split} row chunks) x {m.threads}x{m.rows_per_task} thr "
                 f"(columns x rows), vec {m.vector}, {plan.kernels} kernels")
@@ -189,7 +189,8 @@ def _variant_shape(plan: StitchPlan) -> str:
     """How a variant's plan maps rows: blocks per row, cores and lanes, or rows per block."""
     m = plan.mapping
     if plan.scheme == "row-split":
-        return f"{m.split} blocks/row x {m.threads} thr, {plan.kernels} kernels"
+        launches = "1 kernel (last block per row)" if m.last_block_rows else f"{plan.kernels} kernels"
+        return f"{m.split} blocks/row x {m.threads} thr, {launches}"
     if plan.target == "cpu":
         rows = f"{m.split} chunks/row" if m.split > 1 else "rows"
         return f"{rows} over {m.threads} cores, vector {m.vector}{' across rows' if m.across else ''}"

@@ -34,6 +34,7 @@ from tvm_stitch.planning.common import recompute_in_readers
 from tvm_stitch.planning.plan import GLOBAL, PhaseRole, StitchPlan
 
 from ..common import blocks_by_name, inline_cheap_blocks, loop_kinds, loops_extent
+from .last_block_rows import finish_in_last_block
 
 
 def _fuse(sch: s_tir.Schedule, loops: list):
@@ -89,6 +90,8 @@ def apply(func: tirx.PrimFunc, plan: StitchPlan, target: Target) -> s_tir.Schedu
                 sch.reverse_compute_at(copy, rows[lvl])
             else:
                 sch.set_scope(block, 0, "local")
+        if plan.mapping.last_block_rows:
+            return s_tir.Schedule(finish_in_last_block(sch.mod["main"], plan))
     return sch
 
 
@@ -115,7 +118,7 @@ def _chunked(sch: s_tir.Schedule, plan: StitchPlan, kernel_of: dict, compute_lev
 def _bind_kernel_rows(sch: s_tir.Schedule, plan: StitchPlan, kernel_of: dict, bind: bool) -> list:
     """Each kernel's row loops merged into one, bound to blocks (column walks: rows across the
     threads of a block); the row loop of each kernel."""
-    kernels = [[] for _ in range(plan.kernels)]
+    kernels = [[] for _ in range(plan.phase_count)]
     for name, block in blocks_by_name(sch).items():
         if name in kernel_of:  # not a copy placed inside another block's loops
             kernels[kernel_of[name]].append(_row_loop(sch, block, plan.rank))

@@ -32,6 +32,7 @@ from tvm_stitch.analysis.reshaped_rows import reshaping_blocks, rows_through_res
 from tvm_stitch.analysis.tir_view import buffer_params, static_product
 from tvm_stitch.planning.common import Analyses, PlanError, block_threads
 from tvm_stitch.planning.cuda.column_tiles import column_tile_plans
+from tvm_stitch.planning.cuda.last_block_rows import last_block_plans
 from tvm_stitch.planning.plan import MIN_LANES, SHARED, StitchPlan
 from tvm_stitch.planning.planner import Analysis, analyse, plan_row_resident
 from tvm_stitch.planning.resources import cuda_shared_bytes, with_resources
@@ -62,9 +63,11 @@ def candidates(func: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec, analysis
         found = found[:1] + _elements_per_thread(rule) + found[1:]
         found += _scalar([rule] + found) + _recomputing(func, rule, spec, analyses) + _splits(func, rule, spec, analyses)
         found += _through_reshape(func, rule, spec) + column_tile_plans(func, rule, spec)
+        found += last_block_plans([rule] + found)
     out, seen = [], set()
     for plan in [rule] + found:
-        key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, plan.mapping.across, tuple(plan.inlined()))
+        key = tuple(sorted(knobs(plan).items())) + (plan.mapping.split, plan.mapping.across, plan.mapping.last_block_rows,
+                                                     tuple(plan.inlined()))
         if key not in seen:
             seen.add(key)
             out.append(plan)

@@ -69,6 +69,7 @@ class ThreadMapping:
     across: bool = False  # CPU: vector lanes across rows (a lane per row); CUDA: rows across threadIdx.x
     row_elements: int = -1  # CUDA row-resident: the most elements a block has in one row (-1: not static)
     combining_blocks: int = 0  # CUDA mix-order: the last blocks that sum the column partials (0: a second launch)
+    last_block_rows: bool = False  # CUDA row-split: one launch, each row's later phases in its last block
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,11 @@ class StitchPlan:
     def phase_kernels(self, role: PhaseRole) -> dict:
         """Row-split: block name -> kernel index, for the phases of one role."""
         return {p.block: p.kernel for p in self.phases if p.role == role}
+
+    @property
+    def phase_count(self) -> int:
+        """Row-split: its phases (a launch each, or one launch in all with `mapping.last_block_rows`)."""
+        return max((p.kernel for p in self.phases), default=self.kernels - 1) + 1
 
     @property
     def threads_per_block(self) -> int:

@@ -51,10 +51,12 @@ def choose_in_time(fused: tirx.PrimFunc, rule: StitchPlan, spec: TargetSpec,
     plans = candidates(fused, rule, spec)
     best, best_us, chosen = priced, rule_us, 1
     neighbours = [(index, plan) for index, plan in enumerate(plans[1:], start=2) if _neighbour(plan, rule)]
-    # Plans of another scheme (a split of rows the rule leaves on too few blocks) or of another thread
-    # layout (column tiles of rows that walk columns) are always priced.
+    # Plans of another scheme (a split of rows the rule leaves on too few blocks), of another thread
+    # layout (column tiles of rows that walk columns) or of another launch count (a row-split's phases
+    # in one launch) are always priced.
     others = [(index, plan) for index, plan in enumerate(plans[1:], start=2)
-              if plan.scheme != rule.scheme or plan.mapping.across != rule.mapping.across]
+              if plan.scheme != rule.scheme or plan.mapping.across != rule.mapping.across
+              or plan.mapping.last_block_rows != rule.mapping.last_block_rows]
     for index, plan in others + neighbours[:PRICED_NEIGHBOURS]:
         neighbour = prices.plan_times(fused, plan)
         us = total_us(neighbour) if neighbour else -1.0
