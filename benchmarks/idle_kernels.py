@@ -2,7 +2,7 @@
 graph's kernels reach, and the reason code of every kernel the idle guard flags (pricing/idle_guard.py).
 
 The suite at bench size (first dtype of each graph) and the graphs of tools/idle_graphs.py, planned by
-`explain` (no build, no GPU). Per graph: stitched kernels, their modeled microseconds and megabytes,
+`explain` (no build, no GPU). Per graph: stitched kernels, their launches, their modeled microseconds and megabytes,
 the share of the peak bandwidth of the whole and of its slowest kernel of 4 MB or more, and the idle
 kernels' codes.
 Usage: python benchmarks/idle_kernels.py [OUT.md]
@@ -19,8 +19,8 @@ from tvm_stitch.tools.idle_graphs import GRAPHS
 from tvm_stitch.tools.workloads import SUITE, dims
 from tables import emit
 
-HEADER = ["| graph | kernels | modeled us | modeled MB | of peak BW | lowest of a kernel >= 4 MB | idle kernels: reason |",
-          "|---|---|---|---|---|---|---|"]
+HEADER = ["| graph | kernels | launches | modeled us | modeled MB | of peak BW | lowest of a kernel >= 4 MB | idle kernels: reason |",
+          "|---|---|---|---|---|---|---|---|"]
 
 
 def row(name: str, mod, target) -> str:
@@ -32,7 +32,7 @@ def row(name: str, mod, target) -> str:
     idle = "; ".join(f"{p.kernel} {bandwidth_share(p):.0%}: {p.idle.code if p.idle else 'UNEXPLAINED'}"
                      for p in plans if is_idle(p)) or "-"
     lowest = f"{min(big):.0%}" if big else "-"
-    return f"| {name} | {len(plans)} | {us:.1f} | {nbytes / 1e6:.1f} | {share:.0%} | {lowest} | {idle} |"
+    return f"| {name} | {len(plans)} | {sum(p.kernels for p in plans)} | {us:.1f} | {nbytes / 1e6:.1f} | {share:.0%} | {lowest} | {idle} |"
 
 
 def main(out_path: str | None) -> None:

@@ -29,14 +29,8 @@ def test_half_mix_order_matches_numpy_emulated(name, dtype):
     assert plan.scheme == "mix-order" and plan.kernels == (1 if plan.mapping.combining_blocks else 2), plan.notes
 
 
-FLOAT16_ON_OCLGRIND = pytest.mark.xfail(
-    strict=True, reason="a kernel with arrival counters builds as OpenCL C 2.0 (program-scope counters), where "
-    "the float16 emulation's vstore_half/vload_half take generic pointers: Oclgrind stops on the "
-    "addrspacecast (pocl runs it; bfloat16's emulation passes)")
-
-
 @pytest.mark.parametrize("oclgrind,dtype", [
-    (False, "float16"), (False, "bfloat16"), pytest.param(True, "float16", marks=[FLOAT16_ON_OCLGRIND, pytest.mark.slow]),
+    (False, "float16"), (False, "bfloat16"), pytest.param(True, "float16", marks=pytest.mark.slow),
     pytest.param(True, "bfloat16", marks=pytest.mark.slow)], ids=["pocl-float16", "pocl-bfloat16", "oclgrind-float16", "oclgrind-bfloat16"])
 def test_half_mix_order_is_clean_under_simt(oclgrind, dtype):
     """The combine's cast of each float32 column sum runs in the thread that summed its column: an

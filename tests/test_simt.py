@@ -189,16 +189,20 @@ def test_check_rejects_a_non_cuda_target():
         simt.check(np.zeros(3))
 
 
+@pytest.mark.parametrize("oclgrind,std", [(False, ""), (False, "-cl-std=CL2.0"), (True, ""), (True, "-cl-std=CL2.0")],
+                         ids=["pocl", "pocl-cl2", "oclgrind", "oclgrind-cl2"])
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
-def test_narrow_float_rounding_matches_ieee_round_to_nearest_even(kind):
+def test_narrow_float_rounding_matches_ieee_round_to_nearest_even(kind, oclgrind, std):
+    """On both devices, in OpenCL C 1.2 and 2.0 (the build of a kernel with arrival counters)."""
     import ml_dtypes
 
     from tvm_stitch.simt.narrow_floats import HELPERS, ROUND
 
-    device = opencl_device(False)
+    device = opencl_device(oclgrind)
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-9, 6, 4000),
-                             [65504, 65519, 65520, 7e4, 6e-8, 2.9e-8, 3e-8, 1 + 2 ** -11, 1 + 3 * 2 ** -11,
+                             [65504, 65519, 65520, 7e4, 6e-8, 2.9e-8, 3e-8, 2 ** -14, 2 ** -14 - 2 ** -25,
+                              3 * 2 ** -25, 1 + 2 ** -11, 1 + 3 * 2 ** -11,
                               3.4e38, np.inf, -np.inf, np.nan, 0.0, -0.0]]).astype(np.float32)
     source = HELPERS + f"__kernel void k(__global float* a) {{ int i = get_global_id(0); a[i] = {ROUND[kind]}(a[i]); }}"
     ctx = cl.Context([device])
@@ -206,7 +210,7 @@ def test_narrow_float_rounding_matches_ieee_round_to_nearest_even(kind):
     buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=values)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", cl.CompilerWarning)
-        program = cl.Program(ctx, source).build()
+        program = cl.Program(ctx, source).build(options=[std] if std else [])
     program.k(queue, (values.size,), None, buf)
     got = np.empty_like(values)
     cl.enqueue_copy(queue, got, buf)

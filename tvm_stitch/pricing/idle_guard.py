@@ -116,6 +116,9 @@ def _row_length(fused: tirx.PrimFunc, plan: StitchPlan) -> int:
 
 def _split_verdict(fused: tirx.PrimFunc, plan: StitchPlan, spec: TargetSpec) -> str:
     """What the row-split scheme says of cutting the rows over blocks: its refusal, or the plan it offers."""
+    if plan.scheme == "row-split" and plan.mapping.last_block_rows:
+        return (f"split {plan.mapping.split} chunks per row already, phase 1 run by each row's last block "
+                f"({plan.mapping.rows} blocks) to keep one launch")
     if plan.scheme == "row-split":
         return f"split {plan.mapping.split} chunks per row already"
     try:

@@ -5,8 +5,11 @@ behind pointers. The kernel is rewritten in TIR, before lowering, into the
 same computation with every float16/bfloat16 buffer, variable and constant
 stored as a float32 that holds a value of that type: each operation whose
 result was narrow (arithmetic, math calls, casts) is computed in float32 and
-rounded to the narrow type at once (`ROUND`, IEEE round-to-nearest-even:
-through vstore_half_rte for float16, on the bits for bfloat16). For +, -,
+rounded to the narrow type at once (`ROUND`, IEEE round-to-nearest-even on
+the float32 bits: 13 mantissa bits dropped for a normal float16, 16 for
+bfloat16; a float16 subnormal as the nearest multiple of 2^-24 by `rint`, a
+magnitude of 65520 or more as an infinity; no vload_half/vstore_half, whose
+OpenCL C 2.0 forms take generic pointers that Oclgrind cannot run). For +, -,
 *, / and sqrt that is exactly the narrow type's arithmetic (float32 carries
 more than twice their precision, so the double rounding is harmless); max,
 min, selects, loads and stores need no rounding; a narrow reduction
@@ -35,8 +38,11 @@ _SCALAR = MappingProxyType({"float16": np.float16, "bfloat16": ml_dtypes.bfloat1
 
 _WIDTHS = ("", "2", "3", "4", "8", "16")
 HELPERS = "\n".join(
-    f"float{w} __attribute__((overloadable)) {ROUND['float16']}(float{w} x) {{ ushort{w} h; "
-    f"vstore_half{w}_rte(x, 0, (__private half*)&h); return vload_half{w}(0, (__private half*)&h); }}\n"
+    f"float{w} __attribute__((overloadable)) {ROUND['float16']}(float{w} x) {{ uint{w} u = as_uint{w}(x); "
+    f"float{w} normal = as_float{w}((u + (uint{w})0xFFF + ((u >> 13) & (uint{w})1)) & (uint{w})0xFFFFE000); "
+    f"float{w} tiny = rint(x * 16777216.0f) * 5.9604644775390625e-08f; float{w} a = fabs(x); "
+    f"float{w} r = select(select(normal, tiny, a < 6.103515625e-05f), copysign((float{w})INFINITY, x), "
+    f"a >= 65520.0f); return select(r, x, isnan(x)); }}\n"
     f"float{w} __attribute__((overloadable)) {ROUND['bfloat16']}(float{w} x) {{ uint{w} u = as_uint{w}(x); "
     f"uint{w} r = (u + (uint{w})0x7FFF + ((u >> 16) & (uint{w})1)) & (uint{w})0xFFFF0000; "
     f"return select(as_float{w}(r), x, isnan(x)); }}"
