@@ -16,7 +16,6 @@ import re
 
 import pytest
 import tvm
-from tvm import relax
 
 import tvm_stitch  # noqa: F401  (imports the pass before schedules: the package's order)
 from schedules import schedule_for
@@ -32,6 +31,7 @@ from tvm_stitch.tools.launches import count_launches, cuda_source
 from tvm_stitch.tools.tune import fused_groups
 
 from conftest import CUDA, needs_nvcc, nvcc, opencl_device
+from test_row_split import sum_of_exp_of_twice_x
 
 SM90 = TargetSpec.from_target(CUDA)
 
@@ -46,17 +46,8 @@ def _group_norm_split(shape=(2, 8, 64, 64), groups=2):
 
 
 def _three_phases():
-    """max(x), then sum(exp(2x - max)), then the normalised values over 16 rows of 20000: three phases."""
-    x = relax.Var("x", relax.TensorType((16, 20000), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            op = relax.op
-            mx = bb.emit(op.max(x, axis=[-1], keepdims=True))
-            e = bb.emit(op.exp(op.subtract(op.add(x, x), mx)))
-            out = bb.emit_output(op.divide(e, op.sum(e, axis=[-1], keepdims=True)))
-        bb.emit_func_output(out)
-    ((fused, rule),) = fused_groups(bb.get(), CUDA)
+    """The row-split plan of three phases of max(x), then sum(exp(2x - max)), then the normalised values."""
+    ((fused, rule),) = fused_groups(sum_of_exp_of_twice_x(), CUDA)
     (three,) = [p for p in candidates(fused, rule, SM90) if p.scheme == "row-split" and p.kernels == 3
                 and p.mapping.split == rule.mapping.split]
     return fused, three
