@@ -62,6 +62,26 @@ def test_group_norm_groups_split_over_blocks_match_numpy():
     assert StitchPlan.from_json(plan.to_json()).reshaped == plan.reshaped
 
 
+@pytest.mark.parametrize("dtype,tol", [("float16", 1e-2), ("bfloat16", 5e-2)])
+def test_half_group_norm_takes_its_variance_in_the_mean_pass_and_one_launch(dtype, tol):
+    """The squares rounded in half precision and summed in float32: one pass with the mean, so two
+    phases, which share one CUDA launch (each group's last block normalises it)."""
+    import ml_dtypes
+
+    shape, groups = SMALL
+    x = np.random.default_rng(4).standard_normal(shape).astype(ml_dtypes.bfloat16 if dtype == "bfloat16"
+                                                                  else np.float16)
+    built = build(group_norm(shape, groups, dtype), LLVM, stitched=True, strict=True, emulate="cuda")
+    (plan,) = built.report.plans
+    assert plan.scheme == "row-split" and len(plan.variance) == 1 and plan.phase_count == 2
+    (out,) = run_cpu(built.executable, [x])
+    np.testing.assert_allclose(out.astype("float32"), _np_group_norm(x.astype("float32"), groups), rtol=tol, atol=tol)
+    opencl_device(False)
+    report = simt.check(group_norm(shape, groups, dtype))
+    assert report.ok and [k.launches for k in report.kernels] == [1], str(report)
+    assert report.stitch.plans[0].mapping.last_block_rows
+
+
 @pytest.mark.slow
 def test_group_norm_split_is_chosen_by_modeled_time_and_launches_once():
     built = build(GRAPHS["group_norm_8x32x64x64_g8"](), CUDA, stitched=True, strict=True)

@@ -207,7 +207,8 @@ def _online_rewrites(sch: s_tir.Schedule, online: tuple, partial_of: dict) -> di
 def _variance_rewrites(sch: s_tir.Schedule, variance: tuple, partial_of: dict, split: int) -> dict:
     """Block name -> rewritten block, for each one-pass (squared deviations, sum) pair: the
     squares' partial shifts by its chunk's own sum (the combined sum S replaced by s_c * split);
-    the squares' combine adds q_c + d * (2 * (s_c - n_c * m_c) + n_c * d), d = m_c - M."""
+    the squares' combine adds q_c + d * (2 * (s_c - n_c * m_c) + n_c * d), d = m_c - M, in the sums' dtype
+    (a half-precision shift widened: the squares were rounded in half precision, the identity is not)."""
     rewrites = {}
     for squares, total in variance:
         sq_rf, sum_rf = (sch.get(sch.get_sblock(partial_of[n])) for n in (squares, total))
@@ -225,19 +226,31 @@ def _variance_rewrites(sch: s_tir.Schedule, variance: tuple, partial_of: dict, s
         own_sum = tirx.BufferLoad(sum_rf.body.buffer, list(sq_rf.body.indices))
         scale = tirx.const(split, dtype)
         rewrites[sq_rf.name_hint] = _with_reads(sq_rf, with_sum(sq_rf.body, own_sum * scale), [own_sum])
-        shift = sq_rf.body.value.b.a.b  # (a - m) * (a - m): m, reading only S (planning checked)
+        shift = _uncast(sq_rf.body.value.b).a.b  # (a - m) * (a - m): m, reading only S (planning checked)
         block = sch.get(sch.get_sblock(squares))
         store = block.body  # q = q + q_rf[.., c]
         partial = store.value.b
         chunk_sum = tirx.BufferLoad(sum_rf.body.buffer, list(partial.indices))
         row_sum = tirx.BufferLoad(combined, list(store.indices))
-        chunk_shift, row_shift = with_sum(shift, chunk_sum * scale), with_sum(shift, row_sum)
+        chunk_shift, row_shift = (_as(dtype, with_sum(shift, value)) for value in (chunk_sum * scale, row_sum))
         n_c = tirx.const(chunk, dtype)
         d = chunk_shift - row_shift
         value = store.value.a + (partial + d * (tirx.const(2, dtype) * (chunk_sum - n_c * chunk_shift) + n_c * d))
         rewrites[block.name_hint] = _with_reads(block, tirx.BufferStore(store.buffer, value, store.indices),
                                                 [chunk_sum, row_sum])
     return rewrites
+
+
+def _uncast(expr):
+    """`expr` without the float casts around it (half-precision squares summed in float32)."""
+    while isinstance(expr, tirx.Cast) and str(expr.ty).startswith("float"):
+        expr = expr.value
+    return expr
+
+
+def _as(dtype: str, expr):
+    """`expr` cast to `dtype` where it has another."""
+    return expr if str(expr.ty) == dtype else tirx.Cast(dtype, expr)
 
 
 def in_kernel_order(sch: s_tir.Schedule, kernel_of: dict, rewrites: dict) -> s_tir.Schedule:

@@ -267,14 +267,15 @@ def _loads(expr, buffer=None) -> list:
 
 def variance_pairs(trial: s_tir.Schedule, kept: list) -> tuple:
     """(squared deviations, sum) pairs of kept reductions that take one pass per chunk: the first
-    adds (a - m) * (a - m) from 0, the second adds the same `a` from 0 over the same iterators,
+    adds (a - m) * (a - m) from 0, the second adds the same `a` from 0 over the same iterators
+    (either through a float cast to the sums' dtype: half-precision `a` and squares summed in float32),
     and the shift m reads nothing but the second's result (at the row's point: none of the
     first's reduction iterators in its indices) and constants."""
     blocks, parts = _kept_reductions(trial, kept)
     sums = _sums_from_zero(parts)
     pairs = []
     for squares, sq_parts in sums.items():
-        term = sq_parts[3]
+        term = _uncast(sq_parts[3])  # half-precision squares are cast to the float32 sum
         if not (isinstance(term, tirx.Mul) and tvm_ffi.structural_equal(term.a, term.b)
                 and isinstance(term.a, tirx.Sub)):
             continue
@@ -295,7 +296,8 @@ def variance_pairs(trial: s_tir.Schedule, kept: list) -> tuple:
             if iters is None:
                 continue
             same_a = tvm_ffi.structural_map(sum_parts[3], (tirx.Var, lambda v, iters=iters: iters.get(v, v)))
-            if (tvm_ffi.structural_equal(same_a, a) and str(a.ty) == str(sq_parts[1].dtype)
+            if (tvm_ffi.structural_equal(_uncast(same_a), _uncast(a)) and str(sum_parts[1].dtype) == str(sq_parts[1].dtype)
+                    and tvm.DataType(str(_uncast(a).ty)).bits <= tvm.DataType(str(sq_parts[1].dtype)).bits
                     and tvm_ffi.structural_equal(sq_parts[1].shape, sum_parts[1].shape)):
                 pairs.append((squares, total))
     return tuple(pairs)
